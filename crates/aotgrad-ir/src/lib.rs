@@ -1,0 +1,26 @@
+//! `aotgrad-ir`: the intermediate representation every aotgrad stage speaks.
+//!
+//! - [`dtype`]: element types, scalars, type promotion;
+//! - [`sym`]: dims that are constants or polynomials over shape symbols, and guards;
+//! - [`meta`]: [`TensorMeta`] (shape, strides, offset, dtype);
+//! - [`op`]: the closed [`Op`] enum, grouped into families;
+//! - [`infer`]: read-only shape/stride/dtype inference per op, with typed errors;
+//! - [`graph`]: [`Graph`], its inputs and nodes, storage identity, source locations;
+//! - [`text`]: a printer and a parser for graphs that round-trip exactly.
+#![warn(missing_docs)]
+
+pub mod dtype;
+pub mod error;
+pub mod graph;
+pub mod infer;
+pub mod meta;
+pub mod op;
+pub mod sym;
+pub mod text;
+
+pub use dtype::{result_type, Category, DType, Operand, Scalar};
+pub use error::{ParseError, ShapeError};
+pub use graph::{Def, Graph, Input, Node, SourceLoc, StorageId, ValueId};
+pub use meta::{contiguous_strides, DimList, TensorMeta};
+pub use op::{Aliasing, BinaryOp, CmpOp, CompositeOp, Op, ReduceOp, UnaryOp};
+pub use sym::{Dim, DimOracle, Guard, Poly, Rel, StaticOracle, SymId};

@@ -1,0 +1,167 @@
+//! `TensorMeta`: everything about a tensor except its data.
+
+use crate::dtype::DType;
+use crate::sym::{Dim, SymId};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Shape, strides (in elements), storage offset (in elements) and dtype of a tensor.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TensorMeta {
+    /// Size of each dimension.
+    pub shape: Vec<Dim>,
+    /// Step in elements between neighbours along each dimension.
+    pub strides: Vec<Dim>,
+    /// Position of element `[0, 0, ...]` in the storage, in elements.
+    pub offset: Dim,
+    /// Element type.
+    pub dtype: DType,
+}
+
+/// Row-major (C-contiguous) strides for a shape; size-0/1 dims follow PyTorch
+/// (the stride of a dim is the product of the later sizes, each at least 1).
+pub fn contiguous_strides(shape: &[Dim]) -> Vec<Dim> {
+    let mut strides = vec![Dim::Const(1); shape.len()];
+    let mut acc = Dim::Const(1);
+    for i in (0..shape.len()).rev() {
+        strides[i] = acc.clone();
+        acc = match &shape[i] {
+            Dim::Const(c) => acc.mul(&Dim::Const((*c).max(1))),
+            d => acc.mul(d),
+        };
+    }
+    strides
+}
+
+impl TensorMeta {
+    /// A contiguous tensor at offset 0.
+    pub fn contiguous(shape: Vec<Dim>, dtype: DType) -> TensorMeta {
+        let strides = contiguous_strides(&shape);
+        TensorMeta { shape, strides, offset: Dim::Const(0), dtype }
+    }
+    /// A contiguous tensor with a concrete shape.
+    pub fn from_sizes(sizes: &[usize], dtype: DType) -> TensorMeta {
+        TensorMeta::contiguous(sizes.iter().map(|&s| Dim::from(s)).collect(), dtype)
+    }
+    /// Number of dimensions.
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+    /// Number of elements.
+    pub fn numel(&self) -> Dim {
+        Dim::product(&self.shape)
+    }
+    /// True when the strides are the row-major ones for the shape (dims of size 1 may
+    /// have any stride, as in PyTorch).
+    pub fn is_contiguous(&self) -> bool {
+        let want = contiguous_strides(&self.shape);
+        self.shape.iter().zip(self.strides.iter().zip(&want)).all(|(s, (a, b))| *s == Dim::Const(1) || a == b)
+            || self.shape.iter().any(|s| *s == Dim::Const(0))
+    }
+    /// Concrete sizes, if no dim is symbolic (negative sizes never occur).
+    pub fn concrete_shape(&self) -> Option<Vec<usize>> {
+        self.shape.iter().map(|d| d.as_const().map(|v| v as usize)).collect()
+    }
+    /// Concrete strides, if none is symbolic.
+    pub fn concrete_strides(&self) -> Option<Vec<usize>> {
+        self.strides.iter().map(|d| d.as_const().map(|v| v as usize)).collect()
+    }
+    /// Concrete offset, if not symbolic.
+    pub fn concrete_offset(&self) -> Option<usize> {
+        self.offset.as_const().map(|v| v as usize)
+    }
+    /// True if no size, stride or offset is symbolic.
+    pub fn is_concrete(&self) -> bool {
+        self.shape.iter().chain(&self.strides).all(Dim::is_const) && self.offset.is_const()
+    }
+    /// Every symbol mentioned.
+    pub fn symbols(&self) -> Vec<SymId> {
+        let mut v: Vec<SymId> = self
+            .shape
+            .iter()
+            .chain(&self.strides)
+            .chain(std::iter::once(&self.offset))
+            .flat_map(|d| d.symbols())
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+    /// Substitute symbol values (see [`Dim::subst`]).
+    pub fn subst(&self, env: &dyn Fn(SymId) -> Option<i64>) -> TensorMeta {
+        TensorMeta {
+            shape: self.shape.iter().map(|d| d.subst(env)).collect(),
+            strides: self.strides.iter().map(|d| d.subst(env)).collect(),
+            offset: self.offset.subst(env),
+            dtype: self.dtype,
+        }
+    }
+    /// The same tensor made contiguous (what `clone` produces).
+    pub fn to_contiguous(&self) -> TensorMeta {
+        TensorMeta::contiguous(self.shape.clone(), self.dtype)
+    }
+    /// Index one past the last storage element this tensor can touch (concrete only):
+    /// `offset + sum((size-1)*stride) + 1`, or `offset` for an empty tensor.
+    pub fn storage_extent(&self) -> Option<usize> {
+        let shape = self.concrete_shape()?;
+        let strides = self.concrete_strides()?;
+        let off = self.concrete_offset()?;
+        if shape.contains(&0) {
+            return Some(off);
+        }
+        Some(off + shape.iter().zip(&strides).map(|(s, st)| (s - 1) * st).sum::<usize>() + 1)
+    }
+}
+
+/// Prints a list of dims as `[a, b, c]`.
+pub struct DimList<'a>(pub &'a [Dim]);
+
+impl fmt::Display for DimList<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[")?;
+        for (i, d) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{d}")?;
+        }
+        f.write_str("]")
+    }
+}
+
+impl fmt::Display for TensorMeta {
+    /// `f32[4, 3]` for contiguous tensors at offset 0, else
+    /// `f32[4, 3] strides=[1, 4] offset=2`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}", self.dtype, DimList(&self.shape))?;
+        if self.strides != contiguous_strides(&self.shape) {
+            write!(f, " strides={}", DimList(&self.strides))?;
+        }
+        if self.offset != Dim::Const(0) {
+            write!(f, " offset={}", self.offset)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contiguous_strides_and_display() {
+        let m = TensorMeta::from_sizes(&[2, 3, 4], DType::F32);
+        assert_eq!(m.concrete_strides().unwrap(), vec![12, 4, 1]);
+        assert!(m.is_contiguous());
+        assert_eq!(m.to_string(), "f32[2, 3, 4]");
+        let t = TensorMeta {
+            shape: vec![3.into(), 2.into()],
+            strides: vec![1.into(), 3.into()],
+            offset: 1.into(),
+            dtype: DType::I64,
+        };
+        assert!(!t.is_contiguous());
+        assert_eq!(t.to_string(), "i64[3, 2] strides=[1, 3] offset=1");
+        assert_eq!(t.storage_extent(), Some(1 + 2 + 3 + 1));
+    }
+}

@@ -1,0 +1,422 @@
+//! Dimensions that are concrete integers or polynomials over shape symbols, and guards.
+//!
+//! A symbolic dim is kept in a canonical sum-of-products form (integer coefficients,
+//! monomials as sorted symbol lists), so structural equality is algebraic equality for
+//! everything shape arithmetic produces (sums, products, exact quotients).
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+/// A shape symbol, printed `s0`, `s1`, ...
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct SymId(pub u32);
+
+impl fmt::Display for SymId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "s{}", self.0)
+    }
+}
+
+/// A monomial: a sorted list of symbols (with repetition for powers).
+pub type Monomial = Vec<SymId>;
+
+/// A polynomial with at least one non-constant term; terms sorted by monomial, no zero
+/// coefficients. The constant term, if any, has the empty monomial.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Poly {
+    terms: Vec<(Monomial, i64)>,
+}
+
+impl Poly {
+    /// The `(monomial, coefficient)` terms in canonical order.
+    pub fn terms(&self) -> &[(Monomial, i64)] {
+        &self.terms
+    }
+}
+
+/// One dimension (size, stride or offset): a constant or a symbolic polynomial.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Dim {
+    /// A known integer.
+    Const(i64),
+    /// A polynomial over shape symbols (never a constant).
+    Sym(Arc<Poly>),
+}
+
+impl Default for Dim {
+    fn default() -> Self {
+        Dim::Const(0)
+    }
+}
+
+impl From<i64> for Dim {
+    fn from(v: i64) -> Self {
+        Dim::Const(v)
+    }
+}
+impl From<usize> for Dim {
+    fn from(v: usize) -> Self {
+        Dim::Const(v as i64)
+    }
+}
+impl From<i32> for Dim {
+    fn from(v: i32) -> Self {
+        Dim::Const(v as i64)
+    }
+}
+impl From<SymId> for Dim {
+    fn from(s: SymId) -> Self {
+        Dim::sym(s)
+    }
+}
+
+fn to_map(d: &Dim) -> BTreeMap<Monomial, i64> {
+    let mut m = BTreeMap::new();
+    match d {
+        Dim::Const(c) => {
+            if *c != 0 {
+                m.insert(Vec::new(), *c);
+            }
+        }
+        Dim::Sym(p) => {
+            for (k, v) in &p.terms {
+                m.insert(k.clone(), *v);
+            }
+        }
+    }
+    m
+}
+
+fn from_map(m: BTreeMap<Monomial, i64>) -> Dim {
+    let terms: Vec<(Monomial, i64)> = m.into_iter().filter(|(_, c)| *c != 0).collect();
+    match terms.as_slice() {
+        [] => Dim::Const(0),
+        [(k, c)] if k.is_empty() => Dim::Const(*c),
+        _ => Dim::Sym(Arc::new(Poly { terms })),
+    }
+}
+
+impl Dim {
+    /// The dim that is exactly one symbol.
+    pub fn sym(s: SymId) -> Dim {
+        Dim::Sym(Arc::new(Poly { terms: vec![(vec![s], 1)] }))
+    }
+    /// The constant value, if this dim is concrete.
+    pub fn as_const(&self) -> Option<i64> {
+        match self {
+            Dim::Const(c) => Some(*c),
+            Dim::Sym(_) => None,
+        }
+    }
+    /// True when the dim depends on no symbol.
+    pub fn is_const(&self) -> bool {
+        matches!(self, Dim::Const(_))
+    }
+    /// If the dim is exactly one symbol, that symbol.
+    pub fn as_single_sym(&self) -> Option<SymId> {
+        match self {
+            Dim::Sym(p) => match p.terms.as_slice() {
+                [(k, 1)] if k.len() == 1 => Some(k[0]),
+                _ => None,
+            },
+            Dim::Const(_) => None,
+        }
+    }
+    /// Every symbol the dim mentions.
+    pub fn symbols(&self) -> Vec<SymId> {
+        let mut v: Vec<SymId> = match self {
+            Dim::Const(_) => vec![],
+            Dim::Sym(p) => p.terms.iter().flat_map(|(k, _)| k.iter().copied()).collect(),
+        };
+        v.sort();
+        v.dedup();
+        v
+    }
+    /// `self + other`.
+    pub fn add(&self, other: &Dim) -> Dim {
+        if let (Dim::Const(a), Dim::Const(b)) = (self, other) {
+            return Dim::Const(a + b);
+        }
+        let mut m = to_map(self);
+        for (k, v) in to_map(other) {
+            *m.entry(k).or_insert(0) += v;
+        }
+        from_map(m)
+    }
+    /// `self - other`.
+    pub fn sub(&self, other: &Dim) -> Dim {
+        self.add(&other.scale(-1))
+    }
+    /// `self * c` for an integer constant.
+    pub fn scale(&self, c: i64) -> Dim {
+        match self {
+            Dim::Const(a) => Dim::Const(a * c),
+            Dim::Sym(_) => from_map(to_map(self).into_iter().map(|(k, v)| (k, v * c)).collect()),
+        }
+    }
+    /// `self * other`.
+    pub fn mul(&self, other: &Dim) -> Dim {
+        if let (Dim::Const(a), Dim::Const(b)) = (self, other) {
+            return Dim::Const(a * b);
+        }
+        let mut m: BTreeMap<Monomial, i64> = BTreeMap::new();
+        for (ka, va) in to_map(self) {
+            for (kb, vb) in to_map(other) {
+                let mut k = ka.clone();
+                k.extend(kb.iter().copied());
+                k.sort();
+                *m.entry(k).or_insert(0) += va * vb;
+            }
+        }
+        from_map(m)
+    }
+    /// Exact quotient `self / other`, when `other` divides `self` as a polynomial
+    /// (other being a constant or a single term); `None` otherwise.
+    pub fn exact_div(&self, other: &Dim) -> Option<Dim> {
+        match (self, other) {
+            (_, Dim::Const(0)) => None,
+            (Dim::Const(a), Dim::Const(b)) => (a % b == 0).then(|| Dim::Const(a / b)),
+            (_, _) => {
+                let den = to_map(other);
+                if den.len() != 1 {
+                    return if self == other { Some(Dim::Const(1)) } else { None };
+                }
+                let (dk, dv) = den.into_iter().next()?;
+                let mut out = BTreeMap::new();
+                for (k, v) in to_map(self) {
+                    if v % dv != 0 {
+                        return None;
+                    }
+                    let mut rest = k.clone();
+                    for s in &dk {
+                        let pos = rest.iter().position(|x| x == s)?;
+                        rest.remove(pos);
+                    }
+                    out.insert(rest, v / dv);
+                }
+                Some(from_map(out))
+            }
+        }
+    }
+    /// Product of a list of dims (1 for an empty list).
+    pub fn product<'a>(dims: impl IntoIterator<Item = &'a Dim>) -> Dim {
+        dims.into_iter().fold(Dim::Const(1), |acc, d| acc.mul(d))
+    }
+    /// Evaluate under a binding of symbols; `None` if a symbol is unbound.
+    pub fn eval(&self, env: &dyn Fn(SymId) -> Option<i64>) -> Option<i64> {
+        match self {
+            Dim::Const(c) => Some(*c),
+            Dim::Sym(p) => {
+                let mut total = 0i64;
+                for (k, c) in &p.terms {
+                    let mut t = *c;
+                    for s in k {
+                        t = t.checked_mul(env(*s)?)?;
+                    }
+                    total = total.checked_add(t)?;
+                }
+                Some(total)
+            }
+        }
+    }
+    /// Replace bound symbols by their values, leaving unbound ones symbolic.
+    pub fn subst(&self, env: &dyn Fn(SymId) -> Option<i64>) -> Dim {
+        match self {
+            Dim::Const(_) => self.clone(),
+            Dim::Sym(p) => {
+                let mut acc = Dim::Const(0);
+                for (k, c) in &p.terms {
+                    let mut t = Dim::Const(*c);
+                    for s in k {
+                        let f = match env(*s) {
+                            Some(v) => Dim::Const(v),
+                            None => Dim::sym(*s),
+                        };
+                        t = t.mul(&f);
+                    }
+                    acc = acc.add(&t);
+                }
+                acc
+            }
+        }
+    }
+}
+
+impl fmt::Display for Dim {
+    /// Prints `3`, `s0`, `2*s0*s1 + s2 - 1`: terms in canonical order, constant last.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Dim::Const(c) => write!(f, "{c}"),
+            Dim::Sym(p) => {
+                // Constant term (empty monomial) sorts first in the map; print it last.
+                let mut terms: Vec<&(Monomial, i64)> = p.terms.iter().filter(|t| !t.0.is_empty()).collect();
+                terms.extend(p.terms.iter().filter(|t| t.0.is_empty()));
+                for (i, (k, c)) in terms.iter().enumerate() {
+                    let (neg, mag) = (*c < 0, c.unsigned_abs());
+                    if i == 0 {
+                        if neg {
+                            f.write_str("-")?;
+                        }
+                    } else {
+                        f.write_str(if neg { " - " } else { " + " })?;
+                    }
+                    if k.is_empty() {
+                        write!(f, "{mag}")?;
+                        continue;
+                    }
+                    if mag != 1 {
+                        write!(f, "{mag}*")?;
+                    }
+                    for (j, s) in k.iter().enumerate() {
+                        if j > 0 {
+                            f.write_str("*")?;
+                        }
+                        write!(f, "{s}")?;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A comparison between two dims.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Rel {
+    /// `==`
+    Eq,
+    /// `!=`
+    Ne,
+    /// `<`
+    Lt,
+    /// `<=`
+    Le,
+}
+
+impl Rel {
+    /// The operator as text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rel::Eq => "==",
+            Rel::Ne => "!=",
+            Rel::Lt => "<",
+            Rel::Le => "<=",
+        }
+    }
+    /// Apply to two integers.
+    pub fn holds(self, a: i64, b: i64) -> bool {
+        match self {
+            Rel::Eq => a == b,
+            Rel::Ne => a != b,
+            Rel::Lt => a < b,
+            Rel::Le => a <= b,
+        }
+    }
+    /// The relation that holds when this one does not.
+    pub fn negate(self) -> (Rel, bool) {
+        // returns (rel, swap operands)
+        match self {
+            Rel::Eq => (Rel::Ne, false),
+            Rel::Ne => (Rel::Eq, false),
+            Rel::Lt => (Rel::Le, true),
+            Rel::Le => (Rel::Lt, true),
+        }
+    }
+}
+
+/// A fact about symbols that tracing relied on: `lhs rel rhs`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Guard {
+    /// Left side.
+    pub lhs: Dim,
+    /// The relation.
+    pub rel: Rel,
+    /// Right side.
+    pub rhs: Dim,
+}
+
+impl Guard {
+    /// Build `lhs rel rhs`, or its negation when `holds` is false.
+    pub fn new(lhs: Dim, rel: Rel, rhs: Dim, holds: bool) -> Guard {
+        if holds {
+            Guard { lhs, rel, rhs }
+        } else {
+            let (r, swap) = rel.negate();
+            if swap {
+                Guard { lhs: rhs, rel: r, rhs: lhs }
+            } else {
+                Guard { lhs, rel: r, rhs }
+            }
+        }
+    }
+    /// Check the guard under concrete symbol values; an unbound symbol fails the guard.
+    pub fn check(&self, env: &dyn Fn(SymId) -> Option<i64>) -> bool {
+        match (self.lhs.eval(env), self.rhs.eval(env)) {
+            (Some(a), Some(b)) => self.rel.holds(a, b),
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for Guard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {} {}", self.lhs, self.rel.as_str(), self.rhs)
+    }
+}
+
+/// Decides comparisons between dims during shape inference. Implementations that know
+/// example values for symbols answer from them and record a guard; see
+/// [`StaticOracle`] for the symbol-free default.
+pub trait DimOracle {
+    /// Decide `lhs rel rhs`.
+    fn decide(&mut self, lhs: &Dim, rel: Rel, rhs: &Dim) -> bool;
+}
+
+/// An oracle that decides only what holds for every value of the symbols: constant
+/// differences, and structural equality. Anything else is answered `false`
+/// for `Eq`/`Lt`/`Le` and `true` for `Ne` (the conservative "not provably equal").
+#[derive(Default, Debug, Clone, Copy)]
+pub struct StaticOracle;
+
+impl DimOracle for StaticOracle {
+    fn decide(&mut self, lhs: &Dim, rel: Rel, rhs: &Dim) -> bool {
+        match rhs.sub(lhs) {
+            // rhs - lhs = d
+            Dim::Const(d) => rel.holds(0, d),
+            Dim::Sym(_) => rel == Rel::Ne,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn polynomial_arithmetic_is_canonical() {
+        let s0 = Dim::sym(SymId(0));
+        let s1 = Dim::sym(SymId(1));
+        let a = s0.mul(&s1).add(&s0.scale(3)).add(&Dim::Const(2));
+        let b = Dim::Const(2).add(&s0.scale(3)).add(&s1.mul(&s0));
+        assert_eq!(a, b);
+        assert_eq!(a.to_string(), "3*s0 + s0*s1 + 2");
+        assert_eq!(a.sub(&a), Dim::Const(0));
+        assert_eq!(s0.mul(&s1).scale(4).exact_div(&s1.scale(2)), Some(s0.scale(2)));
+        assert_eq!(s0.add(&Dim::Const(1)).exact_div(&s0), None);
+        let env = |s: SymId| Some(if s.0 == 0 { 5 } else { 7 });
+        assert_eq!(a.eval(&env), Some(15 + 35 + 2));
+        assert_eq!(s0.sub(&Dim::Const(1)).scale(-1).to_string(), "-s0 + 1");
+    }
+
+    #[test]
+    fn guards_check_and_negate() {
+        let s0 = Dim::sym(SymId(0));
+        let g = Guard::new(s0.clone(), Rel::Lt, Dim::Const(4), false);
+        assert_eq!(g.to_string(), "4 <= s0");
+        assert!(g.check(&|_| Some(4)));
+        assert!(!g.check(&|_| Some(3)));
+        assert!(!g.check(&|_| None));
+    }
+}
