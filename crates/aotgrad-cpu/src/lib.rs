@@ -1,14 +1,37 @@
 //! `aotgrad-cpu`: CPU storage shared by views, a kernel for every core op, and the
 //! reference interpreter that runs any [`aotgrad_ir::Graph`] node by node.
 //!
-//! IMPLEMENTATION IN PROGRESS (helper C) — the public types below are fixed.
+//! Module map:
+//! - [`storage`]: [`Buffer`], [`Storage`] (with a version counter) and [`CpuTensor`];
+//!   `tensor` adds constructors/accessors on [`CpuTensor`];
+//! - `iter`: concrete strided layouts and the odometer that walks them;
+//! - `convert`: element conversions and gathering/scattering through strides;
+//! - `pointwise`, `reduce`, `matmul`, `indexing`, `random`: the kernels;
+//! - `exec`: [`execute`], the per-op dispatcher; `interp`: [`interpret`].
+//!
+//! Compute types: f16/bf16/f32 compute in f32, f64 in f64, integers in wrapping i64
+//! (truncated back to i32 for i32 results), bool as bool. Sums of floating tensors
+//! accumulate in f64 with pairwise summation.
 #![warn(missing_docs)]
+// `CpuError::Shape` carries the IR's `ShapeError` (several pre-formatted `String`s) by
+// value, as the IR crate does; errors are the cold path, so it stays unboxed.
+#![allow(clippy::result_large_err)]
 
+mod convert;
+mod exec;
+mod indexing;
+mod interp;
+mod iter;
+mod matmul;
+mod pointwise;
+pub mod random;
+mod reduce;
 pub mod storage;
+mod tensor;
 
 pub use storage::{Buffer, CpuTensor, Storage};
 
-use aotgrad_ir::{Graph, Op, ShapeError, TensorMeta, ValueId};
+use aotgrad_ir::{Graph, Op, ShapeError, TensorMeta};
 use thiserror::Error;
 
 /// Errors of the CPU backend.
@@ -44,15 +67,15 @@ pub type Result<T> = std::result::Result<T, CpuError>;
 /// Run one op on concrete tensors. `out` is the inferred result metadata (concrete).
 /// Views share `args[0]`'s storage; `InPlace` writes into `args[0]`'s storage through
 /// its strides and returns a handle to it; `MetaInPlace` returns `args[0]`'s storage
-/// with the new metadata.
+/// with the new metadata; every other op returns a fresh tensor laid out as `out`.
+/// Composite ops are rejected (the reference backend runs only core ops).
 pub fn execute(op: &Op, args: &[&CpuTensor], out: &TensorMeta) -> Result<CpuTensor> {
-    let _ = (args, out);
-    Err(CpuError::Kernel { op: op.name(), msg: "kernel not written yet".into() })
+    exec::execute(op, args, out)
 }
 
 /// Run a graph on concrete inputs, node by node; returns the output values.
+/// Symbols are bound from the inputs' metadata, every node's metadata is re-inferred
+/// and checked, and inputs that share storage stay aliased (see `interp`).
 pub fn interpret(g: &Graph, inputs: &[CpuTensor]) -> Result<Vec<CpuTensor>> {
-    let _: Option<ValueId> = None;
-    let _ = (g, inputs);
-    Err(CpuError::Internal("interpreter not written yet".into()))
+    interp::interpret(g, inputs)
 }

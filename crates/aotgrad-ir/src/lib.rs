@@ -6,9 +6,11 @@
 //! - [`op`]: the closed [`Op`] enum, grouped into families;
 //! - [`infer`]: read-only shape/stride/dtype inference per op, with typed errors;
 //! - [`graph`]: [`Graph`], its inputs and nodes, storage identity, source locations;
-//! - [`text`]: a printer and a parser for graphs that round-trip exactly.
+//! - [`text`]: a printer and a parser for graphs that round-trip exactly;
+//! - [`backend`]: the interface every backend implements (compile, run, serialize).
 #![warn(missing_docs)]
 
+pub mod backend;
 pub mod dtype;
 pub mod error;
 pub mod graph;
@@ -18,6 +20,7 @@ pub mod op;
 pub mod sym;
 pub mod text;
 
+pub use backend::{Backend, BackendError, CompiledGraph};
 pub use dtype::{result_type, Category, DType, Operand, Scalar};
 pub use error::{ParseError, ShapeError};
 pub use graph::{Def, Graph, Input, Node, SourceLoc, StorageId, ValueId};

@@ -56,7 +56,7 @@ impl TensorMeta {
     pub fn is_contiguous(&self) -> bool {
         let want = contiguous_strides(&self.shape);
         self.shape.iter().zip(self.strides.iter().zip(&want)).all(|(s, (a, b))| *s == Dim::Const(1) || a == b)
-            || self.shape.iter().any(|s| *s == Dim::Const(0))
+            || self.shape.contains(&Dim::Const(0))
     }
     /// Concrete sizes, if no dim is symbolic (negative sizes never occur).
     pub fn concrete_shape(&self) -> Option<Vec<usize>> {

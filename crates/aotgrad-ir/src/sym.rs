@@ -172,6 +172,36 @@ impl Dim {
         }
         from_map(m)
     }
+    /// [`Dim::add`], or `None` when a coefficient overflows i64.
+    pub fn checked_add(&self, other: &Dim) -> Option<Dim> {
+        if let (Dim::Const(a), Dim::Const(b)) = (self, other) {
+            return a.checked_add(*b).map(Dim::Const);
+        }
+        let mut m = to_map(self);
+        for (k, v) in to_map(other) {
+            let e = m.entry(k).or_insert(0);
+            *e = e.checked_add(v)?;
+        }
+        Some(from_map(m))
+    }
+    /// [`Dim::mul`], or `None` when a coefficient overflows i64 (the same steps as
+    /// `mul`, so `Some` here means `mul` cannot overflow).
+    pub fn checked_mul(&self, other: &Dim) -> Option<Dim> {
+        if let (Dim::Const(a), Dim::Const(b)) = (self, other) {
+            return a.checked_mul(*b).map(Dim::Const);
+        }
+        let mut m: BTreeMap<Monomial, i64> = BTreeMap::new();
+        for (ka, va) in to_map(self) {
+            for (kb, vb) in to_map(other) {
+                let mut k = ka.clone();
+                k.extend(kb.iter().copied());
+                k.sort();
+                let e = m.entry(k).or_insert(0);
+                *e = e.checked_add(va.checked_mul(vb)?)?;
+            }
+        }
+        Some(from_map(m))
+    }
     /// Exact quotient `self / other`, when `other` divides `self` as a polynomial
     /// (other being a constant or a single term); `None` otherwise.
     pub fn exact_div(&self, other: &Dim) -> Option<Dim> {

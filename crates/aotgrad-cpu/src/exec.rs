@@ -1,0 +1,218 @@
+//! [`execute`]: run one core op on concrete tensors, dispatching to the kernel modules.
+//!
+//! - views share `args[0]`'s storage and only get the new metadata (checked to fit);
+//! - other ops compute a fresh buffer laid out as `out` says (normally contiguous);
+//! - `InPlace(inner)` computes `inner` into a temporary first (so sources overlapping the
+//!   destination are safe), then writes it through `args[0]`'s strides, cast to its dtype;
+//! - `MetaInPlace(inner)` returns `args[0]`'s storage with the new metadata.
+
+use crate::convert::{cast_buffer, contiguous_copy, filled, scatter_into, Vals};
+use crate::iter::Layout;
+use crate::pointwise::{self, out_shape, pointwise_result_dtype};
+use crate::storage::{Buffer, CpuTensor, Storage};
+use crate::{indexing, matmul, random, reduce, CpuError, Result};
+use aotgrad_ir::{Aliasing, DType, Op, Scalar, TensorMeta};
+
+fn kernel_err(op: &str, msg: impl Into<String>) -> CpuError {
+    CpuError::Kernel { op: op.to_string(), msg: msg.into() }
+}
+
+/// `args[i]`, or a kernel error naming the op.
+fn arg<'a>(op: &Op, args: &[&'a CpuTensor], i: usize) -> Result<&'a CpuTensor> {
+    args.get(i).copied().ok_or_else(|| {
+        kernel_err(&op.name(), format!("expected at least {} tensor argument(s), got {}", i + 1, args.len()))
+    })
+}
+
+/// Run one op. See the crate docs of [`crate::execute`].
+pub fn execute(op: &Op, args: &[&CpuTensor], out: &TensorMeta) -> Result<CpuTensor> {
+    match op.aliasing() {
+        Aliasing::View | Aliasing::MutatesMeta => {
+            let x = arg(op, args, 0)?;
+            let layout = Layout::from_meta(out)?;
+            layout.check_fits(&op.name(), x.storage.len())?;
+            if out.dtype != x.storage.dtype() {
+                return Err(CpuError::Internal(format!(
+                    "{}: a view of dtype {} over a {} storage",
+                    op.name(),
+                    out.dtype,
+                    x.storage.dtype()
+                )));
+            }
+            Ok(CpuTensor { storage: x.storage.clone(), meta: out.clone() })
+        }
+        Aliasing::MutatesData => match op {
+            Op::InPlace(inner) => in_place(op, inner, args),
+            _ => Err(CpuError::Internal(format!("{}: mutating op without an inner op", op.name()))),
+        },
+        Aliasing::Fresh => {
+            let buf = compute(op, args, out)?;
+            materialize(&op.name(), buf, out)
+        }
+    }
+}
+
+/// A fresh tensor with metadata `out` holding the row-major values `buf`.
+fn materialize(op: &str, buf: Buffer, out: &TensorMeta) -> Result<CpuTensor> {
+    let layout = Layout::from_meta(out)?;
+    if buf.len() != layout.numel() {
+        return Err(CpuError::Internal(format!(
+            "{op}: kernel produced {} elements for a result of shape {:?}",
+            buf.len(),
+            layout.shape
+        )));
+    }
+    let buf = cast_buffer(buf, out.dtype);
+    if layout == Layout::contiguous(&layout.shape) {
+        return Ok(CpuTensor { storage: Storage::new(buf), meta: out.clone() });
+    }
+    // A non-contiguous fresh result (e.g. a layout-preserving clone): lay it out as asked.
+    if layout.has_internal_overlap() {
+        return Err(CpuError::Internal(format!("{op}: fresh result metadata {out} has overlapping elements")));
+    }
+    let mut storage = Buffer::zeros(out.dtype, layout.extent());
+    scatter_into(op, &mut storage, &layout, buf)?;
+    Ok(CpuTensor { storage: Storage::new(storage), meta: out.clone() })
+}
+
+fn in_place(op: &Op, inner: &Op, args: &[&CpuTensor]) -> Result<CpuTensor> {
+    let name = op.name();
+    let target = arg(op, args, 0)?;
+    let result_dtype = pointwise_result_dtype(inner, args)?;
+    let arithmetic =
+        matches!(inner, Op::Unary(_) | Op::Binary(_) | Op::BinaryScalar(..) | Op::Where | Op::Clamp { .. });
+    if arithmetic && !target.meta.dtype.can_hold(result_dtype) {
+        return Err(kernel_err(
+            &name,
+            format!("result type {result_dtype} can't be cast to the desired output type {}", target.meta.dtype),
+        ));
+    }
+    let layout = Layout::from_meta(&target.meta)?;
+    if layout.has_internal_overlap() {
+        return Err(kernel_err(
+            &name,
+            "unsupported operation: more than one element of the written-to tensor refers to a single memory location; \
+             clone() the tensor before writing to it",
+        ));
+    }
+    let inner_out = TensorMeta::contiguous(target.meta.shape.clone(), result_dtype);
+    // Compute into a temporary first: sources may overlap the destination.
+    let value = compute(inner, args, &inner_out)?;
+    let mut guard = target.storage.write();
+    scatter_into(&name, &mut guard, &layout, value)?;
+    drop(guard);
+    Ok(CpuTensor { storage: target.storage.clone(), meta: target.meta.clone() })
+}
+
+fn numel(out: &TensorMeta) -> Result<usize> {
+    Ok(out_shape(out)?.iter().product())
+}
+
+/// `start + i * step` for `i < numel(out)`: integral dtypes truncate `start`/`step` to
+/// integers and use (wrapping) i64 arithmetic, like PyTorch; floating dtypes compute
+/// in f64 and round once.
+fn arange(start: Scalar, step: Scalar, out: &TensorMeta) -> Result<Buffer> {
+    let n = numel(out)?;
+    let vals = if out.dtype.is_float() {
+        let (a, s) = (start.to_f64(), step.to_f64());
+        Vals::F64((0..n).map(|i| a + i as f64 * s).collect())
+    } else {
+        let (a, s) = (start.to_i64(), step.to_i64());
+        Vals::I64((0..n as i64).map(|i| a.wrapping_add(i.wrapping_mul(s))).collect())
+    };
+    Ok(vals.into_buffer(out.dtype))
+}
+
+fn need_float(op: &Op, dtype: DType) -> Result<()> {
+    if dtype.is_float() {
+        Ok(())
+    } else {
+        Err(kernel_err(&op.name(), format!("needs a floating dtype, got {dtype}")))
+    }
+}
+
+/// Compute a non-view op into a contiguous buffer of `out`'s shape.
+pub(crate) fn compute(op: &Op, args: &[&CpuTensor], out: &TensorMeta) -> Result<Buffer> {
+    let a = |i: usize| arg(op, args, i);
+    match op {
+        Op::Unary(u) => pointwise::unary(*u, a(0)?, out),
+        Op::Binary(b) => pointwise::binary(*b, a(0)?, a(1)?, out),
+        Op::BinaryScalar(b, s) => pointwise::binary_scalar(*b, a(0)?, *s, out),
+        Op::Compare(c) => pointwise::compare(*c, a(0)?, a(1)?, out),
+        Op::CompareScalar(c, s) => pointwise::compare_scalar(*c, a(0)?, *s, out),
+        Op::Where => pointwise::where_(a(0)?, a(1)?, a(2)?, out),
+        Op::Clamp { min, max } => pointwise::clamp(a(0)?, *min, *max, out),
+        Op::Cast(_) => pointwise::convert("to", a(0)?, out),
+        Op::Copy => {
+            a(0)?;
+            pointwise::convert("copy", a(1)?, out)
+        }
+        Op::Clone => Ok(cast_buffer(contiguous_copy("clone", a(0)?)?, out.dtype)),
+        Op::Reduce { op: r, dims, .. } => reduce::reduce(*r, a(0)?, dims, out),
+        Op::ArgMax { dim, .. } => reduce::arg_extreme(true, a(0)?, *dim, out),
+        Op::ArgMin { dim, .. } => reduce::arg_extreme(false, a(0)?, *dim, out),
+        Op::Mm => matmul::matmul(a(0)?, a(1)?, out, false),
+        Op::Bmm => matmul::matmul(a(0)?, a(1)?, out, true),
+        Op::Full { value, .. } | Op::FullLike { value, .. } => {
+            if matches!(op, Op::FullLike { .. }) {
+                a(0)?;
+            }
+            Ok(filled(*value, out.dtype, numel(out)?))
+        }
+        Op::Arange { start, step, .. } => arange(*start, *step, out),
+        Op::Rand { seed, offset, .. } => {
+            need_float(op, out.dtype)?;
+            Ok(random::uniform(*seed, *offset, numel(out)?, out.dtype).into_buffer(out.dtype))
+        }
+        Op::Randn { seed, offset, .. } => {
+            need_float(op, out.dtype)?;
+            Ok(random::normal(*seed, *offset, numel(out)?).into_buffer(out.dtype))
+        }
+        Op::Bernoulli { p, seed, offset } => {
+            a(0)?;
+            if !(0.0..=1.0).contains(p) {
+                return Err(kernel_err("bernoulli", format!("p must be in [0, 1], got {p}")));
+            }
+            Ok(random::bernoulli(*p, *seed, *offset, numel(out)?).into_buffer(out.dtype))
+        }
+        Op::IndexSelect(d) => indexing::index_select(*d, a(0)?, a(1)?, out),
+        Op::Gather(d) => indexing::gather(*d, a(0)?, a(1)?, out),
+        Op::ScatterAdd(d) => indexing::scatter_add(*d, a(0)?, a(1)?, a(2)?, out),
+        Op::Cat(d) => {
+            if args.is_empty() {
+                return Err(kernel_err("cat", "expected at least one tensor"));
+            }
+            indexing::cat(*d, args, out)
+        }
+        Op::SliceScatter { dim, start, end, step } => {
+            indexing::slice_scatter((*dim, start, end, *step), a(0)?, a(1)?, out)
+        }
+        Op::SelectScatter { dim, index } => indexing::select_scatter(*dim, index, a(0)?, a(1)?, out),
+        Op::AsStridedScatter { size, stride, offset } => {
+            indexing::as_strided_scatter((size, stride, offset), a(0)?, a(1)?, out)
+        }
+        Op::Composite(c) => Err(kernel_err(
+            c.name(),
+            format!(
+                "composite op `{}` was kept whole; the reference CPU backend runs only core ops (decompose it)",
+                c.name()
+            ),
+        )),
+        Op::View(_)
+        | Op::Permute(_)
+        | Op::Transpose(..)
+        | Op::T
+        | Op::Expand(_)
+        | Op::Squeeze(_)
+        | Op::Unsqueeze(_)
+        | Op::Slice { .. }
+        | Op::Select { .. }
+        | Op::AsStrided { .. }
+        | Op::Alias
+        | Op::InPlace(_)
+        | Op::MetaInPlace(_) => Err(kernel_err(
+            &op.name(),
+            "a view or mutation cannot be computed into a fresh buffer (nested in an in-place op?)",
+        )),
+    }
+}

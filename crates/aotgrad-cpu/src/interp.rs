@@ -1,0 +1,166 @@
+//! The reference interpreter: runs any [`Graph`] node by node with [`crate::execute`].
+//!
+//! 1. Shape symbols are bound from the concrete inputs: a size (then a stride or the
+//!    offset) that is exactly one symbol binds it; every other size, stride, offset and
+//!    the dtype must then evaluate to the concrete input's, else [`CpuError::Input`].
+//! 2. Each node's op and metadata get the symbol values substituted; shape inference
+//!    re-derives the metadata from the arguments' concrete metadata and must agree with
+//!    the node's (a mismatch is a bug: [`CpuError::Internal`] naming the node).
+//! 3. The node runs on the argument tensors themselves, so inputs that share storage
+//!    (aliases, duplicates) see each other's mutations exactly as in eager mode.
+
+use crate::exec::execute;
+use crate::storage::CpuTensor;
+use crate::{CpuError, Result};
+use aotgrad_ir::infer::infer;
+use aotgrad_ir::{Dim, Graph, StaticOracle, SymId, TensorMeta, ValueId};
+use std::collections::HashMap;
+
+fn input_err(index: usize, msg: String) -> CpuError {
+    CpuError::Input { index, msg }
+}
+
+/// Bind symbols from every dim in `dims` that is exactly one symbol.
+fn bind_from(index: usize, what: &str, dims: &[Dim], values: &[i64], env: &mut HashMap<SymId, i64>) -> Result<()> {
+    for (pos, (d, &v)) in dims.iter().zip(values).enumerate() {
+        if let Some(s) = d.as_single_sym() {
+            match env.get(&s) {
+                Some(&old) if old != v => {
+                    return Err(input_err(
+                        index,
+                        format!("{what} {pos} is {v}, but symbol {s} was already bound to {old} by an earlier dim"),
+                    ))
+                }
+                Some(_) => {}
+                None => {
+                    env.insert(s, v);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Check that every dim of `dims` evaluates to the concrete value.
+fn check_dims(index: usize, what: &str, dims: &[Dim], values: &[i64], env: &HashMap<SymId, i64>) -> Result<()> {
+    for (pos, (d, &v)) in dims.iter().zip(values).enumerate() {
+        match d.eval(&|s| env.get(&s).copied()) {
+            Some(e) if e == v => {}
+            Some(e) => {
+                return Err(input_err(index, format!("{what} {pos} is {v}, but the graph expects {d} = {e}")));
+            }
+            None => {
+                return Err(input_err(
+                    index,
+                    format!("{what} {pos} ({d}) mentions a symbol that no input dim determines"),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+fn concrete_values(index: usize, meta: &TensorMeta) -> Result<(Vec<i64>, Vec<i64>, i64)> {
+    let c =
+        |d: &Dim| d.as_const().ok_or_else(|| input_err(index, format!("concrete input has symbolic metadata {meta}")));
+    Ok((
+        meta.shape.iter().map(c).collect::<Result<_>>()?,
+        meta.strides.iter().map(c).collect::<Result<_>>()?,
+        c(&meta.offset)?,
+    ))
+}
+
+/// Bind every graph symbol from the inputs and check the inputs against the graph.
+fn bind_inputs(g: &Graph, inputs: &[CpuTensor]) -> Result<HashMap<SymId, i64>> {
+    if inputs.len() != g.inputs.len() {
+        return Err(input_err(
+            inputs.len().min(g.inputs.len()),
+            format!("the graph takes {} inputs, got {}", g.inputs.len(), inputs.len()),
+        ));
+    }
+    let mut vals = Vec::with_capacity(inputs.len());
+    for (i, (gi, t)) in g.inputs.iter().zip(inputs).enumerate() {
+        if gi.meta.rank() != t.meta.rank() {
+            return Err(input_err(
+                i,
+                format!(
+                    "`{}` has rank {} (shape {}), but the graph expects rank {} ({})",
+                    gi.name,
+                    t.meta.rank(),
+                    t.meta,
+                    gi.meta.rank(),
+                    gi.meta
+                ),
+            ));
+        }
+        if gi.meta.dtype != t.meta.dtype {
+            return Err(input_err(
+                i,
+                format!("`{}` has dtype {}, but the graph expects {}", gi.name, t.meta.dtype, gi.meta.dtype),
+            ));
+        }
+        vals.push(concrete_values(i, &t.meta)?);
+    }
+    let mut env = HashMap::new();
+    // Sizes bind first (they are what users think of as the shape), then strides/offsets.
+    for (i, (gi, (shape, _, _))) in g.inputs.iter().zip(&vals).enumerate() {
+        bind_from(i, "size", &gi.meta.shape, shape, &mut env)?;
+    }
+    for (i, (gi, (_, strides, offset))) in g.inputs.iter().zip(&vals).enumerate() {
+        bind_from(i, "stride", &gi.meta.strides, strides, &mut env)?;
+        bind_from(i, "offset", std::slice::from_ref(&gi.meta.offset), &[*offset], &mut env)?;
+    }
+    for (i, (gi, (shape, strides, offset))) in g.inputs.iter().zip(&vals).enumerate() {
+        check_dims(i, "size", &gi.meta.shape, shape, &env)?;
+        check_dims(i, "stride", &gi.meta.strides, strides, &env)?;
+        check_dims(i, "offset", std::slice::from_ref(&gi.meta.offset), &[*offset], &env)?;
+    }
+    Ok(env)
+}
+
+/// Run `g` on `inputs`; returns the values of `g.outputs`, in order.
+pub fn interpret(g: &Graph, inputs: &[CpuTensor]) -> Result<Vec<CpuTensor>> {
+    let _span = tracing::debug_span!("interpret", inputs = g.inputs.len(), nodes = g.nodes.len()).entered();
+    let env = bind_inputs(g, inputs)?;
+    let lookup = |s: SymId| env.get(&s).copied();
+    let mut values: HashMap<ValueId, CpuTensor> = HashMap::with_capacity(g.inputs.len() + g.nodes.len());
+    for (gi, t) in g.inputs.iter().zip(inputs) {
+        values.insert(gi.id, t.clone());
+    }
+    for node in &g.nodes {
+        let op = node.op.subst(&lookup);
+        let meta = node.meta.subst(&lookup);
+        if !meta.is_concrete() {
+            return Err(CpuError::Internal(format!(
+                "node {} ({}): metadata {meta} mentions a symbol no input determines",
+                node.out,
+                node.op.name()
+            )));
+        }
+        let args = node
+            .args
+            .iter()
+            .map(|a| {
+                values.get(a).ok_or_else(|| {
+                    CpuError::Internal(format!("node {} ({}) uses {a} before it is defined", node.out, node.op.name()))
+                })
+            })
+            .collect::<Result<Vec<&CpuTensor>>>()?;
+        let arg_metas: Vec<&TensorMeta> = args.iter().map(|t| &t.meta).collect();
+        let inferred = infer(&op, &arg_metas, &mut StaticOracle)?;
+        if inferred != meta {
+            return Err(CpuError::Internal(format!(
+                "node {} ({}): inferred metadata {inferred} differs from the recorded {meta}",
+                node.out,
+                node.op.name()
+            )));
+        }
+        tracing::trace!(node = %node.out, op = %node.op.name(), meta = %meta, "execute");
+        let result = execute(&op, &args, &meta)?;
+        values.insert(node.out, result);
+    }
+    g.outputs
+        .iter()
+        .map(|o| values.get(o).cloned().ok_or_else(|| CpuError::Internal(format!("output {o} is never defined"))))
+        .collect()
+}

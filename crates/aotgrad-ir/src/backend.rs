@@ -1,0 +1,38 @@
+//! The backend interface: compile a graph, run it, serialize the artifact.
+//!
+//! A backend is generic over the runtime tensor type `T` it exchanges with the caller
+//! (the CPU backends use `aotgrad_cpu::CpuTensor`), so this crate stays free of data.
+//! Inputs are passed with their real metadata; a compiled graph must honour the input
+//! strides and offsets it is given and return results whose metadata equals the
+//! graph's output metadata (with symbols bound from the inputs).
+
+use crate::graph::Graph;
+use thiserror::Error;
+
+/// A backend failed to compile or run a graph.
+#[derive(Debug, Clone, Error)]
+#[error("backend `{backend}`: {msg}")]
+pub struct BackendError {
+    /// Backend name.
+    pub backend: String,
+    /// What went wrong.
+    pub msg: String,
+}
+
+/// A compiler from graphs to runnable artifacts.
+pub trait Backend<T>: Send + Sync {
+    /// Short name (`cpu-reference`, `cpu`, `wgpu`).
+    fn name(&self) -> &str;
+    /// Compile a functional graph.
+    fn compile(&self, graph: &Graph) -> Result<Box<dyn CompiledGraph<T>>, BackendError>;
+    /// Rebuild an artifact from [`CompiledGraph::serialize`]'s bytes.
+    fn deserialize(&self, bytes: &[u8]) -> Result<Box<dyn CompiledGraph<T>>, BackendError>;
+}
+
+/// A compiled graph, ready to run.
+pub trait CompiledGraph<T>: Send + Sync {
+    /// Run on concrete inputs (in graph-input order); returns the graph outputs.
+    fn run(&self, inputs: &[T]) -> Result<Vec<T>, BackendError>;
+    /// The artifact as bytes, for an on-disk cache.
+    fn serialize(&self) -> Vec<u8>;
+}
