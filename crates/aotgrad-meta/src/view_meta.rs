@@ -1,0 +1,86 @@
+//! `ViewAndMutationMeta`: the side effects and aliasing a compiled graph must replay.
+
+use aotgrad_ir::TensorMeta;
+use serde::{Deserialize, Serialize};
+
+/// What happened to one graph input.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct InputInfo {
+    /// Its elements were written (through it or any alias of its storage).
+    pub mutates_data: bool,
+    /// Its own metadata (shape, strides, offset) was changed (`t_`, `transpose_`, ...).
+    pub mutates_metadata: bool,
+    /// Every data mutation happened under no-grad or through a detached alias, so
+    /// autograd must not see it.
+    pub mutations_hidden_from_autograd: bool,
+    /// The input requires grad.
+    pub requires_grad: bool,
+    /// After the call the caller's handle must carry this metadata (set when
+    /// `mutates_metadata`).
+    pub final_meta: Option<TensorMeta>,
+}
+
+/// How a user output relates to the graph's inputs and other outputs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OutputKind {
+    /// Fresh memory: returned as computed by the graph.
+    NonAlias,
+    /// The caller's input handle itself (after any mutation), returned as the same object.
+    IsInput(usize),
+    /// A view of graph input `input`'s storage; regenerated as a real view with the
+    /// output's metadata.
+    AliasOfInput(usize),
+    /// A view of an intermediate: the graph also returns the intermediate's storage base
+    /// as intermediate output `base`, and the output is regenerated as a view of it.
+    AliasOfIntermediate(usize),
+    /// A view of the storage of user output `output` (which is a `NonAlias` output).
+    AliasOfOutput(usize),
+    /// The same tensor object as user output `output` (returned twice).
+    SameAs(usize),
+}
+
+/// One user output.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OutputInfo {
+    /// How to produce it.
+    pub kind: OutputKind,
+    /// Its traced metadata (for aliases: the exact view to regenerate).
+    pub meta: TensorMeta,
+    /// It requires grad.
+    pub requires_grad: bool,
+}
+
+/// Everything the runtime wrapper needs to reproduce eager side effects and aliasing.
+///
+/// The functional graph returns, in order: the updated value of every input listed in
+/// `mutated_inputs` (data mutations, unless kept in the graph), then one value per user
+/// output (aliases included, so backends see the view ops), then the intermediate bases.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ViewAndMutationMeta {
+    /// One entry per graph input.
+    pub inputs: Vec<InputInfo>,
+    /// One entry per user output.
+    pub outputs: Vec<OutputInfo>,
+    /// Graph inputs whose updated data the graph returns first, in this order.
+    pub mutated_inputs: Vec<usize>,
+    /// Number of intermediate bases returned last.
+    pub num_intermediate_bases: usize,
+    /// Data mutations are written back inside the graph (a final `copy_`) instead of
+    /// being returned.
+    pub keep_input_mutations: bool,
+}
+
+impl ViewAndMutationMeta {
+    /// Number of graph outputs.
+    pub fn num_graph_outputs(&self) -> usize {
+        self.mutated_inputs.len() + self.outputs.len() + self.num_intermediate_bases
+    }
+    /// Index of user output `i` among the graph outputs.
+    pub fn user_output_index(&self, i: usize) -> usize {
+        self.mutated_inputs.len() + i
+    }
+    /// Index of intermediate base `i` among the graph outputs.
+    pub fn intermediate_base_index(&self, i: usize) -> usize {
+        self.mutated_inputs.len() + self.outputs.len() + i
+    }
+}
