@@ -17,6 +17,7 @@
 // value, as the IR crate does; errors are the cold path, so it stays unboxed.
 #![allow(clippy::result_large_err)]
 
+pub mod backend;
 mod convert;
 mod exec;
 mod indexing;
@@ -29,6 +30,7 @@ mod reduce;
 pub mod storage;
 mod tensor;
 
+pub use backend::{InterpretedGraph, ReferenceBackend};
 pub use storage::{Buffer, CpuTensor, Storage};
 
 use aotgrad_ir::{Graph, Op, ShapeError, TensorMeta};

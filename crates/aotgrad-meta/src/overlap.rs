@@ -58,8 +58,13 @@ impl Layout {
     /// Dims that matter: size > 1 and stride > 0 (size-1 dims add nothing, stride-0
     /// dims repeat addresses).
     fn live_dims(&self) -> Vec<(usize, usize)> {
-        let mut d: Vec<(usize, usize)> =
-            self.sizes.iter().zip(&self.strides).filter(|(s, st)| **s > 1 && **st > 0).map(|(s, st)| (*s, *st)).collect();
+        let mut d: Vec<(usize, usize)> = self
+            .sizes
+            .iter()
+            .zip(&self.strides)
+            .filter(|(s, st)| **s > 1 && **st > 0)
+            .map(|(s, st)| (*s, *st))
+            .collect();
         d.sort_by_key(|&(_, st)| st);
         d
     }

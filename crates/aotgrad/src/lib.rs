@@ -1,1 +1,48 @@
-//! placeholder
+//! `aotgrad`: an ahead-of-time autograd compiler for Rust.
+//!
+//! Write a tensor function with ordinary PyTorch semantics — views, in-place ops,
+//! inputs that alias each other — and [`aot_function`] traces it once over fake
+//! tensors, makes it functional, compiles it with a backend, and returns a callable
+//! that behaves exactly like the eager function: same outputs, same mutations visible
+//! on the inputs, same aliasing between outputs and inputs.
+//!
+//! ```
+//! use aotgrad::prelude::*;
+//!
+//! let f = aot_function(
+//!     |a: &[Tensor]| {
+//!         a[0].mul_(2.0)?; // in-place on an input: the caller sees it
+//!         Ok(vec![a[0].mul(3.0)?])
+//!     },
+//!     AotConfig::default(),
+//! )?;
+//! let x = Tensor::from_f64(&[1.0, 2.0], &[2], DType::F32)?;
+//! let out = f.call(&[x.clone()])?;
+//! assert_eq!(x.to_vec_f64()?, vec![2.0, 4.0]);
+//! assert_eq!(out[0].to_vec_f64()?, vec![6.0, 12.0]);
+//! # Ok::<(), aotgrad::Error>(())
+//! ```
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod error;
+pub mod runtime;
+
+pub use config::AotConfig;
+pub use error::{Error, Result};
+pub use runtime::{aot_function, aot_function_args, AotFunction, Arg};
+
+pub use aotgrad_cpu as cpu;
+pub use aotgrad_functionalize as functionalize;
+pub use aotgrad_ir as ir;
+pub use aotgrad_meta as meta;
+pub use aotgrad_trace as trace;
+
+/// Everything a typical user needs.
+pub mod prelude {
+    pub use crate::{aot_function, aot_function_args, AotConfig, AotFunction, Arg};
+    pub use aotgrad_ir::{DType, Dim, Scalar};
+    pub use aotgrad_trace::{
+        is_grad_enabled, no_grad, trace, CompositeKind, DecompTable, NoGradGuard, Tensor, TraceConfig,
+    };
+}

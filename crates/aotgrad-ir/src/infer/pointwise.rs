@@ -156,5 +156,12 @@ pub(crate) fn binary_dtype(name: &str, b: BinaryOp, ops: &[Operand]) -> Result<D
         });
     }
     let dt = result_type(ops);
+    if b == BinaryOp::Pow && dt == DType::Bool {
+        return Err(ShapeError::DType {
+            op: name.into(),
+            dtype: DType::Bool.to_string(),
+            what: "pow with a bool result (PyTorch has no bool pow)".into(),
+        });
+    }
     Ok(if b == BinaryOp::Div && !dt.is_float() { DType::DEFAULT_FLOAT } else { dt })
 }

@@ -1,0 +1,133 @@
+//! Building the functional graph: emitting nodes with inferred metadata, replaying
+//! view chains from a root, and scattering a view's new value back into its root.
+
+use crate::{FunctionalizeError, Result};
+use aotgrad_ir::infer::infer;
+use aotgrad_ir::{Aliasing, Dim, DimOracle, Graph, Input, Node, Op, SourceLoc, StorageId, TensorMeta, ValueId};
+use std::collections::HashMap;
+
+/// The functional graph under construction.
+pub(crate) struct Builder<'o> {
+    pub graph: Graph,
+    metas: HashMap<ValueId, (TensorMeta, StorageId)>,
+    next_value: u32,
+    next_storage: u32,
+    pub oracle: &'o mut dyn DimOracle,
+}
+
+impl<'o> Builder<'o> {
+    pub fn new(oracle: &'o mut dyn DimOracle) -> Self {
+        Builder { graph: Graph::new(), metas: HashMap::new(), next_value: 0, next_storage: 0, oracle }
+    }
+
+    pub fn meta(&self, v: ValueId) -> Result<&TensorMeta> {
+        self.metas.get(&v).map(|m| &m.0).ok_or_else(|| FunctionalizeError::Internal(format!("{v} has no metadata")))
+    }
+
+    pub fn add_input(&mut self, name: String, meta: TensorMeta) -> ValueId {
+        let id = ValueId(self.next_value);
+        self.next_value += 1;
+        let storage = StorageId(self.next_storage);
+        self.next_storage += 1;
+        self.metas.insert(id, (meta.clone(), storage));
+        self.graph.inputs.push(Input { id, name, meta, storage });
+        id
+    }
+
+    /// Append `op(args)`, inferring its metadata.
+    pub fn emit(&mut self, op: Op, args: Vec<ValueId>, loc: &Option<SourceLoc>) -> Result<ValueId> {
+        let arg_metas: Vec<TensorMeta> = args.iter().map(|a| self.meta(*a).cloned()).collect::<Result<_>>()?;
+        let refs: Vec<&TensorMeta> = arg_metas.iter().collect();
+        let meta = infer(&op, &refs, self.oracle)?;
+        let storage = match op.aliasing() {
+            Aliasing::Fresh => {
+                self.next_storage += 1;
+                StorageId(self.next_storage - 1)
+            }
+            _ => self.metas[&args[0]].1,
+        };
+        let out = ValueId(self.next_value);
+        self.next_value += 1;
+        self.metas.insert(out, (meta.clone(), storage));
+        self.graph.nodes.push(Node { out, op, args, meta, storage, loc: loc.clone() });
+        Ok(out)
+    }
+
+    /// `x.view(shape)`, or `x.clone().view(shape)` when `x`'s strides do not allow a
+    /// view (a replay on a fresh, contiguous root can need that where the original
+    /// did not: only values matter in the functional graph).
+    pub fn view_or_reshape(&mut self, x: ValueId, shape: Vec<Dim>, loc: &Option<SourceLoc>) -> Result<ValueId> {
+        if self.meta(x)?.shape == shape {
+            return Ok(x);
+        }
+        let probe = {
+            let m = self.meta(x)?.clone();
+            infer(&Op::View(shape.clone()), &[&m], self.oracle)
+        };
+        match probe {
+            Ok(_) => self.emit(Op::View(shape), vec![x], loc),
+            Err(_) => {
+                let c = self.emit(Op::Clone, vec![x], loc)?;
+                self.emit(Op::View(shape), vec![c], loc)
+            }
+        }
+    }
+
+    /// Apply one chain op to `x` (a value of the same root). `AsStrided` in a chain
+    /// carries an offset relative to the root's first element.
+    pub fn apply_view(&mut self, op: &Op, x: ValueId, loc: &Option<SourceLoc>) -> Result<ValueId> {
+        match op {
+            Op::View(shape) => self.view_or_reshape(x, shape.clone(), loc),
+            Op::AsStrided { size, stride, offset } => {
+                let base_off = self.meta(x)?.offset.clone();
+                let abs = Op::AsStrided { size: size.clone(), stride: stride.clone(), offset: base_off.add(offset) };
+                self.emit(abs, vec![x], loc)
+            }
+            _ => self.emit(op.clone(), vec![x], loc),
+        }
+    }
+
+    /// Given `x` and the new value `y` of `op(x)`, build the new value of `x`.
+    pub fn scatter_back(&mut self, op: &Op, x: ValueId, y: ValueId, loc: &Option<SourceLoc>) -> Result<ValueId> {
+        let x_shape = self.meta(x)?.shape.clone();
+        match op {
+            Op::Slice { dim, start, end, step } => self.emit(
+                Op::SliceScatter { dim: *dim, start: start.clone(), end: end.clone(), step: *step },
+                vec![x, y],
+                loc,
+            ),
+            Op::Select { dim, index } => {
+                self.emit(Op::SelectScatter { dim: *dim, index: index.clone() }, vec![x, y], loc)
+            }
+            Op::AsStrided { size, stride, offset } => self.emit(
+                Op::AsStridedScatter { size: size.clone(), stride: stride.clone(), offset: offset.clone() },
+                vec![x, y],
+                loc,
+            ),
+            Op::Permute(p) => {
+                let mut inv = vec![0usize; p.len()];
+                for (i, &d) in p.iter().enumerate() {
+                    inv[d] = i;
+                }
+                self.emit(Op::Permute(inv), vec![y], loc)
+            }
+            Op::Transpose(a, b) => self.emit(Op::Transpose(*a, *b), vec![y], loc),
+            Op::T => self.emit(Op::T, vec![y], loc),
+            Op::Expand(_) => {
+                let (xn, yn) = (self.meta(x)?.numel(), self.meta(y)?.numel());
+                if xn != yn {
+                    return Err(FunctionalizeError::Unsupported {
+                        op: "expand".into(),
+                        loc: loc.clone(),
+                        msg: "writing through an expanded view that repeats elements".into(),
+                    });
+                }
+                self.view_or_reshape(y, x_shape, loc)
+            }
+            Op::View(_) | Op::Squeeze(_) | Op::Unsqueeze(_) | Op::Alias => self.view_or_reshape(y, x_shape, loc),
+            other => {
+                Err(FunctionalizeError::Internal(format!("`{}` is not a view op but is in a view chain", other.name())))
+            }
+        }
+    }
+}

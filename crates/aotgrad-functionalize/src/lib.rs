@@ -1,0 +1,98 @@
+//! `aotgrad-functionalize`: turns a traced program — in-place ops and views exactly as
+//! the user wrote them — into a purely functional graph, and collects the
+//! [`ViewAndMutationMeta`] the runtime needs to replay the side effects.
+//!
+//! The pass tracks every storage. Each storage has a *root* (a graph input, a
+//! synthetic base, or the node that allocated it) whose current functional value is
+//! known; every traced value is its root plus the chain of view ops that reaches it.
+//! An in-place op becomes its out-of-place form, and the new data is scattered back
+//! through the inverse of the chain into a new root value (`slice_scatter`,
+//! `select_scatter`, `as_strided_scatter`, inverse permutes and reshapes). A later
+//! read of any alias of that storage replays its chain from the new root. Metadata
+//! mutations (`t_`, `transpose_`, ...) just extend the handle's chain.
+//!
+//! See `docs/ARCHITECTURE.md` for a worked example.
+#![warn(missing_docs)]
+
+mod chain;
+mod pass;
+pub mod verify;
+
+use aotgrad_ir::{DimOracle, Graph, ShapeError, SourceLoc, ValueId};
+use aotgrad_meta::{CallingConvention, ViewAndMutationMeta};
+use thiserror::Error;
+
+pub use verify::verify_functional;
+
+/// Errors of functionalization.
+#[derive(Debug, Error)]
+pub enum FunctionalizeError {
+    /// A pattern of views and mutations this pass does not support.
+    #[error("{}{op}: {msg}", loc.as_ref().map(|l| format!("{l}: ")).unwrap_or_default())]
+    Unsupported {
+        /// Op name.
+        op: String,
+        /// Where the user called it.
+        loc: Option<SourceLoc>,
+        /// Why it is unsupported.
+        msg: String,
+    },
+    /// Shape inference rejected a node the pass built: a bug.
+    #[error(
+        "internal error (a bug in aotgrad, please report it): shape inference failed on a functionalized node: {0}"
+    )]
+    Shape(#[from] ShapeError),
+    /// A failed internal invariant: a bug.
+    #[error("internal error (a bug in aotgrad, please report it): {0}")]
+    Internal(String),
+}
+
+/// Result of this crate.
+pub type Result<T> = std::result::Result<T, FunctionalizeError>;
+
+/// Options of the pass.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Write data mutations of inputs back inside the graph with a final `copy_`
+    /// instead of returning the updated values.
+    pub keep_input_mutations: bool,
+}
+
+/// Facts about the traced program that the graph itself does not carry.
+pub struct TraceFacts<'a> {
+    /// Per traced input: it requires grad.
+    pub input_requires_grad: &'a [bool],
+    /// Per traced output: it requires grad.
+    pub output_requires_grad: &'a [bool],
+    /// Per mutation node (by the value it defines): autograd must not see this
+    /// mutation (it ran under no-grad, or on a detached alias).
+    pub hidden_mutation: &'a dyn Fn(ValueId) -> bool,
+}
+
+/// The result of functionalization.
+#[derive(Clone, Debug)]
+pub struct Functionalized {
+    /// The functional graph: no in-place op (but the trailing `copy_`s into inputs in
+    /// `keep_input_mutations` mode) and no aliasing but explicit view ops.
+    pub graph: Graph,
+    /// Side effects and aliasing to replay at run time (per traced input / output).
+    pub meta: ViewAndMutationMeta,
+    /// How traced inputs map to graph inputs (synthetic bases merge several).
+    pub convention: CallingConvention,
+}
+
+/// Functionalize a traced graph. `oracle` answers shape questions about symbolic dims
+/// the way tracing did (pass the trace's shape environment).
+pub fn functionalize(
+    traced: &Graph,
+    facts: &TraceFacts<'_>,
+    options: &Options,
+    oracle: &mut dyn DimOracle,
+) -> Result<Functionalized> {
+    let _span = tracing::debug_span!("functionalize", nodes = traced.nodes.len()).entered();
+    let out = pass::run(traced, facts, options, oracle)?;
+    verify_functional(&out.graph, options.keep_input_mutations, oracle)
+        .map_err(|e| FunctionalizeError::Internal(format!("functional graph failed verification: {e}")))?;
+    tracing::debug!(target: "aotgrad::functionalize", "functional graph:\n{}", aotgrad_ir::text::print_graph(&out.graph));
+    Ok(out)
+}

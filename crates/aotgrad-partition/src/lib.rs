@@ -1,0 +1,1 @@
+//! placeholder: helper G writes this crate

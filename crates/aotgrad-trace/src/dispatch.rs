@@ -1,0 +1,199 @@
+//! The one dispatch function every tensor op goes through: pick the mode (eager or
+//! fake) from the arguments and the active trace, infer the result metadata with the
+//! shared inference (`StaticOracle` eagerly, the trace's `ShapeEnv` when fake), check
+//! the autograd rules, then run the CPU kernel or record a graph node.
+
+use crate::error::{Error, Result};
+use crate::grad_mode::is_grad_enabled;
+use crate::tensor::{Fake, Repr, TState, Tensor};
+use crate::trace::{active_trace, TraceCtx};
+use aotgrad_cpu::CpuTensor;
+use aotgrad_ir::infer::infer;
+use aotgrad_ir::{Aliasing, DimOracle, Op, SourceLoc, StaticOracle, TensorMeta};
+use std::sync::Arc;
+
+/// Where an op runs.
+pub(crate) enum Mode {
+    /// Real kernels.
+    Eager,
+    /// Recorded into the given trace.
+    Fake(Arc<TraceCtx>),
+}
+
+const EAGER_WHILE_TRACING: &str = "eager tensor used while tracing: pass it as an input";
+
+/// The mode of an op over tensors in these states, given the active trace.
+pub(crate) fn mode_of(op: &str, args: &[&TState], loc: &SourceLoc) -> Result<Mode> {
+    let active = active_trace();
+    let mut any_eager = false;
+    for a in args {
+        match &a.repr {
+            Repr::Eager(_) => any_eager = true,
+            Repr::Fake(f) => match &active {
+                Some(ctx) if Arc::ptr_eq(ctx, &f.ctx) => {}
+                _ => {
+                    return Err(Error::mode(
+                        op,
+                        loc,
+                        "fake tensor used outside of the trace that created it (fake tensors only exist while \
+                         their function is traced)",
+                    ))
+                }
+            },
+        }
+    }
+    match active {
+        Some(_) if any_eager => Err(Error::mode(op, loc, EAGER_WHILE_TRACING)),
+        Some(ctx) => Ok(Mode::Fake(ctx)),
+        None => Ok(Mode::Eager),
+    }
+}
+
+impl Tensor {
+    /// The mode ops on this tensor run in (an error if it cannot be used here).
+    pub(crate) fn mode(&self, op: &str, loc: &SourceLoc) -> Result<Mode> {
+        mode_of(op, &[&self.snapshot()], loc)
+    }
+    /// Run `f` with the oracle of this tensor's mode (shape questions about symbolic
+    /// dims record guards in the trace's `ShapeEnv`).
+    pub(crate) fn with_oracle<R>(
+        &self,
+        op: &str,
+        loc: &SourceLoc,
+        f: impl FnOnce(&mut dyn DimOracle) -> std::result::Result<R, aotgrad_ir::ShapeError>,
+    ) -> Result<R> {
+        let r = match self.mode(op, loc)? {
+            Mode::Eager => f(&mut StaticOracle),
+            Mode::Fake(ctx) => f(&mut ctx.lock().shape_env),
+        };
+        r.map_err(|e| Error::shape(op, loc, e))
+    }
+}
+
+/// Ops whose result never requires grad (creation and randomness: no derivative flows).
+fn differentiable(op: &Op) -> bool {
+    match op {
+        Op::Full { .. } | Op::FullLike { .. } | Op::Arange { .. } | Op::Rand { .. } | Op::Randn { .. } => false,
+        Op::Bernoulli { .. } => false,
+        Op::InPlace(inner) | Op::MetaInPlace(inner) => differentiable(inner),
+        _ => true,
+    }
+}
+
+/// PyTorch's check before an in-place op while grad mode is on.
+fn check_inplace(op: &str, s0: &TState, loc: &SourceLoc) -> Result<()> {
+    if s0.is_leaf && s0.requires_grad {
+        return Err(Error::autograd(
+            op,
+            loc,
+            "a leaf Variable that requires grad is being used in an in-place operation.",
+        ));
+    }
+    if let Some(base) = &s0.base {
+        let b = base.snapshot();
+        if s0.requires_grad && b.is_leaf && b.requires_grad {
+            return Err(Error::autograd(
+                op,
+                loc,
+                "a view of a leaf Variable that requires grad is being used in an in-place operation.",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Apply `op` to `args` in the mode they (and the active trace) select.
+pub(crate) fn dispatch(op: Op, args: &[&Tensor], loc: &SourceLoc) -> Result<Tensor> {
+    let name = op.name();
+    let states: Vec<TState> = args.iter().map(|t| t.snapshot()).collect();
+    let refs: Vec<&TState> = states.iter().collect();
+    let mode = mode_of(&name, &refs, loc)?;
+    let aliasing = op.aliasing();
+    let grad = is_grad_enabled();
+    let first = || states.first().ok_or_else(|| Error::Internal(format!("{name}: op without a self argument")));
+    if matches!(aliasing, Aliasing::MutatesData | Aliasing::MutatesMeta) && grad {
+        check_inplace(&name, first()?, loc)?;
+    }
+    // Does the result take part in autograd? (dtype checked once the meta is known)
+    let grad_inputs = grad && differentiable(&op) && states.iter().any(|s| s.requires_grad);
+    let metas: Vec<&TensorMeta> = states.iter().map(TState::meta).collect();
+    let (repr, out_float) = match mode {
+        Mode::Eager => {
+            let out = infer(&op, &metas, &mut StaticOracle).map_err(|e| Error::shape(&name, loc, e))?;
+            let cpu: Vec<&CpuTensor> = states
+                .iter()
+                .map(|s| match &s.repr {
+                    Repr::Eager(t) => Ok(t),
+                    Repr::Fake(_) => Err(Error::Internal(format!("{name}: fake tensor in eager mode"))),
+                })
+                .collect::<Result<_>>()?;
+            let res = aotgrad_cpu::execute(&op, &cpu, &out).map_err(|e| Error::kernel(&name, loc, e))?;
+            (Repr::Eager(res), out.dtype.is_float())
+        }
+        Mode::Fake(ctx) => {
+            let mut st = ctx.lock();
+            let out = infer(&op, &metas, &mut st.shape_env).map_err(|e| Error::shape(&name, loc, e))?;
+            let mut values = Vec::with_capacity(states.len());
+            for s in &states {
+                match &s.repr {
+                    Repr::Fake(f) => values.push(f.value),
+                    Repr::Eager(_) => return Err(Error::Internal(format!("{name}: eager tensor in fake mode"))),
+                }
+            }
+            let storage = match aliasing {
+                Aliasing::Fresh => st.fresh_storage(),
+                _ => match &first()?.repr {
+                    Repr::Fake(f) => f.storage,
+                    Repr::Eager(_) => return Err(Error::Internal(format!("{name}: eager self in fake mode"))),
+                },
+            };
+            let float = out.dtype.is_float();
+            let rg = match aliasing {
+                Aliasing::MutatesData | Aliasing::MutatesMeta => first()?.requires_grad || (grad_inputs && float),
+                _ => grad_inputs && float,
+            };
+            let value = st.add_node(op, values, out.clone(), storage, loc.clone(), rg);
+            drop(st);
+            (Repr::Fake(Fake { meta: out, storage, value, ctx }), float)
+        }
+    };
+    let rg = grad_inputs && out_float;
+    match aliasing {
+        Aliasing::Fresh => Ok(Tensor::from_state(TState { repr, requires_grad: rg, is_leaf: !rg, base: None })),
+        Aliasing::View => {
+            let s0 = first()?;
+            let base = s0.base.clone().or_else(|| args.first().map(|t| (*t).clone()));
+            Ok(Tensor::from_state(TState { repr, requires_grad: rg, is_leaf: !rg, base }))
+        }
+        Aliasing::MutatesData | Aliasing::MutatesMeta => {
+            let target = args.first().ok_or_else(|| Error::Internal(format!("{name}: no self argument")))?;
+            let base = {
+                let mut st = target.lock();
+                st.repr = repr;
+                if rg {
+                    st.requires_grad = true;
+                    st.is_leaf = false;
+                }
+                st.base.clone()
+            };
+            // The base of a view mutated with a grad-requiring value now requires grad too.
+            if rg {
+                if let Some(b) = base {
+                    let mut bs = b.lock();
+                    bs.requires_grad = true;
+                    bs.is_leaf = false;
+                }
+            }
+            Ok((*target).clone())
+        }
+    }
+}
+
+impl Tensor {
+    /// Apply any core op to tensors (eagerly, or recorded while tracing), with the same
+    /// checks as the named methods. `args[0]` is `self` for views and in-place ops.
+    #[track_caller]
+    pub fn apply(op: Op, args: &[&Tensor]) -> Result<Tensor> {
+        dispatch(op, args, &SourceLoc::caller())
+    }
+}

@@ -1,0 +1,112 @@
+//! Constructors: filled, ranged and random tensors. Called while a trace is active
+//! they produce fake tensors (recorded as graph nodes), otherwise eager ones.
+//! (Tensors from Rust data are in [`crate::tensor`]: `from_vec`, `from_f64`, ...)
+
+use crate::dispatch::dispatch;
+use crate::error::Result;
+use crate::tensor::Tensor;
+use aotgrad_ir::{DType, Dim, Op, Scalar, SourceLoc};
+
+fn dims(shape: &[usize]) -> Vec<Dim> {
+    shape.iter().map(|&s| Dim::from(s)).collect()
+}
+
+impl Tensor {
+    /// A tensor filled with `value`.
+    #[track_caller]
+    pub fn full(shape: &[usize], value: impl Into<Scalar>, dtype: DType) -> Result<Tensor> {
+        dispatch(Op::Full { shape: dims(shape), value: value.into(), dtype }, &[], &SourceLoc::caller())
+    }
+    /// [`Tensor::full`] with possibly symbolic sizes.
+    #[track_caller]
+    pub fn full_dims(shape: &[Dim], value: impl Into<Scalar>, dtype: DType) -> Result<Tensor> {
+        dispatch(Op::Full { shape: shape.to_vec(), value: value.into(), dtype }, &[], &SourceLoc::caller())
+    }
+    /// A tensor of zeros.
+    #[track_caller]
+    pub fn zeros(shape: &[usize], dtype: DType) -> Result<Tensor> {
+        dispatch(Op::Full { shape: dims(shape), value: Scalar::Int(0), dtype }, &[], &SourceLoc::caller())
+    }
+    /// [`Tensor::zeros`] with possibly symbolic sizes.
+    #[track_caller]
+    pub fn zeros_dims(shape: &[Dim], dtype: DType) -> Result<Tensor> {
+        dispatch(Op::Full { shape: shape.to_vec(), value: Scalar::Int(0), dtype }, &[], &SourceLoc::caller())
+    }
+    /// A tensor of ones.
+    #[track_caller]
+    pub fn ones(shape: &[usize], dtype: DType) -> Result<Tensor> {
+        dispatch(Op::Full { shape: dims(shape), value: Scalar::Int(1), dtype }, &[], &SourceLoc::caller())
+    }
+    /// [`Tensor::ones`] with possibly symbolic sizes.
+    #[track_caller]
+    pub fn ones_dims(shape: &[Dim], dtype: DType) -> Result<Tensor> {
+        dispatch(Op::Full { shape: shape.to_vec(), value: Scalar::Int(1), dtype }, &[], &SourceLoc::caller())
+    }
+    /// `start, start + step, ...` below `end` (1-D).
+    #[track_caller]
+    pub fn arange(
+        start: impl Into<Scalar>,
+        end: impl Into<Scalar>,
+        step: impl Into<Scalar>,
+        dtype: DType,
+    ) -> Result<Tensor> {
+        let op = Op::Arange { start: start.into(), end: end.into(), step: step.into(), dtype };
+        dispatch(op, &[], &SourceLoc::caller())
+    }
+    /// Uniform values in `[0, 1)`; the same seed gives the same values.
+    #[track_caller]
+    pub fn rand(shape: &[usize], dtype: DType, seed: u64) -> Result<Tensor> {
+        dispatch(Op::Rand { shape: dims(shape), dtype, seed, offset: 0 }, &[], &SourceLoc::caller())
+    }
+    /// [`Tensor::rand`] with possibly symbolic sizes.
+    #[track_caller]
+    pub fn rand_dims(shape: &[Dim], dtype: DType, seed: u64) -> Result<Tensor> {
+        dispatch(Op::Rand { shape: shape.to_vec(), dtype, seed, offset: 0 }, &[], &SourceLoc::caller())
+    }
+    /// Standard normal values; the same seed gives the same values.
+    #[track_caller]
+    pub fn randn(shape: &[usize], dtype: DType, seed: u64) -> Result<Tensor> {
+        dispatch(Op::Randn { shape: dims(shape), dtype, seed, offset: 0 }, &[], &SourceLoc::caller())
+    }
+    /// [`Tensor::randn`] with possibly symbolic sizes.
+    #[track_caller]
+    pub fn randn_dims(shape: &[Dim], dtype: DType, seed: u64) -> Result<Tensor> {
+        dispatch(Op::Randn { shape: shape.to_vec(), dtype, seed, offset: 0 }, &[], &SourceLoc::caller())
+    }
+    /// Zeros shaped like `self` (same dtype).
+    #[track_caller]
+    pub fn zeros_like(&self) -> Result<Tensor> {
+        dispatch(Op::FullLike { value: Scalar::Int(0), dtype: None }, &[self], &SourceLoc::caller())
+    }
+    /// Ones shaped like `self` (same dtype).
+    #[track_caller]
+    pub fn ones_like(&self) -> Result<Tensor> {
+        dispatch(Op::FullLike { value: Scalar::Int(1), dtype: None }, &[self], &SourceLoc::caller())
+    }
+    /// `value` shaped like `self` (same dtype).
+    #[track_caller]
+    pub fn full_like(&self, value: impl Into<Scalar>) -> Result<Tensor> {
+        dispatch(Op::FullLike { value: value.into(), dtype: None }, &[self], &SourceLoc::caller())
+    }
+    /// Uniform values in `[0, 1)` shaped like `self` (same dtype).
+    #[track_caller]
+    pub fn rand_like(&self, seed: u64) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        self.mode("rand_like", &loc)?;
+        let m = self.meta();
+        dispatch(Op::Rand { shape: m.shape, dtype: m.dtype, seed, offset: 0 }, &[], &loc)
+    }
+    /// Standard normal values shaped like `self` (same dtype).
+    #[track_caller]
+    pub fn randn_like(&self, seed: u64) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        self.mode("randn_like", &loc)?;
+        let m = self.meta();
+        dispatch(Op::Randn { shape: m.shape, dtype: m.dtype, seed, offset: 0 }, &[], &loc)
+    }
+    /// 1 with probability `p`, else 0, shaped like `self` (same dtype).
+    #[track_caller]
+    pub fn bernoulli(&self, p: f64, seed: u64) -> Result<Tensor> {
+        dispatch(Op::Bernoulli { p, seed, offset: 0 }, &[self], &SourceLoc::caller())
+    }
+}

@@ -1,0 +1,69 @@
+//! Data in-place ops: compute a pointwise result and write it into `self`'s storage
+//! through its strides. They return this very tensor handle; other views of the same
+//! storage see the new data.
+
+use super::{IntoRhs, Rhs};
+use crate::dispatch::dispatch;
+use crate::error::Result;
+use crate::tensor::Tensor;
+use aotgrad_ir::{BinaryOp, Op, Scalar, SourceLoc, UnaryOp};
+
+macro_rules! binary_inplace {
+    ($($name:ident => $op:ident),* $(,)?) => {
+        impl Tensor {
+            $(
+                #[doc = concat!("In-place `", stringify!($op), "` with a tensor (broadcast to `self`) or a scalar.")]
+                #[track_caller]
+                pub fn $name<'a>(&self, other: impl IntoRhs<'a>) -> Result<Tensor> {
+                    self.binary_inplace_at(BinaryOp::$op, other.into_rhs(), &SourceLoc::caller())
+                }
+            )*
+        }
+    };
+}
+
+binary_inplace!(add_ => Add, sub_ => Sub, mul_ => Mul, div_ => Div, pow_ => Pow);
+
+fn inplace(op: Op) -> Op {
+    Op::InPlace(Box::new(op))
+}
+
+impl Tensor {
+    fn binary_inplace_at(&self, op: BinaryOp, rhs: Rhs<'_>, loc: &SourceLoc) -> Result<Tensor> {
+        match rhs {
+            Rhs::Tensor(t) => dispatch(inplace(Op::Binary(op)), &[self, t], loc),
+            Rhs::Scalar(s) => dispatch(inplace(Op::BinaryScalar(op, s)), &[self], loc),
+        }
+    }
+    /// Fill with zeros.
+    #[track_caller]
+    pub fn zero_(&self) -> Result<Tensor> {
+        dispatch(inplace(Op::FullLike { value: Scalar::Int(0), dtype: None }), &[self], &SourceLoc::caller())
+    }
+    /// Fill with `value`.
+    #[track_caller]
+    pub fn fill_(&self, value: impl Into<Scalar>) -> Result<Tensor> {
+        dispatch(inplace(Op::FullLike { value: value.into(), dtype: None }), &[self], &SourceLoc::caller())
+    }
+    /// In-place `relu`.
+    #[track_caller]
+    pub fn relu_(&self) -> Result<Tensor> {
+        dispatch(inplace(Op::Unary(UnaryOp::Relu)), &[self], &SourceLoc::caller())
+    }
+    /// In-place `neg`.
+    #[track_caller]
+    pub fn neg_(&self) -> Result<Tensor> {
+        dispatch(inplace(Op::Unary(UnaryOp::Neg)), &[self], &SourceLoc::caller())
+    }
+    /// In-place `clamp` (see [`Tensor::clamp`]).
+    #[track_caller]
+    pub fn clamp_<S: Into<Scalar>>(&self, min: Option<S>, max: Option<S>) -> Result<Tensor> {
+        let op = Op::Clamp { min: min.map(Into::into), max: max.map(Into::into) };
+        dispatch(inplace(op), &[self], &SourceLoc::caller())
+    }
+    /// Copy `src` (broadcast to `self`'s shape, cast to its dtype) into `self`.
+    #[track_caller]
+    pub fn copy_(&self, src: &Tensor) -> Result<Tensor> {
+        dispatch(inplace(Op::Copy), &[self, src], &SourceLoc::caller())
+    }
+}

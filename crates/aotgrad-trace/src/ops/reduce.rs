@@ -1,0 +1,93 @@
+//! Reductions (`sum`, `mean`, `amax`, `amin`, `argmax`, `argmin`) and matrix products.
+
+use super::wrap;
+use crate::dispatch::dispatch;
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+use aotgrad_ir::{Op, ReduceOp, ShapeError, SourceLoc};
+
+impl Tensor {
+    /// Wrap, sort and check a list of reduced dims (empty: all dims).
+    fn reduce_dims(&self, op: &str, dims: &[i64], loc: &SourceLoc) -> Result<Vec<usize>> {
+        let rank = self.dim();
+        let mut out = Vec::with_capacity(dims.len());
+        for &d in dims {
+            let w = wrap(op, d, rank, loc)?;
+            if out.contains(&w) {
+                return Err(Error::shape(
+                    op,
+                    loc,
+                    ShapeError::Invalid {
+                        op: op.into(),
+                        msg: format!("dim {w} appears multiple times in the list of dims"),
+                    },
+                ));
+            }
+            out.push(w);
+        }
+        if rank == 0 {
+            // A 0-d tensor accepts dim 0 / -1; reducing it over "all dims" is the same.
+            out.clear();
+        }
+        out.sort_unstable();
+        Ok(out)
+    }
+    fn reduce_at(&self, op: ReduceOp, dims: &[i64], keepdim: bool, loc: &SourceLoc) -> Result<Tensor> {
+        let dims = self.reduce_dims(op.name(), dims, loc)?;
+        dispatch(Op::Reduce { op, dims, keepdim }, &[self], loc)
+    }
+    /// Sum over `dims` (negative dims count from the end; empty: all dims).
+    #[track_caller]
+    pub fn sum(&self, dims: &[i64], keepdim: bool) -> Result<Tensor> {
+        self.reduce_at(ReduceOp::Sum, dims, keepdim, &SourceLoc::caller())
+    }
+    /// Sum of all elements (a 0-d tensor).
+    #[track_caller]
+    pub fn sum_all(&self) -> Result<Tensor> {
+        self.reduce_at(ReduceOp::Sum, &[], false, &SourceLoc::caller())
+    }
+    /// Mean over `dims` (floating dtypes only).
+    #[track_caller]
+    pub fn mean(&self, dims: &[i64], keepdim: bool) -> Result<Tensor> {
+        self.reduce_at(ReduceOp::Mean, dims, keepdim, &SourceLoc::caller())
+    }
+    /// Mean of all elements.
+    #[track_caller]
+    pub fn mean_all(&self) -> Result<Tensor> {
+        self.reduce_at(ReduceOp::Mean, &[], false, &SourceLoc::caller())
+    }
+    /// Maximum over `dims`.
+    #[track_caller]
+    pub fn amax(&self, dims: &[i64], keepdim: bool) -> Result<Tensor> {
+        self.reduce_at(ReduceOp::Amax, dims, keepdim, &SourceLoc::caller())
+    }
+    /// Minimum over `dims`.
+    #[track_caller]
+    pub fn amin(&self, dims: &[i64], keepdim: bool) -> Result<Tensor> {
+        self.reduce_at(ReduceOp::Amin, dims, keepdim, &SourceLoc::caller())
+    }
+    /// Index of the maximum along `dim` (i64; the first on ties).
+    #[track_caller]
+    pub fn argmax(&self, dim: i64, keepdim: bool) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        let dim = wrap("argmax", dim, self.dim(), &loc)?;
+        dispatch(Op::ArgMax { dim, keepdim }, &[self], &loc)
+    }
+    /// Index of the minimum along `dim`.
+    #[track_caller]
+    pub fn argmin(&self, dim: i64, keepdim: bool) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        let dim = wrap("argmin", dim, self.dim(), &loc)?;
+        dispatch(Op::ArgMin { dim, keepdim }, &[self], &loc)
+    }
+    /// Matrix product of `(n, k)` and `(k, m)`.
+    #[track_caller]
+    pub fn mm(&self, other: &Tensor) -> Result<Tensor> {
+        dispatch(Op::Mm, &[self, other], &SourceLoc::caller())
+    }
+    /// Batched matrix product of `(b, n, k)` and `(b, k, m)`.
+    #[track_caller]
+    pub fn bmm(&self, other: &Tensor) -> Result<Tensor> {
+        dispatch(Op::Bmm, &[self, other], &SourceLoc::caller())
+    }
+}

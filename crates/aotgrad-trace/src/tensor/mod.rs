@@ -1,0 +1,253 @@
+//! [`Tensor`]: a cheap, shareable handle to a tensor object that is either eager
+//! (holds real CPU data) or fake (holds only metadata and its place in a trace).
+//!
+//! Cloning a `Tensor` clones the *handle* (like another Python reference to the same
+//! tensor object): in-place ops and metadata mutations (`t_()`) are seen through every
+//! clone. The data copy op is [`Tensor::clone_tensor`].
+
+mod data;
+
+use crate::error::{Error, Result};
+use crate::trace::TraceCtx;
+use aotgrad_cpu::CpuTensor;
+use aotgrad_ir::{DType, Dim, DimList, SourceLoc, StorageId, TensorMeta, ValueId};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+pub use data::Element;
+
+/// A tensor handle. See the [module docs](self).
+#[derive(Clone)]
+pub struct Tensor(Arc<Inner>);
+
+struct Inner {
+    state: Mutex<TState>,
+}
+
+/// The mutable state of one tensor object.
+#[derive(Clone)]
+pub(crate) struct TState {
+    pub(crate) repr: Repr,
+    pub(crate) requires_grad: bool,
+    pub(crate) is_leaf: bool,
+    /// For views: the tensor (itself not a view) whose storage this one views.
+    pub(crate) base: Option<Tensor>,
+}
+
+/// Eager data or fake metadata.
+#[derive(Clone)]
+pub(crate) enum Repr {
+    Eager(CpuTensor),
+    Fake(Fake),
+}
+
+/// A fake tensor: metadata, storage identity, current value in the trace.
+#[derive(Clone)]
+pub(crate) struct Fake {
+    pub(crate) meta: TensorMeta,
+    pub(crate) storage: StorageId,
+    pub(crate) value: ValueId,
+    pub(crate) ctx: Arc<TraceCtx>,
+}
+
+impl TState {
+    pub(crate) fn meta(&self) -> &TensorMeta {
+        match &self.repr {
+            Repr::Eager(t) => &t.meta,
+            Repr::Fake(f) => &f.meta,
+        }
+    }
+}
+
+impl Tensor {
+    pub(crate) fn from_state(state: TState) -> Tensor {
+        Tensor(Arc::new(Inner { state: Mutex::new(state) }))
+    }
+    pub(crate) fn lock(&self) -> MutexGuard<'_, TState> {
+        self.0.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    /// A copy of the current state (cheap: shared storage, cloned metadata).
+    pub(crate) fn snapshot(&self) -> TState {
+        self.lock().clone()
+    }
+    /// True when both handles refer to the same tensor object.
+    pub fn same_object(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    /// Wrap a concrete CPU tensor as an eager leaf that does not require grad.
+    pub fn from_cpu(t: CpuTensor) -> Tensor {
+        Tensor::from_state(TState { repr: Repr::Eager(t), requires_grad: false, is_leaf: true, base: None })
+    }
+    /// The concrete CPU tensor behind an eager tensor (sharing its storage).
+    #[track_caller]
+    pub fn to_cpu(&self) -> Result<CpuTensor> {
+        match &self.lock().repr {
+            Repr::Eager(t) => Ok(t.clone()),
+            Repr::Fake(_) => Err(Error::mode("to_cpu", &SourceLoc::caller(), "a fake tensor has no data")),
+        }
+    }
+
+    // ---- metadata ----------------------------------------------------------------
+
+    /// Shape, strides, storage offset and dtype.
+    pub fn meta(&self) -> TensorMeta {
+        self.lock().meta().clone()
+    }
+    /// The size of each dim (symbolic while tracing with dynamic dims).
+    pub fn shape(&self) -> Vec<Dim> {
+        self.lock().meta().shape.clone()
+    }
+    /// Concrete sizes; an error if a dim is symbolic.
+    #[track_caller]
+    pub fn sizes(&self) -> Result<Vec<usize>> {
+        let m = self.meta();
+        m.concrete_shape().ok_or_else(|| {
+            Error::invalid("sizes", &SourceLoc::caller(), format!("shape {} is symbolic", DimList(&m.shape)))
+        })
+    }
+    /// The size of dim `d` (negative counts from the end).
+    #[track_caller]
+    pub fn size(&self, d: i64) -> Result<Dim> {
+        let loc = SourceLoc::caller();
+        let m = self.meta();
+        let i = aotgrad_ir::infer::wrap_dim("size", d, m.rank()).map_err(|e| Error::shape("size", &loc, e))?;
+        m.shape.get(i).cloned().ok_or_else(|| {
+            Error::shape("size", &loc, aotgrad_ir::ShapeError::DimOutOfRange { op: "size".into(), dim: d, rank: 0 })
+        })
+    }
+    /// Number of dims.
+    pub fn dim(&self) -> usize {
+        self.lock().meta().rank()
+    }
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.lock().meta().dtype
+    }
+    /// Strides in elements.
+    pub fn strides(&self) -> Vec<Dim> {
+        self.lock().meta().strides.clone()
+    }
+    /// Storage offset in elements.
+    pub fn storage_offset(&self) -> Dim {
+        self.lock().meta().offset.clone()
+    }
+    /// Number of elements.
+    pub fn numel(&self) -> Dim {
+        self.lock().meta().numel()
+    }
+    /// Whether the strides are row-major for the shape.
+    pub fn is_contiguous(&self) -> bool {
+        self.lock().meta().is_contiguous()
+    }
+    /// True for a fake (metadata-only, traced) tensor.
+    pub fn is_fake(&self) -> bool {
+        matches!(self.lock().repr, Repr::Fake(_))
+    }
+    /// True when both tensors view the same storage (in the same mode).
+    pub fn shares_storage_with(&self, other: &Tensor) -> bool {
+        if self.same_object(other) {
+            return true;
+        }
+        let (a, b) = (self.snapshot(), other.snapshot());
+        match (&a.repr, &b.repr) {
+            (Repr::Eager(x), Repr::Eager(y)) => x.same_storage(y),
+            (Repr::Fake(x), Repr::Fake(y)) => x.storage == y.storage && Arc::ptr_eq(&x.ctx, &y.ctx),
+            _ => false,
+        }
+    }
+    /// How many times the storage of an eager tensor has been written.
+    #[track_caller]
+    pub fn storage_version(&self) -> Result<u64> {
+        match &self.lock().repr {
+            Repr::Eager(t) => Ok(t.storage.version()),
+            Repr::Fake(_) => Err(Error::mode("storage_version", &SourceLoc::caller(), "a fake tensor has no storage")),
+        }
+    }
+    /// The storage identity of a fake tensor in its trace.
+    pub fn fake_storage(&self) -> Option<StorageId> {
+        match &self.lock().repr {
+            Repr::Fake(f) => Some(f.storage),
+            Repr::Eager(_) => None,
+        }
+    }
+    /// The graph value a fake tensor currently stands for (moves on in-place ops).
+    pub fn fake_value(&self) -> Option<ValueId> {
+        match &self.lock().repr {
+            Repr::Fake(f) => Some(f.value),
+            Repr::Eager(_) => None,
+        }
+    }
+
+    // ---- autograd flags ------------------------------------------------------------
+
+    /// Builder form of [`Tensor::set_requires_grad`]: returns this handle.
+    #[track_caller]
+    pub fn requires_grad(&self, requires_grad: bool) -> Result<Tensor> {
+        self.set_requires_grad_at(requires_grad, &SourceLoc::caller())?;
+        Ok(self.clone())
+    }
+    /// Mark (or unmark) a leaf as requiring grad. Only floating dtypes can require grad,
+    /// and only leaves can stop requiring it.
+    #[track_caller]
+    pub fn set_requires_grad(&self, requires_grad: bool) -> Result<()> {
+        self.set_requires_grad_at(requires_grad, &SourceLoc::caller())
+    }
+    fn set_requires_grad_at(&self, requires_grad: bool, loc: &SourceLoc) -> Result<()> {
+        let mut st = self.lock();
+        let dtype = st.meta().dtype;
+        if requires_grad && !dtype.is_float() {
+            return Err(Error::autograd(
+                "requires_grad",
+                loc,
+                format!("only tensors of floating point dtype can require gradients, got {dtype}"),
+            ));
+        }
+        if !st.is_leaf && !requires_grad {
+            return Err(Error::autograd(
+                "requires_grad",
+                loc,
+                "you can only change requires_grad flags of leaf variables; use detach() for a tensor \
+                 outside of autograd",
+            ));
+        }
+        st.requires_grad = requires_grad;
+        if let Repr::Fake(f) = &st.repr {
+            f.ctx.set_value_requires_grad(f.value, requires_grad);
+        }
+        Ok(())
+    }
+    /// Whether gradients are tracked for this tensor.
+    pub fn is_requires_grad(&self) -> bool {
+        self.lock().requires_grad
+    }
+    /// Whether this is a leaf of autograd (created by the user, or not requiring grad).
+    pub fn is_leaf(&self) -> bool {
+        self.lock().is_leaf
+    }
+    /// Whether this tensor is a view of another tensor (its `_base` in PyTorch).
+    pub fn is_view(&self) -> bool {
+        self.lock().base.is_some()
+    }
+    /// The tensor this one is a view of, if any.
+    pub fn base(&self) -> Option<Tensor> {
+        self.lock().base.clone()
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let st = self.snapshot();
+        match &st.repr {
+            Repr::Eager(t) => write!(f, "Tensor(eager {}", t.meta)?,
+            Repr::Fake(x) => write!(f, "Tensor(fake {} {} {}", x.value, x.storage, x.meta)?,
+        }
+        if st.requires_grad {
+            f.write_str(", requires_grad")?;
+        }
+        if !st.is_leaf {
+            f.write_str(", non-leaf")?;
+        }
+        f.write_str(")")
+    }
+}

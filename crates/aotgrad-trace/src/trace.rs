@@ -1,0 +1,275 @@
+//! Tracing: run a tensor function once over fake tensors and record every op it
+//! applies (views and in-place ops included) into a [`Graph`].
+//!
+//! The active trace is thread-local: while [`trace`] runs the user's function, ops on
+//! its fake inputs record nodes, and creation ops (`zeros`, `randn`, ...) produce fake
+//! tensors. The previous active trace is restored when the function returns, also on
+//! error or panic.
+
+use crate::decomp::DecompTable;
+use crate::error::{Error, Result};
+use crate::shape_env::ShapeEnv;
+use crate::tensor::{Fake, Repr, TState, Tensor};
+use aotgrad_cpu::Storage;
+use aotgrad_ir::{contiguous_strides, Graph, Input, Node, Op, SourceLoc, StorageId, TensorMeta, ValueId};
+use std::cell::RefCell;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// How to trace.
+#[derive(Clone, Debug)]
+pub struct TraceConfig {
+    /// `(input index, dim)` pairs whose sizes become symbols.
+    pub dynamic: Vec<(usize, usize)>,
+    /// Duck sizing: dynamic dims with equal example sizes share one symbol.
+    pub duck_shape: bool,
+    /// What to record for composite ops (default: decompose everything into core ops).
+    pub decomps: DecompTable,
+    /// Names for the graph inputs (default `arg0`, `arg1`, ...).
+    pub input_names: Option<Vec<String>>,
+}
+
+impl Default for TraceConfig {
+    fn default() -> Self {
+        TraceConfig { dynamic: Vec::new(), duck_shape: true, decomps: DecompTable::default(), input_names: None }
+    }
+}
+
+/// The result of tracing.
+#[derive(Clone, Debug)]
+pub struct Traced {
+    /// The recorded program: inputs, nodes (as written, with views and mutations), outputs.
+    pub graph: Graph,
+    /// Symbols of the dynamic dims and the guards tracing relied on.
+    pub shape_env: ShapeEnv,
+    /// Whether each input required grad.
+    pub input_requires_grad: Vec<bool>,
+    /// Whether each output required grad.
+    pub output_requires_grad: Vec<bool>,
+    /// Whether each value (indexed by `ValueId.0`) required grad when it was produced.
+    pub value_requires_grad: Vec<bool>,
+}
+
+/// One trace in progress: the graph being built and its shape environment.
+pub(crate) struct TraceCtx {
+    state: Mutex<TraceState>,
+}
+
+/// The mutable part of a trace.
+pub(crate) struct TraceState {
+    pub(crate) graph: Graph,
+    pub(crate) shape_env: ShapeEnv,
+    /// The trace's composite-op policies (from [`TraceConfig::decomps`]).
+    pub(crate) decomps: DecompTable,
+    next_value: u32,
+    next_storage: u32,
+    value_requires_grad: Vec<bool>,
+}
+
+impl TraceState {
+    /// A storage id no value uses yet.
+    pub(crate) fn fresh_storage(&mut self) -> StorageId {
+        let s = StorageId(self.next_storage);
+        self.next_storage += 1;
+        s
+    }
+    fn fresh_value(&mut self, requires_grad: bool) -> ValueId {
+        let v = ValueId(self.next_value);
+        self.next_value += 1;
+        self.value_requires_grad.push(requires_grad);
+        v
+    }
+    fn add_input(&mut self, name: String, meta: TensorMeta, storage: StorageId, requires_grad: bool) -> ValueId {
+        let id = self.fresh_value(requires_grad);
+        self.graph.inputs.push(Input { id, name, meta, storage });
+        id
+    }
+    /// Append a node (ids are allocated here in O(1); `storage` is the caller's choice:
+    /// `args[0]`'s for views and mutations).
+    pub(crate) fn add_node(
+        &mut self,
+        op: Op,
+        args: Vec<ValueId>,
+        meta: TensorMeta,
+        storage: StorageId,
+        loc: SourceLoc,
+        requires_grad: bool,
+    ) -> ValueId {
+        let out = self.fresh_value(requires_grad);
+        self.graph.nodes.push(Node { out, op, args, meta, storage, loc: Some(loc) });
+        out
+    }
+}
+
+impl TraceCtx {
+    fn new(config: &TraceConfig) -> TraceCtx {
+        TraceCtx {
+            state: Mutex::new(TraceState {
+                graph: Graph::new(),
+                shape_env: ShapeEnv::new(config.duck_shape),
+                decomps: config.decomps.clone(),
+                next_value: 0,
+                next_storage: 0,
+                value_requires_grad: Vec::new(),
+            }),
+        }
+    }
+    pub(crate) fn lock(&self) -> MutexGuard<'_, TraceState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    pub(crate) fn set_value_requires_grad(&self, v: ValueId, requires_grad: bool) {
+        if let Some(slot) = self.lock().value_requires_grad.get_mut(v.0 as usize) {
+            *slot = requires_grad;
+        }
+    }
+}
+
+thread_local! {
+    static ACTIVE: RefCell<Option<Arc<TraceCtx>>> = const { RefCell::new(None) };
+}
+
+/// The trace active on this thread, if any.
+pub(crate) fn active_trace() -> Option<Arc<TraceCtx>> {
+    ACTIVE.with(|a| a.borrow().clone())
+}
+
+/// Whether a trace is active on this thread (ops then record instead of computing).
+pub fn is_tracing() -> bool {
+    ACTIVE.with(|a| a.borrow().is_some())
+}
+
+/// Makes a trace active; restores the previous one when dropped.
+struct ActiveGuard {
+    prev: Option<Arc<TraceCtx>>,
+}
+
+impl ActiveGuard {
+    fn enter(ctx: Arc<TraceCtx>) -> ActiveGuard {
+        ActiveGuard { prev: ACTIVE.with(|a| a.borrow_mut().replace(ctx)) }
+    }
+}
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        let prev = self.prev.take();
+        ACTIVE.with(|a| *a.borrow_mut() = prev);
+    }
+}
+
+fn fake_input(
+    i: usize,
+    s: &TState,
+    config: &TraceConfig,
+    st: &mut TraceState,
+    storages: &mut Vec<(Arc<Storage>, StorageId)>,
+    loc: &SourceLoc,
+) -> Result<(TensorMeta, StorageId, bool, bool)> {
+    let cpu = match &s.repr {
+        Repr::Eager(t) => t,
+        Repr::Fake(_) => return Err(Error::mode("trace", loc, format!("example input {i} is a fake tensor"))),
+    };
+    let mut meta = cpu.meta.clone();
+    let dims: Vec<usize> = config.dynamic.iter().filter(|(k, _)| *k == i).map(|(_, d)| *d).collect();
+    if !dims.is_empty() {
+        if !meta.is_contiguous() {
+            return Err(Error::invalid(
+                "trace",
+                loc,
+                format!("input {i} ({meta}) is not contiguous: only contiguous inputs can have dynamic dims"),
+            ));
+        }
+        let sizes = cpu.meta.concrete_shape().unwrap_or_default();
+        for &d in &dims {
+            let size = sizes.get(d).copied().ok_or_else(|| {
+                Error::invalid("trace", loc, format!("dynamic dim {d} is out of range for input {i} ({meta})"))
+            })?;
+            meta.shape[d] = st.shape_env.create_symbol(size);
+        }
+        meta.strides = contiguous_strides(&meta.shape);
+    }
+    let storage = match storages.iter().find(|(s, _)| Arc::ptr_eq(s, &cpu.storage)) {
+        Some((_, id)) => *id,
+        None => {
+            let id = st.fresh_storage();
+            storages.push((cpu.storage.clone(), id));
+            id
+        }
+    };
+    Ok((meta, storage, s.requires_grad, s.is_leaf))
+}
+
+/// Trace `f` over fake tensors shaped like `example_inputs` (which must be eager).
+///
+/// Example inputs that share an eager storage become fake inputs sharing one
+/// [`StorageId`]. Each returned tensor's current value becomes a graph output.
+#[track_caller]
+pub fn trace<F>(f: F, example_inputs: &[Tensor], config: &TraceConfig) -> Result<Traced>
+where
+    F: FnOnce(&[Tensor]) -> Result<Vec<Tensor>>,
+{
+    let loc = SourceLoc::caller();
+    let _span = tracing::debug_span!("trace", inputs = example_inputs.len()).entered();
+    if let Some(&(i, _)) = config.dynamic.iter().find(|(i, _)| *i >= example_inputs.len()) {
+        return Err(Error::invalid(
+            "trace",
+            &loc,
+            format!("dynamic dim given for input {i}, but there are {} inputs", example_inputs.len()),
+        ));
+    }
+    if let Some(names) = &config.input_names {
+        if names.len() != example_inputs.len() {
+            return Err(Error::invalid(
+                "trace",
+                &loc,
+                format!("{} input names given for {} inputs", names.len(), example_inputs.len()),
+            ));
+        }
+    }
+    let ctx = Arc::new(TraceCtx::new(config));
+    let mut fakes = Vec::with_capacity(example_inputs.len());
+    let mut input_requires_grad = Vec::with_capacity(example_inputs.len());
+    {
+        // Snapshot the examples before locking the trace (locks go tensor, then trace).
+        let examples: Vec<TState> = example_inputs.iter().map(Tensor::snapshot).collect();
+        let mut st = ctx.lock();
+        let mut storages = Vec::new();
+        for (i, x) in examples.iter().enumerate() {
+            let (meta, storage, requires_grad, is_leaf) = fake_input(i, x, config, &mut st, &mut storages, &loc)?;
+            let name = config.input_names.as_ref().map_or_else(|| format!("arg{i}"), |n| n[i].clone());
+            let value = st.add_input(name, meta.clone(), storage, requires_grad);
+            input_requires_grad.push(requires_grad);
+            fakes.push(Tensor::from_state(TState {
+                repr: Repr::Fake(Fake { meta, storage, value, ctx: ctx.clone() }),
+                requires_grad,
+                is_leaf,
+                base: None,
+            }));
+        }
+    }
+    let outs = {
+        let _active = ActiveGuard::enter(ctx.clone());
+        f(&fakes)?
+    };
+    let mut outputs = Vec::with_capacity(outs.len());
+    let mut output_requires_grad = Vec::with_capacity(outs.len());
+    for (k, t) in outs.iter().enumerate() {
+        let s = t.snapshot();
+        match &s.repr {
+            Repr::Fake(x) if Arc::ptr_eq(&x.ctx, &ctx) => outputs.push(x.value),
+            _ => {
+                return Err(Error::mode(
+                    "trace",
+                    &loc,
+                    format!("output {k} was not computed from the traced inputs (an eager or foreign tensor)"),
+                ))
+            }
+        }
+        output_requires_grad.push(s.requires_grad);
+    }
+    let mut st = ctx.lock();
+    st.graph.outputs = outputs;
+    let graph = std::mem::take(&mut st.graph);
+    let shape_env = std::mem::take(&mut st.shape_env);
+    let value_requires_grad = std::mem::take(&mut st.value_requires_grad);
+    tracing::debug!(nodes = graph.nodes.len(), guards = shape_env.guards().len(), "traced");
+    Ok(Traced { graph, shape_env, input_requires_grad, output_requires_grad, value_requires_grad })
+}

@@ -1,0 +1,51 @@
+//! Configuration of compiled functions.
+
+use aotgrad_cpu::{CpuTensor, ReferenceBackend};
+use aotgrad_ir::Backend;
+use aotgrad_trace::DecompTable;
+use std::fmt;
+use std::sync::Arc;
+
+/// How `aot_function` traces and compiles.
+#[derive(Clone)]
+pub struct AotConfig {
+    /// A name for messages and logs.
+    pub name: String,
+    /// Keep data mutations of inputs inside the inference graph as trailing `copy_`s
+    /// (instead of returning the new values and copying them back in the epilogue).
+    pub keep_inference_input_mutations: bool,
+    /// `(argument index, dim)` pairs traced as symbols (dynamic shapes); everything
+    /// else is specialized, and a call with other metadata recompiles.
+    pub dynamic: Vec<(usize, usize)>,
+    /// Duck sizing: dynamic dims with equal sizes share one symbol.
+    pub duck_shape: bool,
+    /// Which composite ops to decompose.
+    pub decomps: DecompTable,
+    /// The compiler for the graphs.
+    pub backend: Arc<dyn Backend<CpuTensor>>,
+}
+
+impl Default for AotConfig {
+    fn default() -> Self {
+        AotConfig {
+            name: "aot_fn".into(),
+            keep_inference_input_mutations: false,
+            dynamic: Vec::new(),
+            duck_shape: true,
+            decomps: DecompTable::default(),
+            backend: Arc::new(ReferenceBackend),
+        }
+    }
+}
+
+impl fmt::Debug for AotConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AotConfig")
+            .field("name", &self.name)
+            .field("keep_inference_input_mutations", &self.keep_inference_input_mutations)
+            .field("dynamic", &self.dynamic)
+            .field("duck_shape", &self.duck_shape)
+            .field("backend", &self.backend.name())
+            .finish()
+    }
+}

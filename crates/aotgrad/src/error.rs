@@ -1,0 +1,34 @@
+//! The facade's error type: every stage's error, plus calling-convention errors.
+
+use thiserror::Error;
+
+/// Errors of `aotgrad`.
+#[derive(Debug, Error)]
+pub enum Error {
+    /// Tracing (or an eager op) failed: shape errors, mode errors, ...
+    #[error(transparent)]
+    Trace(#[from] aotgrad_trace::Error),
+    /// Functionalization failed.
+    #[error(transparent)]
+    Functionalize(#[from] aotgrad_functionalize::FunctionalizeError),
+    /// A backend failed to compile or run a graph.
+    #[error(transparent)]
+    Backend(#[from] aotgrad_ir::BackendError),
+    /// A CPU kernel failed in the runtime epilogue.
+    #[error(transparent)]
+    Cpu(#[from] aotgrad_cpu::CpuError),
+    /// The compiled function was called wrongly (argument count or kinds).
+    #[error("compiled function `{name}`: {msg}")]
+    Call {
+        /// The compiled function's name.
+        name: String,
+        /// What is wrong.
+        msg: String,
+    },
+    /// A failed internal invariant: a bug.
+    #[error("internal error (a bug in aotgrad, please report it): {0}")]
+    Internal(String),
+}
+
+/// Result of `aotgrad`.
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,79 @@
+//! Running a compiled entry and replaying its side effects, so the call is
+//! indistinguishable from eager execution:
+//! 1. data mutations of inputs are copied back into the caller's storage, through the
+//!    graph input's own strides (a synthetic base covers every aliased input at once);
+//! 2. metadata mutations restride the caller's tensor object (`as_strided_`);
+//! 3. outputs that alias an input, an intermediate or another output are regenerated
+//!    as real views (`as_strided` with the traced metadata, which is storage-absolute),
+//!    an output that *is* an input is returned as that very object, and an output
+//!    returned twice is the same object twice.
+
+use super::{concrete, graph_inputs, traced_input, Arg, Bindings, Entry};
+use crate::error::{Error, Result};
+use aotgrad_ir::{Op, TensorMeta};
+use aotgrad_meta::OutputKind;
+use aotgrad_trace::{NoGradGuard, Tensor};
+
+fn view_of(base: &Tensor, meta: &TensorMeta) -> Result<Tensor> {
+    Ok(base.as_strided_dims(&meta.shape, &meta.strides, meta.offset.clone())?)
+}
+
+pub(crate) fn run(entry: &Entry, args: &[Arg], env: &Bindings) -> Result<Vec<Tensor>> {
+    let inputs = graph_inputs(entry, args)?;
+    let outs = {
+        let _span = tracing::debug_span!("run_graph").entered();
+        entry.compiled.run(&inputs)?
+    };
+    let meta = &entry.fz.meta;
+    if outs.len() != meta.num_graph_outputs() {
+        return Err(Error::Internal(format!(
+            "graph returned {} values, expected {}",
+            outs.len(),
+            meta.num_graph_outputs()
+        )));
+    }
+    let _no_grad = NoGradGuard::new();
+    // 1. data mutations
+    for (k, &g) in meta.mutated_inputs.iter().enumerate() {
+        let dst = &inputs[g];
+        aotgrad_cpu::execute(&Op::InPlace(Box::new(Op::Copy)), &[dst, &outs[k]], &dst.meta)?;
+    }
+    // 2. metadata mutations
+    for (k, info) in meta.inputs.iter().enumerate() {
+        if let Some(m) = &info.final_meta {
+            let m = concrete(m, env)?;
+            let t = traced_input(entry, args, k)?;
+            let (size, stride, offset) = (
+                m.concrete_shape().unwrap_or_default(),
+                m.concrete_strides().unwrap_or_default(),
+                m.concrete_offset().unwrap_or(0),
+            );
+            t.as_strided_(&size, &stride, offset)?;
+        }
+    }
+    // 3. outputs
+    let mut results: Vec<Tensor> = Vec::with_capacity(meta.outputs.len());
+    for (j, info) in meta.outputs.iter().enumerate() {
+        let m = concrete(&info.meta, env)?;
+        let t = match &info.kind {
+            OutputKind::NonAlias => Tensor::from_cpu(outs[meta.user_output_index(j)].clone()),
+            OutputKind::IsInput(k) => traced_input(entry, args, *k)?.clone(),
+            OutputKind::AliasOfInput(k) => view_of(traced_input(entry, args, *k)?, &m)?,
+            OutputKind::AliasOfIntermediate(b) => {
+                let base = Tensor::from_cpu(outs[meta.intermediate_base_index(*b)].clone());
+                view_of(&base, &m)?
+            }
+            OutputKind::AliasOfOutput(o) | OutputKind::SameAs(o) => {
+                let earlier =
+                    results.get(*o).ok_or_else(|| Error::Internal(format!("output {j} refers to later output {o}")))?;
+                if matches!(info.kind, OutputKind::SameAs(_)) {
+                    earlier.clone()
+                } else {
+                    view_of(earlier, &m)?
+                }
+            }
+        };
+        results.push(t);
+    }
+    Ok(results)
+}

@@ -1,0 +1,279 @@
+//! The runtime wrapper: `aot_function` and the compiled callable.
+//!
+//! A call (1) computes the call signature and looks for a compiled entry whose
+//! signature matches and whose traced metadata binds to the arguments' metadata with
+//! every guard holding, else compiles one: trace over fake tensors (the same tensor
+//! object passed twice is traced once: *dedupe*), functionalize (merging aliased,
+//! mutated inputs into *synthetic bases*), compile with the backend; (2) builds the
+//! graph inputs from the caller's tensors; (3) runs the compiled graph; (4) runs the
+//! epilogue (see [`epilogue`]).
+
+mod args;
+mod epilogue;
+
+pub use args::Arg;
+
+use crate::config::AotConfig;
+use crate::error::{Error, Result};
+use aotgrad_cpu::CpuTensor;
+use aotgrad_functionalize::{functionalize, Functionalized, Options, TraceFacts};
+use aotgrad_ir::{CompiledGraph, Dim, Graph, SymId, TensorMeta, ValueId};
+use aotgrad_meta::ArgSlot;
+use aotgrad_trace::{trace, ShapeEnv, Tensor, TraceConfig, Traced};
+use args::{bind, CallSig};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+type UserFn = dyn Fn(&[Arg]) -> aotgrad_trace::Result<Vec<Tensor>> + Send + Sync;
+
+/// A function compiled ahead of time; call it like the original.
+pub struct AotFunction {
+    f: Arc<UserFn>,
+    config: AotConfig,
+    entries: Mutex<Vec<Arc<Entry>>>,
+    arity: Mutex<Option<usize>>,
+}
+
+/// One compiled specialization of the function.
+pub(crate) struct Entry {
+    sig: CallSig,
+    /// Traced input `k` is user argument `traced_args[k]`.
+    traced_args: Vec<usize>,
+    traced: Traced,
+    fz: Functionalized,
+    compiled: Box<dyn CompiledGraph<CpuTensor>>,
+}
+
+/// Compile a function of tensors. Tracing happens at the first call (and again when
+/// a call's metadata or aliasing pattern differs from every compiled one).
+pub fn aot_function<F>(f: F, config: AotConfig) -> Result<AotFunction>
+where
+    F: Fn(&[Tensor]) -> aotgrad_trace::Result<Vec<Tensor>> + Send + Sync + 'static,
+{
+    aot_function_args(
+        move |args: &[Arg]| {
+            let tensors: Vec<Tensor> = args.iter().filter_map(|a| a.tensor().cloned()).collect();
+            f(&tensors)
+        },
+        config,
+    )
+}
+
+/// Compile a function whose arguments may also be plain values ([`Arg`]).
+pub fn aot_function_args<F>(f: F, config: AotConfig) -> Result<AotFunction>
+where
+    F: Fn(&[Arg]) -> aotgrad_trace::Result<Vec<Tensor>> + Send + Sync + 'static,
+{
+    Ok(AotFunction { f: Arc::new(f), config, entries: Mutex::new(Vec::new()), arity: Mutex::new(None) })
+}
+
+/// Symbol values of one call.
+pub(crate) type Bindings = HashMap<SymId, i64>;
+
+impl AotFunction {
+    /// Call with tensor arguments.
+    pub fn call(&self, args: &[Tensor]) -> Result<Vec<Tensor>> {
+        let args: Vec<Arg> = args.iter().map(|t| Arg::Tensor(t.clone())).collect();
+        self.call_args(&args)
+    }
+
+    /// Call with arguments that may be plain values.
+    pub fn call_args(&self, args: &[Arg]) -> Result<Vec<Tensor>> {
+        let _span = tracing::debug_span!("aot_call", name = %self.config.name).entered();
+        self.check_arity(args)?;
+        for (i, a) in args.iter().enumerate() {
+            if a.tensor().is_some_and(Tensor::is_fake) {
+                return Err(self.call_error(format!("argument {i} is a fake tensor; call with real tensors")));
+            }
+        }
+        let sig = CallSig::of(args);
+        if sig.grad_enabled && args.iter().filter_map(Arg::tensor).any(Tensor::is_requires_grad) {
+            return Err(self.call_error(
+                "an argument requires grad while grad mode is on: the training path is not available yet; \
+                 call under `no_grad`"
+                    .into(),
+            ));
+        }
+        let (entry, env) = match self.lookup(&sig, args) {
+            Some(found) => found,
+            None => {
+                let entry = Arc::new(self.compile(sig, args)?);
+                let env = entry_bindings(&entry, args).ok_or_else(|| {
+                    Error::Internal("a freshly compiled entry does not accept the call that traced it".into())
+                })?;
+                self.lock_entries().push(entry.clone());
+                (entry, env)
+            }
+        };
+        epilogue::run(&entry, args, &env)
+    }
+
+    /// How many specializations have been compiled.
+    pub fn num_compiled(&self) -> usize {
+        self.lock_entries().len()
+    }
+
+    /// The functional graphs compiled so far (one per specialization).
+    pub fn compiled_graphs(&self) -> Vec<Graph> {
+        self.lock_entries().iter().map(|e| e.fz.graph.clone()).collect()
+    }
+
+    /// The traced (pre-functionalization) graphs compiled so far.
+    pub fn traced_graphs(&self) -> Vec<Graph> {
+        self.lock_entries().iter().map(|e| e.traced.graph.clone()).collect()
+    }
+
+    fn lock_entries(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Entry>>> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn call_error(&self, msg: String) -> Error {
+        Error::Call { name: self.config.name.clone(), msg }
+    }
+
+    fn check_arity(&self, args: &[Arg]) -> Result<()> {
+        let mut arity = self.arity.lock().unwrap_or_else(|e| e.into_inner());
+        match *arity {
+            Some(n) if n != args.len() => {
+                Err(self.call_error(format!("expected {n} argument(s) (as in its first call), got {}", args.len())))
+            }
+            Some(_) => Ok(()),
+            None => {
+                *arity = Some(args.len());
+                Ok(())
+            }
+        }
+    }
+
+    fn lookup(&self, sig: &CallSig, args: &[Arg]) -> Option<(Arc<Entry>, Bindings)> {
+        let entries = self.lock_entries();
+        entries.iter().filter(|e| e.sig == *sig).find_map(|e| entry_bindings(e, args).map(|env| (e.clone(), env)))
+    }
+
+    fn compile(&self, sig: CallSig, args: &[Arg]) -> Result<Entry> {
+        let _span = tracing::debug_span!("aot_compile", name = %self.config.name).entered();
+        // Dedupe: one traced input per distinct tensor object.
+        let mut traced_args: Vec<usize> = Vec::new();
+        let mut slot_of_arg: Vec<Option<usize>> = Vec::with_capacity(args.len());
+        for (i, a) in args.iter().enumerate() {
+            slot_of_arg.push(a.tensor().map(|t| {
+                match traced_args.iter().position(|&j| args[j].tensor().is_some_and(|u| u.same_object(t))) {
+                    Some(k) => k,
+                    None => {
+                        traced_args.push(i);
+                        traced_args.len() - 1
+                    }
+                }
+            }));
+        }
+        let examples: Vec<Tensor> = traced_args.iter().filter_map(|&i| args[i].tensor().cloned()).collect();
+        let mut dynamic = Vec::new();
+        for &(arg, dim) in &self.config.dynamic {
+            match slot_of_arg.get(arg).copied().flatten() {
+                Some(k) if traced_args[k] == arg => dynamic.push((k, dim)),
+                Some(_) => {}
+                None => {
+                    return Err(self.call_error(format!("dynamic dim given for argument {arg}, which is not a tensor")))
+                }
+            }
+        }
+        let tc = TraceConfig {
+            dynamic,
+            duck_shape: self.config.duck_shape,
+            decomps: self.config.decomps.clone(),
+            input_names: Some(traced_args.iter().map(|i| format!("arg{i}")).collect()),
+        };
+        let f = self.f.clone();
+        let consts: Vec<Arg> = args.to_vec();
+        let traced = trace(
+            move |fakes: &[Tensor]| {
+                let call: Vec<Arg> = consts
+                    .iter()
+                    .zip(&slot_of_arg)
+                    .map(|(a, slot)| match slot {
+                        Some(k) => Arg::Tensor(fakes[*k].clone()),
+                        None => a.clone(),
+                    })
+                    .collect();
+                f(&call)
+            },
+            &examples,
+            &tc,
+        )?;
+        let value_rg = traced.value_requires_grad.clone();
+        let hidden = move |v: ValueId| !value_rg.get(v.0 as usize).copied().unwrap_or(false);
+        let facts = TraceFacts {
+            input_requires_grad: &traced.input_requires_grad,
+            output_requires_grad: &traced.output_requires_grad,
+            hidden_mutation: &hidden,
+        };
+        let options = Options { keep_input_mutations: self.config.keep_inference_input_mutations };
+        let mut env: ShapeEnv = traced.shape_env.clone();
+        let fz = functionalize(&traced.graph, &facts, &options, &mut env)?;
+        let compiled = self.config.backend.compile(&fz.graph)?;
+        Ok(Entry { sig, traced_args, traced, fz, compiled })
+    }
+}
+
+/// Bind the entry's symbols from the call's tensors and check its guards.
+fn entry_bindings(entry: &Entry, args: &[Arg]) -> Option<Bindings> {
+    let mut env = Bindings::new();
+    for (k, &i) in entry.traced_args.iter().enumerate() {
+        let t = args.get(i)?.tensor()?;
+        if !bind(&entry.traced.graph.inputs.get(k)?.meta, &t.meta(), &mut env) {
+            return None;
+        }
+    }
+    let lookup = |s: SymId| env.get(&s).copied();
+    entry.traced.shape_env.guards().iter().all(|g| g.check(&lookup)).then_some(env)
+}
+
+/// Evaluate traced metadata under a call's bindings.
+pub(crate) fn concrete(meta: &TensorMeta, env: &Bindings) -> Result<TensorMeta> {
+    let m = meta.subst(&|s| env.get(&s).copied());
+    if m.is_concrete() {
+        Ok(m)
+    } else {
+        Err(Error::Internal(format!("metadata {m} has unbound symbols")))
+    }
+}
+
+/// The caller's tensor for traced input `k`.
+pub(crate) fn traced_input<'a>(entry: &Entry, args: &'a [Arg], k: usize) -> Result<&'a Tensor> {
+    entry
+        .traced_args
+        .get(k)
+        .and_then(|&i| args.get(i))
+        .and_then(Arg::tensor)
+        .ok_or_else(|| Error::Internal(format!("traced input {k} has no tensor argument")))
+}
+
+/// Build the graph inputs from the caller's tensors (synthetic bases as 1-D views).
+pub(crate) fn graph_inputs(entry: &Entry, args: &[Arg]) -> Result<Vec<CpuTensor>> {
+    let conv = &entry.fz.convention;
+    let mut inputs: Vec<Option<CpuTensor>> = vec![None; conv.num_graph_inputs];
+    for (k, slot) in conv.args.iter().enumerate() {
+        let t = traced_input(entry, args, k)?.to_cpu()?;
+        match slot {
+            ArgSlot::Input(g) => inputs[*g] = Some(t),
+            ArgSlot::ViewOfBase { base } => {
+                let b = &conv.bases[*base];
+                if inputs[b.input].is_none() {
+                    let meta = TensorMeta {
+                        shape: vec![Dim::from(b.len)],
+                        strides: vec![Dim::Const(1)],
+                        offset: Dim::from(b.offset),
+                        dtype: t.meta.dtype,
+                    };
+                    inputs[b.input] = Some(CpuTensor { storage: t.storage.clone(), meta });
+                }
+            }
+            ArgSlot::Duplicate(_) | ArgSlot::Constant => {}
+        }
+    }
+    inputs
+        .into_iter()
+        .enumerate()
+        .map(|(g, t)| t.ok_or_else(|| Error::Internal(format!("graph input {g} unset"))))
+        .collect()
+}
