@@ -1,10 +1,30 @@
 //! `aotgrad-autodiff`: a derivative rule for every core op, and the joint
 //! forward+backward graph built from a functional graph.
 //!
-//! IMPLEMENTATION IN PROGRESS (helper F) — `JointGraph` and `build_joint` are fixed.
+//! [`build_joint`] (or [`build_joint_with_oracle`] for graphs with symbolic shapes)
+//! turns a functional graph `primals -> outputs` into a [`JointGraph`]
+//! `(primals, tangents) -> (outputs, gradients)`, the input of the partitioner.
+//!
+//! Module map:
+//! - `builder`: the graph under construction (metadata from `aotgrad_ir::infer`,
+//!   storage identity, source locations) and the small op vocabulary rules use;
+//! - `rules`: one vector-Jacobian product per core op, grouped by family
+//!   (`pointwise`, `reduce`, `views`, `indexing`, `linalg`);
+//! - `joint`: which nodes to differentiate, reverse accumulation, the outputs.
+//!
+//! Every backward node carries the source location of the forward node it
+//! differentiates, so errors and profiles point at the user's line. Composite ops kept
+//! whole and in-place ops have no rule ([`AutodiffError::NotDifferentiable`]).
 #![warn(missing_docs)]
+// `AutodiffError::Shape` carries the IR's `ShapeError` (several `String`s) by value, as
+// the IR crate does; errors are the cold path, so it stays unboxed.
+#![allow(clippy::result_large_err)]
 
-use aotgrad_ir::{Graph, ShapeError};
+mod builder;
+mod joint;
+mod rules;
+
+use aotgrad_ir::{DimOracle, Graph, ShapeError, StaticOracle};
 use thiserror::Error;
 
 /// Errors of autodiff.
@@ -55,7 +75,25 @@ pub struct JointGraph {
 
 /// Build the joint graph of functional graph `fw`: primals `requires_grad[i]` get a
 /// gradient; forward outputs with `output_has_tangent[j]` get a tangent input.
+///
+/// Only floating values carry gradients: a flagged integer/bool primal gets no
+/// gradient output and a flagged integer/bool output gets no tangent (see
+/// [`JointGraph::grad_primals`] and [`JointGraph::tangent_outputs`]). Tangents are
+/// named `tangent0`, `tangent1`, ... The forward part keeps `fw`'s value and storage
+/// ids. Shape decisions on symbolic dims use [`StaticOracle`]; see
+/// [`build_joint_with_oracle`].
 pub fn build_joint(fw: &Graph, requires_grad: &[bool], output_has_tangent: &[bool]) -> Result<JointGraph> {
-    let _ = (fw, requires_grad, output_has_tangent);
-    Err(AutodiffError::Internal("autodiff not written yet".into()))
+    build_joint_with_oracle(fw, requires_grad, output_has_tangent, &mut StaticOracle)
+}
+
+/// [`build_joint`] deciding comparisons of symbolic dims (while inferring the metadata
+/// of the backward nodes) through `oracle`, e.g. the tracer's shape environment.
+pub fn build_joint_with_oracle(
+    fw: &Graph,
+    requires_grad: &[bool],
+    output_has_tangent: &[bool],
+    oracle: &mut dyn DimOracle,
+) -> Result<JointGraph> {
+    let _span = tracing::debug_span!("autodiff", nodes = fw.nodes.len()).entered();
+    joint::build(fw, requires_grad, output_has_tangent, oracle)
 }

@@ -1,0 +1,172 @@
+//! Rules of view ops. The gradient of a view is the gradient of its result mapped back
+//! to the input's shape:
+//! - `view`/`squeeze`: viewed (or reshaped) back; `unsqueeze`: squeezed; `alias`: as is;
+//! - `permute`: the inverse permutation; `transpose`/`t`: the same swap;
+//! - `expand`: summed over the expanded dims;
+//! - `slice`/`select`: scattered into zeros of the input's shape (`slice_scatter`,
+//!   `select_scatter`);
+//! - `as_strided`: scattered into zeros laid out like the input's storage. When the
+//!   input is contiguous (row-major strides, any offset) that is one
+//!   `as_strided_scatter` into zeros of the input's shape, with the offset taken
+//!   relative to the input's first element. Otherwise the gradient is scattered into a
+//!   flat zero buffer covering the storage the input and the view touch (for symbolic
+//!   layouts, the sum of both extents), and the input's own `as_strided` view of that
+//!   buffer is read back. (The joint pass hands this rule the storage root of an
+//!   `as_strided` whose input is itself a view, since the view may reach elements of
+//!   the root its input does not hold.)
+//!   Views whose elements overlap (detectably: a stride-0 dim, or concrete strides
+//!   that cannot be proven disjoint) are rejected, as is an input that overlaps itself:
+//!   a scatter would drop the repeated contributions.
+
+use super::arg;
+use crate::builder::Builder;
+use crate::{AutodiffError, Result};
+use aotgrad_ir::infer::has_internal_overlap;
+use aotgrad_ir::{contiguous_strides, Dim, Node, Op, TensorMeta, ValueId};
+
+/// The rule of a view node (see the module docs).
+pub(crate) fn vjp(b: &mut Builder, node: &Node, g: ValueId, needs: &[bool]) -> Result<Vec<Option<ValueId>>> {
+    if !needs[0] {
+        return Ok(vec![None]);
+    }
+    let x = arg(node, 0)?;
+    let xm = b.meta(x)?.clone();
+    let v = match &node.op {
+        Op::View(_) | Op::Squeeze(_) => b.reshape(g, xm.shape.clone())?,
+        Op::Unsqueeze(d) => b.emit(Op::Squeeze(vec![*d]), vec![g])?,
+        Op::Alias => g,
+        Op::Permute(p) => {
+            let mut inv = vec![0usize; p.len()];
+            for (i, &d) in p.iter().enumerate() {
+                let slot = inv.get_mut(d).ok_or_else(|| AutodiffError::Internal(format!("bad permutation {p:?}")))?;
+                *slot = i;
+            }
+            b.emit(Op::Permute(inv), vec![g])?
+        }
+        Op::Transpose(i, j) => b.emit(Op::Transpose(*i, *j), vec![g])?,
+        Op::T => b.emit(Op::T, vec![g])?,
+        Op::Expand(_) => b.sum_to(g, &xm.shape)?,
+        Op::Slice { dim, start, end, step } => {
+            let z = b.zeros(xm.shape.clone(), b.meta(g)?.dtype)?;
+            let op = Op::SliceScatter { dim: *dim, start: start.clone(), end: end.clone(), step: *step };
+            b.emit(op, vec![z, g])?
+        }
+        Op::Select { dim, index } => {
+            let z = b.zeros(xm.shape.clone(), b.meta(g)?.dtype)?;
+            b.emit(Op::SelectScatter { dim: *dim, index: index.clone() }, vec![z, g])?
+        }
+        Op::AsStrided { size, stride, offset } => as_strided(b, &xm, size, stride, offset, g)?,
+        other => return Err(AutodiffError::Internal(format!("{} is not a view op", other.name()))),
+    };
+    Ok(vec![Some(v)])
+}
+
+fn not_diff(msg: String) -> AutodiffError {
+    AutodiffError::NotDifferentiable { op: "as_strided".into(), msg }
+}
+
+/// `offset + sum((size - 1) * stride) + 1`: one past the last element a layout
+/// touches (concrete layouts; `offset` when empty).
+fn extent(size: &[Dim], stride: &[Dim], offset: &Dim) -> Option<i64> {
+    let off = offset.as_const()?;
+    let mut reach = 0i64;
+    for (s, st) in size.iter().zip(stride) {
+        let (s, st) = (s.as_const()?, st.as_const()?);
+        if s == 0 {
+            return Some(off);
+        }
+        reach = reach.checked_add((s - 1).checked_mul(st)?)?;
+    }
+    off.checked_add(reach)?.checked_add(1)
+}
+
+/// [`extent`] as a dim (symbolic sizes are at least 2: the shape environment
+/// specializes 0 and 1).
+fn extent_dim(size: &[Dim], stride: &[Dim], offset: &Dim) -> Dim {
+    if size.contains(&Dim::Const(0)) {
+        return offset.clone();
+    }
+    let reach = size.iter().zip(stride).fold(Dim::Const(0), |acc, (s, st)| acc.add(&s.sub(&Dim::Const(1)).mul(st)));
+    offset.add(&reach).add(&Dim::Const(1))
+}
+
+/// False when two elements of the layout provably or possibly share a storage
+/// element: a stride-0 dim of size > 1, or concrete strides that do not nest (each
+/// stride, in increasing order, must step over everything the smaller ones reach).
+pub(crate) fn disjoint(size: &[Dim], stride: &[Dim]) -> bool {
+    let probe = TensorMeta {
+        shape: size.to_vec(),
+        strides: stride.to_vec(),
+        offset: Dim::Const(0),
+        dtype: aotgrad_ir::DType::F64,
+    };
+    if has_internal_overlap(&probe) {
+        return false;
+    }
+    let mut dims: Vec<(i64, i64)> = Vec::with_capacity(size.len());
+    for (s, st) in size.iter().zip(stride) {
+        match (s.as_const(), st.as_const()) {
+            (Some(0), _) => return true,
+            (Some(1), _) => {}
+            (Some(s), Some(st)) => dims.push((st, s)),
+            // Symbolic: only stride-0 overlap is detected.
+            _ => return true,
+        }
+    }
+    dims.sort_unstable();
+    let mut reach = 0i64;
+    for (st, s) in dims {
+        if st <= reach {
+            return false;
+        }
+        reach = match (s - 1).checked_mul(st).and_then(|r| r.checked_add(reach)) {
+            Some(r) => r,
+            None => return false,
+        };
+    }
+    true
+}
+
+/// The gradient of `as_strided(size, stride, offset)` of an input with meta `xm`.
+fn as_strided(
+    b: &mut Builder,
+    xm: &TensorMeta,
+    size: &[Dim],
+    stride: &[Dim],
+    offset: &Dim,
+    g: ValueId,
+) -> Result<ValueId> {
+    if !disjoint(size, stride) {
+        return Err(not_diff(format!(
+            "the view (size {size:?}, stride {stride:?}) has overlapping elements; its gradient would need \
+             accumulation"
+        )));
+    }
+    if !disjoint(&xm.shape, &xm.strides) {
+        return Err(not_diff(format!("the input {xm} has overlapping elements")));
+    }
+    let dtype = b.meta(g)?.dtype;
+    let rel = offset.sub(&xm.offset);
+    let rel_fits = match (rel.as_const(), extent(size, stride, &rel), xm.numel().as_const()) {
+        (Some(r), Some(e), Some(n)) => r >= 0 && e <= n,
+        // Symbolic: taken to lie within the input, as `as_strided` views of a
+        // contiguous input made by functionalization do.
+        (r, _, _) => r.is_none_or(|r| r >= 0),
+    };
+    if xm.strides == contiguous_strides(&xm.shape) && rel_fits {
+        let z = b.zeros(xm.shape.clone(), dtype)?;
+        let op = Op::AsStridedScatter { size: size.to_vec(), stride: stride.to_vec(), offset: rel };
+        return b.emit(op, vec![z, g]);
+    }
+    // General case: a flat buffer covering both the input and the view.
+    let len = match (extent(&xm.shape, &xm.strides, &xm.offset), extent(size, stride, offset)) {
+        (Some(ex), Some(ev)) => Dim::Const(ex.max(ev)),
+        // Symbolic: the sum of both extents bounds the larger one without a guard.
+        _ => extent_dim(&xm.shape, &xm.strides, &xm.offset).add(&extent_dim(size, stride, offset)),
+    };
+    let flat = b.zeros(vec![len], dtype)?;
+    let op = Op::AsStridedScatter { size: size.to_vec(), stride: stride.to_vec(), offset: offset.clone() };
+    let s = b.emit(op, vec![flat, g])?;
+    let back = Op::AsStrided { size: xm.shape.clone(), stride: xm.strides.clone(), offset: xm.offset.clone() };
+    b.emit(back, vec![s])
+}
