@@ -1,5 +1,6 @@
 //! Configuration of compiled functions.
 
+use crate::runtime::Partitioner;
 use aotgrad_cpu::{CpuTensor, ReferenceBackend};
 use aotgrad_ir::Backend;
 use aotgrad_trace::DecompTable;
@@ -23,6 +24,10 @@ pub struct AotConfig {
     pub decomps: DecompTable,
     /// The compiler for the graphs.
     pub backend: Arc<dyn Backend<CpuTensor>>,
+    /// How the training path splits the joint graph.
+    pub partitioner: Partitioner,
+    /// Simplify the joint graph with the e-graph pass before partitioning.
+    pub simplify: bool,
 }
 
 impl Default for AotConfig {
@@ -34,6 +39,8 @@ impl Default for AotConfig {
             duck_shape: true,
             decomps: DecompTable::default(),
             backend: Arc::new(ReferenceBackend),
+            partitioner: Partitioner::default(),
+            simplify: true,
         }
     }
 }
@@ -46,6 +53,8 @@ impl fmt::Debug for AotConfig {
             .field("dynamic", &self.dynamic)
             .field("duck_shape", &self.duck_shape)
             .field("backend", &self.backend.name())
+            .field("partitioner", &self.partitioner)
+            .field("simplify", &self.simplify)
             .finish()
     }
 }

@@ -11,6 +11,12 @@ pub enum Error {
     /// Functionalization failed.
     #[error(transparent)]
     Functionalize(#[from] aotgrad_functionalize::FunctionalizeError),
+    /// Differentiation failed.
+    #[error(transparent)]
+    Autodiff(#[from] aotgrad_autodiff::AutodiffError),
+    /// Simplification or partitioning failed.
+    #[error(transparent)]
+    Partition(#[from] aotgrad_partition::PartitionError),
     /// A backend failed to compile or run a graph.
     #[error(transparent)]
     Backend(#[from] aotgrad_ir::BackendError),
@@ -23,6 +29,15 @@ pub enum Error {
         /// The compiled function's name.
         name: String,
         /// What is wrong.
+        msg: String,
+    },
+    /// A program that the export APIs (`aot_export_module`, `aot_export_joint_simple`)
+    /// do not accept.
+    #[error("{api}: {msg}")]
+    Export {
+        /// The export API.
+        api: String,
+        /// What is not supported, and how to fix it.
         msg: String,
     },
     /// A failed internal invariant: a bug.

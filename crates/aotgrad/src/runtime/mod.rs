@@ -10,8 +10,10 @@
 
 mod args;
 mod epilogue;
+mod training;
 
 pub use args::Arg;
+pub use training::{Partitioner, PendingBackward};
 
 use crate::config::AotConfig;
 use crate::error::{Error, Result};
@@ -41,7 +43,10 @@ pub(crate) struct Entry {
     traced_args: Vec<usize>,
     traced: Traced,
     fz: Functionalized,
-    compiled: Box<dyn CompiledGraph<CpuTensor>>,
+    /// The inference graph's artifact (inference entries).
+    compiled: Option<Box<dyn CompiledGraph<CpuTensor>>>,
+    /// Joint graph, partition and compiled forward/backward (training entries).
+    training: Option<training::TrainingParts>,
 }
 
 /// Compile a function of tensors. Tracing happens at the first call (and again when
@@ -77,8 +82,37 @@ impl AotFunction {
         self.call_args(&args)
     }
 
-    /// Call with arguments that may be plain values.
+    /// Call with arguments that may be plain values. When grad mode is on and an
+    /// argument requires grad, this runs the compiled forward (outputs require grad)
+    /// and drops what the backward would need; use [`AotFunction::forward_args`] to
+    /// keep it.
     pub fn call_args(&self, args: &[Arg]) -> Result<Vec<Tensor>> {
+        let (entry, env) = self.entry_for(args)?;
+        if entry.training.is_some() {
+            return Ok(self.run_training(&entry, args, env)?.0);
+        }
+        epilogue::run(&entry, args, &env)
+    }
+
+    /// Run the compiled forward of the training path; the returned
+    /// [`PendingBackward`] computes gradients for the arguments that require grad.
+    pub fn forward(&self, args: &[Tensor]) -> Result<(Vec<Tensor>, PendingBackward)> {
+        let args: Vec<Arg> = args.iter().map(|t| Arg::Tensor(t.clone())).collect();
+        self.forward_args(&args)
+    }
+
+    /// [`AotFunction::forward`] with arguments that may be plain values.
+    pub fn forward_args(&self, args: &[Arg]) -> Result<(Vec<Tensor>, PendingBackward)> {
+        let (entry, env) = self.entry_for(args)?;
+        if entry.training.is_none() {
+            return Err(self.call_error(
+                "forward needs grad mode on and at least one argument that requires grad; use `call`".into(),
+            ));
+        }
+        self.run_training(&entry, args, env)
+    }
+
+    fn entry_for(&self, args: &[Arg]) -> Result<(Arc<Entry>, Bindings)> {
         let _span = tracing::debug_span!("aot_call", name = %self.config.name).entered();
         self.check_arity(args)?;
         for (i, a) in args.iter().enumerate() {
@@ -87,25 +121,46 @@ impl AotFunction {
             }
         }
         let sig = CallSig::of(args);
-        if sig.grad_enabled && args.iter().filter_map(Arg::tensor).any(Tensor::is_requires_grad) {
-            return Err(self.call_error(
-                "an argument requires grad while grad mode is on: the training path is not available yet; \
-                 call under `no_grad`"
-                    .into(),
-            ));
+        if let Some(found) = self.lookup(&sig, args) {
+            return Ok(found);
         }
-        let (entry, env) = match self.lookup(&sig, args) {
-            Some(found) => found,
-            None => {
-                let entry = Arc::new(self.compile(sig, args)?);
-                let env = entry_bindings(&entry, args).ok_or_else(|| {
-                    Error::Internal("a freshly compiled entry does not accept the call that traced it".into())
-                })?;
-                self.lock_entries().push(entry.clone());
-                (entry, env)
-            }
+        let entry = Arc::new(self.compile(sig, args)?);
+        let env = entry_bindings(&entry, args).ok_or_else(|| {
+            Error::Internal("a freshly compiled entry does not accept the call that traced it".into())
+        })?;
+        self.lock_entries().push(entry.clone());
+        Ok((entry, env))
+    }
+
+    fn run_training(&self, entry: &Arc<Entry>, args: &[Arg], env: Bindings) -> Result<(Vec<Tensor>, PendingBackward)> {
+        let parts = entry.training.as_ref().ok_or_else(|| Error::Internal("not a training entry".into()))?;
+        let inputs = graph_inputs(entry, args)?;
+        let input_metas =
+            (0..entry.traced_args.len()).map(|k| training::traced_input_meta(entry, args, k)).collect::<Result<_>>()?;
+        let outs = {
+            let _span = tracing::debug_span!("run_forward").entered();
+            parts.fw.run(&inputs)?
         };
-        epilogue::run(&entry, args, &env)
+        let n = parts.joint.num_fw_outputs;
+        if outs.len() < n {
+            return Err(Error::Internal(format!("forward returned {} values, expected at least {n}", outs.len())));
+        }
+        let results = epilogue::apply(entry, args, &env, &inputs, &outs[..n])?;
+        for (t, info) in results.iter().zip(&entry.fz.meta.outputs) {
+            if info.requires_grad && !t.is_requires_grad() && t.is_leaf() {
+                t.set_requires_grad(true)?;
+            }
+        }
+        let pending = PendingBackward {
+            entry: entry.clone(),
+            saved: outs[n..].to_vec(),
+            args: args.to_vec(),
+            input_metas,
+            outputs: results.clone(),
+            env,
+            used: Mutex::new(false),
+        };
+        Ok((results, pending))
     }
 
     /// How many specializations have been compiled.
@@ -116,6 +171,26 @@ impl AotFunction {
     /// The functional graphs compiled so far (one per specialization).
     pub fn compiled_graphs(&self) -> Vec<Graph> {
         self.lock_entries().iter().map(|e| e.fz.graph.clone()).collect()
+    }
+
+    /// The functionalization results (graph, view/mutation metadata, calling
+    /// convention) compiled so far, one per specialization.
+    pub fn functionalized(&self) -> Vec<Functionalized> {
+        self.lock_entries().iter().map(|e| e.fz.clone()).collect()
+    }
+
+    /// For training entries: the forward and backward graphs and the partition report.
+    pub fn training_graphs(&self) -> Vec<(Graph, Graph, aotgrad_partition::PartitionReport)> {
+        self.lock_entries()
+            .iter()
+            .filter_map(|e| e.training.as_ref())
+            .map(|t| (t.part.forward.clone(), t.part.backward.clone(), t.part.report.clone()))
+            .collect()
+    }
+
+    /// For training entries: the joint graphs (after simplification).
+    pub fn joint_graphs(&self) -> Vec<aotgrad_autodiff::JointGraph> {
+        self.lock_entries().iter().filter_map(|e| e.training.as_ref()).map(|t| t.joint.clone()).collect()
     }
 
     /// The traced (pre-functionalization) graphs compiled so far.
@@ -210,8 +285,21 @@ impl AotFunction {
         let options = Options { keep_input_mutations: self.config.keep_inference_input_mutations };
         let mut env: ShapeEnv = traced.shape_env.clone();
         let fz = functionalize(&traced.graph, &facts, &options, &mut env)?;
-        let compiled = self.config.backend.compile(&fz.graph)?;
-        Ok(Entry { sig, traced_args, traced, fz, compiled })
+        let training_path = sig.grad_enabled && fz.meta.inputs.iter().any(|i| i.requires_grad);
+        let (compiled, training) = if training_path {
+            let parts =
+                training::compile_training(
+                &fz,
+                &mut env,
+                &self.config.partitioner,
+                self.config.simplify,
+                self.config.backend.as_ref(),
+            )?;
+            (None, Some(parts))
+        } else {
+            (Some(self.config.backend.compile(&fz.graph)?), None)
+        };
+        Ok(Entry { sig, traced_args, traced, fz, compiled, training })
     }
 }
 

@@ -1,0 +1,215 @@
+//! The min-cut choice of saved values, and the memory-budget trade-off.
+//!
+//! # Flow network
+//!
+//! Every live forward value `v` (primal or forward node) becomes two vertices `v_in`,
+//! `v_out` joined by an edge of capacity `bytes(v) · 2^16 + penalty(v)`, the cost of
+//! saving `v`. The penalty breaks ties between equally large values: 1 for a primal
+//! (the caller keeps it alive anyway, and a view of it is free to recompute), else
+//! `2 + min(d(v), 61)` where `d(v)` is the number of forward edges from `v` to the
+//! nearest value the backward uses directly (closer means less recomputation). It
+//! never outweighs a byte unless a cut has over a thousand edges.
+//! Infinite-capacity edges (`2^60`):
+//! - `source → v_in` for every primal (it exists before the forward runs) and every
+//!   banned forward node (`mm`, `bmm`, random ops, composites: see
+//!   [`is_banned`](super::is_banned)), which must be computed by the forward;
+//! - `a_out → b_in` for every forward argument edge `a → b` between live forward values;
+//! - `v_out → sink` for every forward value the backward uses directly (an argument of a
+//!   live backward node, or a gradient output).
+//!
+//! A minimum cut (max flow by Edmonds–Karp, `pathfinding`) crosses only `v_in → v_out`
+//! edges; those `v` are saved.
+//!
+//! Two reductions keep the network small without changing the cut: only values both
+//! reachable from a source-connected value and leading to a used value are included
+//! (no flow passes through the others); and a primal or banned value the backward uses
+//! directly is always saved (both its sides are pinned), so it is taken out of the
+//! flow: saved up front, with `source → v_out` so its users see it as available. Every other forward value the backward needs lies on the
+//! sink side: it has no path from a primal or banned node that avoids a saved value, so
+//! it is recomputable from the saved values by recomputable ops alone.
+//!
+//! # Memory budget
+//!
+//! `activation_memory_budget = b`. *Activation bytes* of a saved set are the bytes of
+//! its values that are not primals (primals are kept alive by the caller anyway).
+//! - `b = 1`: the min-cut set `S1`;
+//! - `b = 0`: `S0`, the primals and banned-node outputs the backward needs when every
+//!   recomputable forward value is recomputed: walking back from the values the
+//!   backward uses, through recomputable forward nodes, stopping at primals and banned
+//!   nodes. Nothing recomputable is saved; the banned outputs are saved because they
+//!   must be. (This maximizes recomputation; it is not always the fewest bytes.)
+//! - `0 < b < 1`: start from `S1` and repeat, while its activation bytes exceed
+//!   `b · activation_bytes(S1)`, the best *move*. Moving a saved value `v` (neither a
+//!   primal nor banned) unsaves it and saves instead its recompute frontier: walking
+//!   back from `v`'s arguments through unsaved recomputable forward nodes (which the
+//!   backward will recompute along with `v`), stopping at saved values, primals and
+//!   banned nodes (those not yet saved get saved). The best move has the largest
+//!   (activation bytes removed) / (FLOPs recomputed, at least 1); only moves that
+//!   remove bytes count; ties go to the earliest value. It stops when under the target
+//!   or when no move removes bytes. Each move strictly lowers the activation bytes, so
+//!   the result only shrinks as `b` falls.
+
+use super::joint::JointInfo;
+use crate::cost::bytes_of;
+use crate::error::{PartitionError, Result};
+use pathfinding::directed::edmonds_karp::edmonds_karp_sparse;
+use std::collections::{BTreeSet, VecDeque};
+
+const SCALE: i64 = 1 << 16;
+const MAX_BYTES: u64 = 1 << 40;
+const INF: i64 = 1 << 60;
+
+/// The min-cut saved set (slots, ascending).
+pub(crate) fn min_cut(info: &JointInfo<'_>) -> Result<Vec<usize>> {
+    let total = info.args.len();
+    let fw = |s: usize| info.forward[s] && info.live[s];
+    let pinned = |s: usize| info.is_primal(s) || info.is_banned(s);
+    let mut users: Vec<Vec<usize>> = vec![Vec::new(); total];
+    for s in (0..total).filter(|&s| fw(s)) {
+        for &a in &info.args[s] {
+            users[a].push(s);
+        }
+    }
+    let mut used = vec![false; total];
+    for &s in &info.bw_uses {
+        used[s] = true;
+    }
+    // Distance (in forward edges) to the nearest directly used value; finite exactly for
+    // the values that lead to one.
+    let mut dist = vec![u32::MAX; total];
+    let mut queue: VecDeque<usize> = info.bw_uses.iter().copied().collect();
+    for &s in &info.bw_uses {
+        dist[s] = 0;
+    }
+    while let Some(s) = queue.pop_front() {
+        for &a in &info.args[s] {
+            if fw(a) && dist[a] == u32::MAX {
+                dist[a] = dist[s] + 1;
+                queue.push_back(a);
+            }
+        }
+    }
+    // Values reachable from a pinned value (others are never saved: no flow reaches them).
+    let mut from_src = vec![false; total];
+    let mut stack: Vec<usize> = (0..total).filter(|&s| fw(s) && pinned(s)).collect();
+    for &s in &stack {
+        from_src[s] = true;
+    }
+    while let Some(s) = stack.pop() {
+        for &u in &users[s] {
+            if !from_src[u] {
+                from_src[u] = true;
+                stack.push(u);
+            }
+        }
+    }
+    let relevant = |s: usize| fw(s) && from_src[s] && dist[s] != u32::MAX;
+    let forced = |s: usize| used[s] && pinned(s);
+    let cap = |s: usize| -> i64 {
+        let bytes = bytes_of(info.meta(s)).min(MAX_BYTES) as i64;
+        let penalty = if info.is_primal(s) { 1 } else { 2 + i64::from(dist[s].min(61)) };
+        bytes * SCALE + penalty
+    };
+    let (source, sink) = (0usize, 1usize);
+    let vin = |s: usize| 2 + 2 * s;
+    let vout = |s: usize| 3 + 2 * s;
+    let mut saved: BTreeSet<usize> = BTreeSet::new();
+    let mut vertices = vec![source, sink];
+    let mut edges: Vec<((usize, usize), i64)> = Vec::new();
+    let mut finite_bound: i64 = 0;
+    for s in (0..total).filter(|&s| relevant(s)) {
+        vertices.push(vout(s));
+        if forced(s) {
+            saved.insert(s);
+            edges.push(((source, vout(s)), INF));
+        } else {
+            vertices.push(vin(s));
+            edges.push(((vin(s), vout(s)), cap(s)));
+            if pinned(s) {
+                edges.push(((source, vin(s)), INF));
+            }
+            if used[s] {
+                edges.push(((vout(s), sink), INF));
+                finite_bound = finite_bound.saturating_add(cap(s));
+            }
+        }
+        for &u in users[s].iter().filter(|&&u| relevant(u) && !forced(u)) {
+            edges.push(((vout(s), vin(u)), INF));
+        }
+    }
+    if finite_bound >= INF {
+        return Err(PartitionError::Unsupported("saved values too large for the min-cut network".into()));
+    }
+    let (_flows, _value, cut) = edmonds_karp_sparse(&vertices, &source, &sink, edges);
+    for ((a, b), _) in cut {
+        if a < 2 || b != a + 1 || a % 2 != 0 {
+            return Err(PartitionError::Internal(format!("min cut crosses an infinite edge ({a} -> {b})")));
+        }
+        saved.insert((a - 2) / 2);
+    }
+    Ok(saved.into_iter().collect())
+}
+
+/// The budget-0 saved set: primals and banned outputs reached from the backward's uses
+/// through recomputable forward nodes.
+pub(crate) fn recompute_all(info: &JointInfo<'_>) -> Vec<usize> {
+    let seen =
+        super::joint::reach(&info.args, info.bw_uses.iter().copied(), |s| !info.is_primal(s) && !info.is_banned(s));
+    (0..seen.len()).filter(|&s| seen[s] && (info.is_primal(s) || info.is_banned(s))).collect()
+}
+
+/// Activation bytes of a saved set (primals excluded).
+pub(crate) fn activation_bytes(info: &JointInfo<'_>, saved: &BTreeSet<usize>) -> u64 {
+    saved.iter().filter(|&&s| !info.is_primal(s)).map(|&s| bytes_of(info.meta(s))).sum()
+}
+
+/// The saved set after moving `v` (see the module docs), and the FLOPs it recomputes.
+fn after_move(info: &JointInfo<'_>, saved: &BTreeSet<usize>, v: usize) -> (BTreeSet<usize>, u64) {
+    let mut next = saved.clone();
+    next.remove(&v);
+    let mut flops = info.flops(v);
+    let mut seen: BTreeSet<usize> = BTreeSet::new();
+    let mut stack: Vec<usize> = info.args[v].clone();
+    while let Some(a) = stack.pop() {
+        if !seen.insert(a) {
+            continue;
+        }
+        if saved.contains(&a) || info.is_primal(a) || info.is_banned(a) {
+            next.insert(a);
+        } else {
+            flops = flops.saturating_add(info.flops(a));
+            stack.extend(info.args[a].iter().copied());
+        }
+    }
+    (next, flops)
+}
+
+/// Greedily trade activation memory for recomputation, from `start` down to `target`
+/// activation bytes (see the module docs).
+pub(crate) fn shrink_to_budget(info: &JointInfo<'_>, start: &[usize], target: f64) -> Vec<usize> {
+    let mut saved: BTreeSet<usize> = start.iter().copied().collect();
+    loop {
+        let now = activation_bytes(info, &saved);
+        if now as f64 <= target {
+            break;
+        }
+        let mut best: Option<(f64, BTreeSet<usize>)> = None;
+        for &v in &saved {
+            if info.is_primal(v) || info.is_banned(v) || v < info.n_inputs() {
+                continue;
+            }
+            let (next, flops) = after_move(info, &saved, v);
+            let after = activation_bytes(info, &next);
+            if after >= now {
+                continue;
+            }
+            let score = (now - after) as f64 / flops.max(1) as f64;
+            if best.as_ref().is_none_or(|(b, _)| score > *b) {
+                best = Some((score, next));
+            }
+        }
+        let Some((_, next)) = best else { break };
+        saved = next;
+    }
+    saved.into_iter().collect()
+}

@@ -1,0 +1,377 @@
+//! Extraction: pick one e-node per e-class and rebuild a [`Graph`].
+//!
+//! Cost of an e-node (see [`crate::cost`]): 0 for a graph input, 1 for a view (it only
+//! computes metadata), `1 + FLOPs + bytes written` for anything else. The cost of an
+//! e-class is the least tree cost `own + Σ children` over its e-nodes, computed with
+//! Knuth's generalization of Dijkstra's algorithm (every e-node costs at least as much
+//! as each of its children), in exact `u128` arithmetic that saturates; ties go to the
+//! e-node found first. The chosen e-nodes reachable from the outputs become the new
+//! graph, emitted in a topological order that follows the input graph's node order
+//! (an e-class is placed where its first original node was; a class that only
+//! rewrites created goes just before its first user).
+//!
+//! Tree costs do not see sharing: a rewrite can be cheaper for its own class yet add
+//! nodes to the graph (`sum(expand(x))` to `sum(x) * k` while the expand stays alive
+//! for another user). When the extracted graph has more nodes or a higher total cost
+//! than the input, [`revert_until_no_worse`] puts classes back to their first original
+//! e-node, one at a time, keeping each revert that lowers the node count (or keeps it
+//! and lowers the cost).
+
+use crate::cost::{bytes_of, flops_of};
+use crate::error::{PartitionError, Result};
+use crate::simplify::lang::{ENode, EG};
+use aotgrad_ir::{Aliasing, Graph, Node, SourceLoc, StorageId, TensorMeta, ValueId};
+use egg::Id;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+
+/// Own cost of an e-node in class `class`.
+pub(crate) fn node_cost(eg: &EG, class: Id, node: &ENode) -> u128 {
+    match node {
+        ENode::Input(_) => 0,
+        ENode::Op(k, args) => {
+            if k.op().is_view() {
+                return 1;
+            }
+            let out: &TensorMeta = &eg[class].data;
+            let metas: Vec<&TensorMeta> = args.iter().map(|a| &*eg[*a].data).collect();
+            1 + flops_of(k.op(), &metas, out) as u128 + bytes_of(out) as u128
+        }
+    }
+}
+
+/// Total cost of a graph: the sum of its nodes' own costs (the model of [`node_cost`]).
+pub(crate) fn graph_cost(g: &Graph) -> u128 {
+    let mut metas: HashMap<ValueId, &TensorMeta> = g.inputs.iter().map(|i| (i.id, &i.meta)).collect();
+    let mut total = 0u128;
+    for n in &g.nodes {
+        let own = if n.op.is_view() {
+            1
+        } else {
+            let args: Vec<&TensorMeta> = n.args.iter().filter_map(|a| metas.get(a).copied()).collect();
+            1 + flops_of(&n.op, &args, &n.meta) as u128 + bytes_of(&n.meta) as u128
+        };
+        total = total.saturating_add(own);
+        metas.insert(n.out, &n.meta);
+    }
+    total
+}
+
+/// The best e-node of every e-class that has an acyclic one: `class -> node`.
+pub(crate) fn best_nodes(eg: &EG) -> HashMap<Id, ENode> {
+    // Parents: child class -> (parent class, parent node) per occurrence.
+    let mut nodes: Vec<(Id, &ENode, u128)> = Vec::new();
+    for class in eg.classes() {
+        for n in &class.nodes {
+            nodes.push((class.id, n, node_cost(eg, class.id, n)));
+        }
+    }
+    let mut parents: HashMap<Id, Vec<usize>> = HashMap::new();
+    let mut remaining: Vec<usize> = Vec::with_capacity(nodes.len());
+    let mut heap = BinaryHeap::new();
+    for (i, (_, n, own)) in nodes.iter().enumerate() {
+        for c in n.args() {
+            parents.entry(eg.find(*c)).or_default().push(i);
+        }
+        remaining.push(n.args().len());
+        if n.args().is_empty() {
+            heap.push(Reverse((*own, i)));
+        }
+    }
+    let mut best: HashMap<Id, (u128, usize)> = HashMap::new();
+    while let Some(Reverse((cost, i))) = heap.pop() {
+        let class = nodes[i].0;
+        if best.contains_key(&class) {
+            continue;
+        }
+        best.insert(class, (cost, i));
+        for &p in parents.get(&class).map_or(&[][..], |v| v.as_slice()) {
+            remaining[p] -= 1;
+            if remaining[p] == 0 && !best.contains_key(&nodes[p].0) {
+                let (_, n, own) = nodes[p];
+                let total = n
+                    .args()
+                    .iter()
+                    .fold(own, |acc, c| acc.saturating_add(best.get(&eg.find(*c)).map_or(u128::MAX, |b| b.0)));
+                heap.push(Reverse((total, p)));
+            }
+        }
+    }
+    best.into_iter().map(|(c, (_, i))| (c, nodes[i].1.clone())).collect()
+}
+
+/// Number of op nodes and total own cost of the graph the selection `sel` extracts for
+/// `roots`; `None` if the selection is cyclic or incomplete.
+pub(crate) fn dag_stats(eg: &EG, roots: &[Id], sel: &HashMap<Id, ENode>) -> Option<(usize, u128)> {
+    let mut state: HashMap<Id, bool> = HashMap::new();
+    let (mut count, mut cost) = (0usize, 0u128);
+    for &r in roots {
+        let r = eg.find(r);
+        if state.contains_key(&r) {
+            continue;
+        }
+        state.insert(r, false);
+        let mut stack = vec![(r, 0usize)];
+        while let Some((c, k)) = stack.pop() {
+            let node = sel.get(&c)?;
+            let args = node.args();
+            if k < args.len() {
+                stack.push((c, k + 1));
+                let a = eg.find(args[k]);
+                match state.get(&a) {
+                    None => {
+                        state.insert(a, false);
+                        stack.push((a, 0));
+                    }
+                    Some(false) => return None,
+                    Some(true) => {}
+                }
+            } else {
+                state.insert(c, true);
+                if let ENode::Op(..) = node {
+                    count += 1;
+                    cost = cost.saturating_add(node_cost(eg, c, node));
+                }
+            }
+        }
+    }
+    Some((count, cost))
+}
+
+/// Revert classes of `sel` to their `original` e-node until the extracted graph has at
+/// most `max_nodes` nodes and costs at most `max_cost` (see the module docs). Returns
+/// `None` if that is not reached.
+pub(crate) fn revert_until_no_worse(
+    eg: &EG,
+    roots: &[Id],
+    mut sel: HashMap<Id, ENode>,
+    original: &HashMap<Id, (usize, ENode)>,
+    max_nodes: usize,
+    max_cost: u128,
+) -> Option<HashMap<Id, ENode>> {
+    let (mut count, mut cost) = dag_stats(eg, roots, &sel)?;
+    if count <= max_nodes && cost <= max_cost {
+        return Some(sel);
+    }
+    // Latest original position first: reverting near the outputs tends to free the most.
+    let mut candidates: Vec<(usize, Id)> =
+        original.iter().filter(|(c, (_, n))| sel.get(c) != Some(n)).map(|(c, (p, _))| (*p, *c)).collect();
+    candidates.sort_by(|a, b| b.cmp(a));
+    for (_, c) in candidates {
+        let Some((_, orig)) = original.get(&c) else { continue };
+        let Some(prev) = sel.insert(c, orig.clone()) else { continue };
+        match dag_stats(eg, roots, &sel) {
+            Some((n, k)) if n < count || (n == count && k < cost) => (count, cost) = (n, k),
+            _ => {
+                sel.insert(c, prev);
+            }
+        }
+        if count <= max_nodes && cost <= max_cost {
+            return Some(sel);
+        }
+    }
+    None
+}
+
+/// Rebuild a graph from the chosen e-nodes: inputs as in `g`, outputs the classes `roots`.
+/// `order` gives the position of the first original node of a class (its priority),
+/// `locs` a representative source location.
+pub(crate) fn rebuild(
+    eg: &EG,
+    g: &Graph,
+    roots: &[Id],
+    best: &HashMap<Id, ENode>,
+    order: &HashMap<Id, usize>,
+    locs: &HashMap<Id, SourceLoc>,
+) -> Result<Graph> {
+    let choice = |c: Id| {
+        best.get(&c).ok_or_else(|| PartitionError::Internal(format!("e-class {c} has no acyclic e-node to extract")))
+    };
+    // Post-order DFS over the chosen e-nodes (iterative: graphs can be deep).
+    let mut post: Vec<Id> = Vec::new();
+    let mut state: HashMap<Id, bool> = HashMap::new(); // false = open, true = done
+    for &r in roots {
+        let r = eg.find(r);
+        if state.contains_key(&r) {
+            continue;
+        }
+        let mut stack = vec![(r, 0usize)];
+        state.insert(r, false);
+        while let Some((c, k)) = stack.pop() {
+            let args = choice(c)?.args();
+            if k < args.len() {
+                stack.push((c, k + 1));
+                let a = eg.find(args[k]);
+                match state.get(&a) {
+                    None => {
+                        state.insert(a, false);
+                        stack.push((a, 0));
+                    }
+                    Some(false) => {
+                        return Err(PartitionError::Internal(format!("extraction found a cycle through e-class {a}")))
+                    }
+                    Some(true) => {}
+                }
+            } else {
+                state.insert(c, true);
+                post.push(c);
+            }
+        }
+    }
+    // Priorities: original position, or (for rewrite-made classes) that of the first user.
+    let mut prio: HashMap<Id, usize> = HashMap::new();
+    let mut users: HashMap<Id, Vec<Id>> = HashMap::new();
+    for &c in &post {
+        for a in choice(c)?.args() {
+            users.entry(eg.find(*a)).or_default().push(c);
+        }
+    }
+    for &c in post.iter().rev() {
+        let p = match order.get(&c) {
+            Some(&p) => p,
+            None => {
+                users.get(&c).into_iter().flatten().filter_map(|u| prio.get(u)).min().copied().unwrap_or(usize::MAX)
+            }
+        };
+        prio.insert(c, p);
+    }
+    // Kahn's algorithm by (priority, post-order index).
+    let post_index: HashMap<Id, usize> = post.iter().enumerate().map(|(i, c)| (*c, i)).collect();
+    let key =
+        |c: Id| (prio.get(&c).copied().unwrap_or(usize::MAX), post_index.get(&c).copied().unwrap_or(usize::MAX), c);
+    let mut indeg: HashMap<Id, usize> = HashMap::new();
+    let mut heap = BinaryHeap::new();
+    for &c in &post {
+        let n = choice(c)?.args().len();
+        indeg.insert(c, n);
+        if n == 0 {
+            heap.push(Reverse(key(c)));
+        }
+    }
+    let mut out = Graph { inputs: g.inputs.clone(), nodes: Vec::new(), outputs: Vec::new() };
+    let mut next_value = g.inputs.iter().map(|i| i.id.0 + 1).max().unwrap_or(0);
+    let mut next_storage = g.inputs.iter().map(|i| i.storage.0 + 1).max().unwrap_or(0);
+    let mut value_of: HashMap<Id, (ValueId, StorageId)> = HashMap::new();
+    while let Some(Reverse((_, _, c))) = heap.pop() {
+        let def = match choice(c)? {
+            ENode::Input(i) => {
+                let inp = g.inputs.get(*i as usize).ok_or_else(|| PartitionError::Internal(format!("no input {i}")))?;
+                (inp.id, inp.storage)
+            }
+            ENode::Op(k, args) => {
+                let arg_vals = args
+                    .iter()
+                    .map(|a| value_of.get(&eg.find(*a)).copied())
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| PartitionError::Internal(format!("e-class {c} emitted before its arguments")))?;
+                let storage = match k.op().aliasing() {
+                    Aliasing::Fresh => {
+                        next_storage += 1;
+                        StorageId(next_storage - 1)
+                    }
+                    _ => arg_vals.first().map(|v| v.1).ok_or_else(|| {
+                        PartitionError::Internal(format!("view op {} without an argument", k.op().name()))
+                    })?,
+                };
+                let id = ValueId(next_value);
+                next_value += 1;
+                out.nodes.push(Node {
+                    out: id,
+                    op: k.op().clone(),
+                    args: arg_vals.iter().map(|v| v.0).collect(),
+                    meta: (*eg[c].data).clone(),
+                    storage,
+                    loc: locs.get(&c).cloned(),
+                });
+                (id, storage)
+            }
+        };
+        value_of.insert(c, def);
+        for u in users.get(&c).into_iter().flatten() {
+            if let Some(d) = indeg.get_mut(u) {
+                *d -= 1;
+                if *d == 0 {
+                    heap.push(Reverse(key(*u)));
+                }
+            }
+        }
+    }
+    for &r in roots {
+        let v = value_of
+            .get(&eg.find(r))
+            .ok_or_else(|| PartitionError::Internal(format!("output e-class {r} was not emitted")))?;
+        out.outputs.push(v.0);
+    }
+    Ok(out)
+}
+
+/// For each output: the input positions it shares storage with, and the earlier outputs
+/// it shares storage with.
+type Relation = Vec<(Vec<usize>, Vec<usize>)>;
+
+fn storages(g: &Graph) -> HashMap<ValueId, StorageId> {
+    g.inputs.iter().map(|i| (i.id, i.storage)).chain(g.nodes.iter().map(|n| (n.out, n.storage))).collect()
+}
+
+fn relation(g: &Graph, st: &HashMap<ValueId, StorageId>) -> Option<Relation> {
+    let outs = g.outputs.iter().map(|o| st.get(o).copied()).collect::<Option<Vec<_>>>()?;
+    Some(
+        outs.iter()
+            .enumerate()
+            .map(|(k, s)| {
+                let ins = g.inputs.iter().enumerate().filter(|(_, i)| i.storage == *s).map(|(p, _)| p).collect();
+                let earlier = (0..k).filter(|&l| outs[l] == *s).collect();
+                (ins, earlier)
+            })
+            .collect(),
+    )
+}
+
+/// Make `new` (rebuilt from `orig`) share storage between outputs and inputs exactly as
+/// `orig` does, by giving an output a fresh contiguous copy where the simplification
+/// made it share storage it did not share before. Returns `None` when that cannot fix it.
+pub(crate) fn preserve_aliasing(orig: &Graph, mut new: Graph) -> Option<Graph> {
+    let want = relation(orig, &storages(orig))?;
+    let mut st = storages(&new);
+    if relation(&new, &st)? == want {
+        return Some(new);
+    }
+    let mut copies: HashMap<ValueId, ValueId> = HashMap::new(); // original output value -> its copy
+    let mut next_storage = new.next_storage().0;
+    let mut next_value = new.next_value().0;
+    let metas: HashMap<ValueId, TensorMeta> = new
+        .inputs
+        .iter()
+        .map(|i| (i.id, i.meta.clone()))
+        .chain(new.nodes.iter().map(|n| (n.out, n.meta.clone())))
+        .collect();
+    for (k, row) in want.iter().enumerate() {
+        let (ins, earlier) = row;
+        let o = orig.outputs[k];
+        // Only an output that owns its storage (no input, no other output value) can be copied.
+        let owns = ins.is_empty() && earlier.iter().all(|&l| orig.outputs[l] == o);
+        // Outputs after `k` do not matter for output `k`'s row of the relation.
+        let prefix = Graph { inputs: new.inputs.clone(), nodes: Vec::new(), outputs: new.outputs[..=k].to_vec() };
+        if !owns || relation(&prefix, &st)?.get(k) == Some(row) {
+            continue;
+        }
+        if let Some(c) = copies.get(&o) {
+            new.outputs[k] = *c;
+            continue;
+        }
+        let v = new.outputs[k];
+        let meta = metas.get(&v)?.clone();
+        if meta.to_contiguous() != meta {
+            return None;
+        }
+        let id = ValueId(next_value);
+        next_value += 1;
+        let storage = StorageId(next_storage);
+        next_storage += 1;
+        new.nodes.push(Node { out: id, op: aotgrad_ir::Op::Clone, args: vec![v], meta, storage, loc: None });
+        st.insert(id, storage);
+        copies.insert(o, id);
+        new.outputs[k] = id;
+    }
+    (relation(&new, &st)? == want).then_some(new)
+}

@@ -1,0 +1,252 @@
+//! E-graph simplification of functional graphs with `egg`.
+//!
+//! [`simplify`] loads a graph into an e-graph (one e-class per distinct value, so common
+//! subexpressions merge on load), runs the rewrite rules (module `rules`) with egg's
+//! [`Runner`] under [`SimplifyLimits`], and extracts the cheapest graph (see
+//! `extract`). Guarantees:
+//! - inputs are kept as they are (ids, names, metadata, storage) and outputs keep their
+//!   order and metadata;
+//! - every e-class has one metadata, so every node of the result has exactly the
+//!   metadata of the value it replaces;
+//! - the result never has more nodes, nor a higher total cost, than the input; when the
+//!   rewritten extraction would, the CSE-only extraction (the e-graph as loaded, no
+//!   rules) is used, and when even that would, the input itself;
+//! - outputs share storage with inputs and with each other exactly as in the input
+//!   (an output that became one of the inputs, or another output's value, gets a
+//!   contiguous copy; if that is not possible the next fallback above is used);
+//! - each node carries the source location of the first input-graph node of its e-class.
+//!
+//! Graphs with mutations (`InPlace`, `MetaInPlace`) are rejected: simplification runs
+//! after functionalization.
+
+pub(crate) mod extract;
+pub(crate) mod lang;
+
+use crate::error::{PartitionError, Result};
+use crate::rules::all_rules;
+use crate::verify::verify_graph;
+use aotgrad_autodiff::JointGraph;
+use aotgrad_ir::{Graph, SourceLoc, ValueId};
+use egg::{Id, Runner};
+use lang::{ENode, MetaAnalysis, OpKey, EG};
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// Limits on the equality-saturation run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimplifyLimits {
+    /// Stop once the e-graph has this many e-nodes.
+    pub node_limit: usize,
+    /// Stop after this many rule iterations.
+    pub iter_limit: usize,
+    /// Stop after this much time.
+    pub time_limit: Duration,
+}
+
+impl Default for SimplifyLimits {
+    /// 100,000 e-nodes, 8 iterations, 1 second: the rules rarely need more than a few
+    /// iterations to saturate, and each adds at most a few e-nodes per match.
+    fn default() -> Self {
+        SimplifyLimits { node_limit: 100_000, iter_limit: 8, time_limit: Duration::from_secs(1) }
+    }
+}
+
+/// Which graph [`simplify_with_stats`] returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SimplifyOutcome {
+    /// The extraction after the rewrite rules ran.
+    Rewritten,
+    /// The extraction of the e-graph as loaded (CSE and dead-code removal only).
+    CseOnly,
+    /// The input graph, unchanged.
+    Unchanged,
+}
+
+/// What a simplification did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimplifyStats {
+    /// Nodes of the input graph.
+    pub nodes_before: usize,
+    /// Nodes of the result.
+    pub nodes_after: usize,
+    /// E-nodes in the e-graph when the runner stopped.
+    pub egraph_nodes: usize,
+    /// E-classes in the e-graph when the runner stopped.
+    pub egraph_classes: usize,
+    /// Rule iterations run.
+    pub iterations: usize,
+    /// Why the runner stopped (egg's `StopReason`, printed).
+    pub stop_reason: String,
+    /// Which graph was returned.
+    pub outcome: SimplifyOutcome,
+}
+
+/// Simplify a functional graph (see the module docs).
+pub fn simplify(g: &Graph, limits: &SimplifyLimits) -> Result<Graph> {
+    simplify_with_stats(g, limits).map(|(g, _)| g)
+}
+
+/// Simplify a joint graph: the same inputs (primals, then tangents), the same outputs
+/// (forward outputs, then gradients) and the same counts.
+pub fn simplify_joint(j: &JointGraph, limits: &SimplifyLimits) -> Result<JointGraph> {
+    let graph = simplify(&j.graph, limits)?;
+    Ok(JointGraph { graph, ..j.clone() })
+}
+
+/// [`simplify`], also returning what it did.
+pub fn simplify_with_stats(g: &Graph, limits: &SimplifyLimits) -> Result<(Graph, SimplifyStats)> {
+    let _span = tracing::debug_span!("simplify", nodes = g.nodes.len()).entered();
+    if let Some(n) = g.nodes.iter().find(|n| n.op.is_mutation()) {
+        return Err(PartitionError::Unsupported(format!(
+            "simplify needs a functional graph, but node {} is the mutation {}",
+            n.out,
+            n.op.name()
+        )));
+    }
+    let (egraph, loaded) = load(g)?;
+    let rules = all_rules().map_err(PartitionError::Internal)?;
+    let runner = Runner::<ENode, MetaAnalysis, ()>::new(MetaAnalysis::default())
+        .with_egraph(egraph)
+        .with_node_limit(limits.node_limit)
+        .with_iter_limit(limits.iter_limit)
+        .with_time_limit(limits.time_limit)
+        .run(&rules);
+    let eg = &runner.egraph;
+    if let Some(e) = eg.analysis.errors.first() {
+        return Err(PartitionError::Internal(format!("simplify: {e}")));
+    }
+    let mut stats = SimplifyStats {
+        nodes_before: g.nodes.len(),
+        nodes_after: g.nodes.len(),
+        egraph_nodes: eg.total_number_of_nodes(),
+        egraph_classes: eg.number_of_classes(),
+        iterations: runner.iterations.len(),
+        stop_reason: runner.stop_reason.as_ref().map(|r| format!("{r:?}")).unwrap_or_default(),
+        outcome: SimplifyOutcome::Unchanged,
+    };
+    let (max_nodes, max_cost) = (g.nodes.len(), extract::graph_cost(g));
+    let best = extract::best_nodes(eg);
+    let rewritten = extract_from(eg, g, &loaded, best, max_nodes, max_cost)?;
+    let result = match rewritten {
+        Some(r) => Some((r, SimplifyOutcome::Rewritten)),
+        None => {
+            let (again, tables) = load(g)?;
+            let sel = tables.original.iter().map(|(c, (_, n))| (*c, n.clone())).collect();
+            let cse = extract_from(&again, g, &tables, sel, max_nodes, max_cost)?;
+            cse.map(|r| (r, SimplifyOutcome::CseOnly))
+        }
+    };
+    let (out, outcome) = match result {
+        Some((out, outcome)) => {
+            verify_graph(&out)?;
+            (out, outcome)
+        }
+        None => (g.clone(), SimplifyOutcome::Unchanged),
+    };
+    stats.nodes_after = out.nodes.len();
+    stats.outcome = outcome;
+    tracing::debug!(?stats, "simplified");
+    Ok((out, stats))
+}
+
+/// Side tables of a graph loaded into an e-graph.
+struct Loaded {
+    /// E-class of each output.
+    roots: Vec<Id>,
+    /// The first e-node of each e-class in the input graph and its position (inputs
+    /// come first), keyed by the e-class id at load time.
+    original: HashMap<Id, (usize, ENode)>,
+    /// Source location of the first located node of each e-class.
+    locs: HashMap<Id, SourceLoc>,
+}
+
+fn load(g: &Graph) -> Result<(EG, Loaded)> {
+    let analysis = MetaAnalysis { inputs: g.inputs.iter().map(|i| i.meta.clone()).collect(), ..Default::default() };
+    let mut eg = EG::new(analysis);
+    let mut class_of: HashMap<ValueId, Id> = HashMap::new();
+    let mut original: HashMap<Id, (usize, ENode)> = HashMap::new();
+    let mut locs: HashMap<Id, SourceLoc> = HashMap::new();
+    for (i, inp) in g.inputs.iter().enumerate() {
+        eg.analysis.pending = Some(inp.meta.clone());
+        let node = ENode::Input(i as u32);
+        let id = eg.add(node.clone());
+        eg.analysis.pending = None;
+        original.entry(id).or_insert((i, node));
+        class_of.insert(inp.id, id);
+    }
+    for (pos, n) in g.nodes.iter().enumerate() {
+        let args = n
+            .args
+            .iter()
+            .map(|a| class_of.get(a).copied())
+            .collect::<Option<Vec<Id>>>()
+            .ok_or_else(|| PartitionError::Unsupported(format!("node {} uses a value defined after it", n.out)))?;
+        eg.analysis.pending = Some(n.meta.clone());
+        let node = ENode::Op(OpKey::new(n.op.clone()), args);
+        let id = eg.add(node.clone());
+        eg.analysis.pending = None;
+        if *eg[id].data != n.meta {
+            return Err(PartitionError::Unsupported(format!(
+                "node {} ({}) repeats an earlier computation but records different metadata {}",
+                n.out,
+                n.op.name(),
+                n.meta
+            )));
+        }
+        original.entry(id).or_insert((g.inputs.len() + pos, node));
+        if let Some(l) = &n.loc {
+            locs.entry(id).or_insert_with(|| l.clone());
+        }
+        class_of.insert(n.out, id);
+    }
+    let roots = g
+        .outputs
+        .iter()
+        .map(|o| class_of.get(o).copied())
+        .collect::<Option<Vec<Id>>>()
+        .ok_or_else(|| PartitionError::Unsupported("an output is never defined".into()))?;
+    eg.rebuild();
+    Ok((eg, Loaded { roots, original, locs }))
+}
+
+/// Extract the graph of selection `sel` (reverted toward the original as needed to have
+/// at most `max_nodes` nodes and cost `max_cost`); `None` if that fails or output
+/// aliasing cannot be preserved.
+fn extract_from(
+    eg: &EG,
+    g: &Graph,
+    loaded: &Loaded,
+    sel: HashMap<Id, ENode>,
+    max_nodes: usize,
+    max_cost: u128,
+) -> Result<Option<Graph>> {
+    // Side tables were keyed at load time; classes may have merged since.
+    let canon = |n: &ENode| match n {
+        ENode::Input(i) => ENode::Input(*i),
+        ENode::Op(k, a) => ENode::Op(k.clone(), a.iter().map(|c| eg.find(*c)).collect()),
+    };
+    let mut original: HashMap<Id, (usize, ENode)> = HashMap::new();
+    for (id, (p, n)) in &loaded.original {
+        let c = eg.find(*id);
+        if original.get(&c).is_none_or(|(q, _)| p < q) {
+            original.insert(c, (*p, canon(n)));
+        }
+    }
+    let mut locs: HashMap<Id, (usize, SourceLoc)> = HashMap::new();
+    for (id, l) in &loaded.locs {
+        let p = loaded.original.get(id).map_or(usize::MAX, |(p, _)| *p);
+        let c = eg.find(*id);
+        if locs.get(&c).is_none_or(|(q, _)| p < *q) {
+            locs.insert(c, (p, l.clone()));
+        }
+    }
+    let locs: HashMap<Id, SourceLoc> = locs.into_iter().map(|(k, (_, l))| (k, l)).collect();
+    let order: HashMap<Id, usize> = original.iter().map(|(c, (p, _))| (*c, *p)).collect();
+    let sel: HashMap<Id, ENode> = sel.into_iter().map(|(c, n)| (eg.find(c), canon(&n))).collect();
+    let roots = &loaded.roots;
+    let Some(sel) = extract::revert_until_no_worse(eg, roots, sel, &original, max_nodes, max_cost) else {
+        return Ok(None);
+    };
+    let out = extract::rebuild(eg, g, roots, &sel, &order, &locs)?;
+    Ok(extract::preserve_aliasing(g, out).filter(|r| r.nodes.len() <= max_nodes))
+}
