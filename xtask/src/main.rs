@@ -2,6 +2,8 @@
 //!
 //! - `cargo xtask ci`: formatting check, clippy with warnings denied, the whole test suite.
 //!   This is what `.ci/run` and the README's test command run.
+//! - `cargo xtask bench`: criterion benches (compile stages, training step) and the
+//!   report of saved bytes per partitioner and stage medians (`--report` for only it).
 
 use anyhow::{bail, Context, Result};
 use std::process::Command;
@@ -27,12 +29,22 @@ fn ci() -> Result<()> {
     Ok(())
 }
 
+fn bench(args: &[String]) -> Result<()> {
+    // Criterion benches (per-stage compile times, training step), then the report of
+    // saved bytes, recomputation and stage medians. `--report` skips criterion.
+    if !args.iter().any(|a| a == "--report") {
+        run("criterion", &["bench", "-p", "aotgrad-benches"])?;
+    }
+    run("report", &["run", "--release", "-q", "-p", "aotgrad-benches", "--bin", "report"])
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("ci") => ci(),
+        Some("bench") => bench(&args[1..]),
         Some("help") | None => {
-            println!("usage: cargo xtask <task>\n\ntasks:\n  ci    fmt check, clippy -D warnings, all tests");
+            println!("usage: cargo xtask <task>\n\ntasks:\n  ci       fmt check, clippy -D warnings, all tests\n  bench    criterion benches + saved-bytes/stage-time report (--report: report only)");
             Ok(())
         }
         Some(other) => bail!("unknown task `{other}` (try `cargo xtask help`)"),
