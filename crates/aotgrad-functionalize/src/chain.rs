@@ -3,7 +3,9 @@
 
 use crate::{FunctionalizeError, Result};
 use aotgrad_ir::infer::infer;
-use aotgrad_ir::{Aliasing, Dim, DimOracle, Graph, Input, Node, Op, SourceLoc, StorageId, TensorMeta, ValueId};
+use aotgrad_ir::{
+    contiguous_strides, Aliasing, Dim, DimOracle, Graph, Input, Node, Op, SourceLoc, StorageId, TensorMeta, ValueId,
+};
 use std::collections::HashMap;
 
 /// The functional graph under construction.
@@ -12,12 +14,22 @@ pub(crate) struct Builder<'o> {
     metas: HashMap<ValueId, (TensorMeta, StorageId)>,
     next_value: u32,
     next_storage: u32,
+    /// View nodes already emitted, per argument: views are pure, so replaying a chain
+    /// twice from one value reuses the first replay.
+    views: HashMap<ValueId, Vec<(Op, ValueId)>>,
     pub oracle: &'o mut dyn DimOracle,
 }
 
 impl<'o> Builder<'o> {
     pub fn new(oracle: &'o mut dyn DimOracle) -> Self {
-        Builder { graph: Graph::new(), metas: HashMap::new(), next_value: 0, next_storage: 0, oracle }
+        Builder {
+            graph: Graph::new(),
+            metas: HashMap::new(),
+            next_value: 0,
+            next_storage: 0,
+            views: HashMap::new(),
+            oracle,
+        }
     }
 
     pub fn meta(&self, v: ValueId) -> Result<&TensorMeta> {
@@ -36,6 +48,15 @@ impl<'o> Builder<'o> {
 
     /// Append `op(args)`, inferring its metadata.
     pub fn emit(&mut self, op: Op, args: Vec<ValueId>, loc: &Option<SourceLoc>) -> Result<ValueId> {
+        let view_of = match (op.aliasing(), args.as_slice()) {
+            (Aliasing::View, [x]) => Some(*x),
+            _ => None,
+        };
+        if let Some(seen) = view_of.and_then(|x| self.views.get(&x)) {
+            if let Some((_, v)) = seen.iter().find(|(o, _)| *o == op) {
+                return Ok(*v);
+            }
+        }
         let arg_metas: Vec<TensorMeta> = args.iter().map(|a| self.meta(*a).cloned()).collect::<Result<_>>()?;
         let refs: Vec<&TensorMeta> = arg_metas.iter().collect();
         let meta = infer(&op, &refs, self.oracle)?;
@@ -44,11 +65,22 @@ impl<'o> Builder<'o> {
                 self.next_storage += 1;
                 StorageId(self.next_storage - 1)
             }
-            _ => self.metas[&args[0]].1,
+            _ => {
+                let x = args
+                    .first()
+                    .ok_or_else(|| FunctionalizeError::Internal(format!("{} without argument", op.name())))?;
+                self.metas
+                    .get(x)
+                    .map(|m| m.1)
+                    .ok_or_else(|| FunctionalizeError::Internal(format!("{x} has no storage")))?
+            }
         };
         let out = ValueId(self.next_value);
         self.next_value += 1;
         self.metas.insert(out, (meta.clone(), storage));
+        if let Some(x) = view_of {
+            self.views.entry(x).or_default().push((op.clone(), out));
+        }
         self.graph.nodes.push(Node { out, op, args, meta, storage, loc: loc.clone() });
         Ok(out)
     }
@@ -79,15 +111,30 @@ impl<'o> Builder<'o> {
         match op {
             Op::View(shape) => self.view_or_reshape(x, shape.clone(), loc),
             Op::AsStrided { size, stride, offset } => {
-                let base_off = self.meta(x)?.offset.clone();
-                let abs = Op::AsStrided { size: size.clone(), stride: stride.clone(), offset: base_off.add(offset) };
+                let m = self.meta(x)?;
+                let abs_offset = m.offset.add(offset);
+                if *size == m.shape && *stride == m.strides && abs_offset == m.offset {
+                    return Ok(x);
+                }
+                let abs = Op::AsStrided { size: size.clone(), stride: stride.clone(), offset: abs_offset };
                 self.emit(abs, vec![x], loc)
             }
             _ => self.emit(op.clone(), vec![x], loc),
         }
     }
 
-    /// Given `x` and the new value `y` of `op(x)`, build the new value of `x`.
+    /// `x` itself when it is dense, row-major and at offset 0, else a contiguous copy.
+    pub fn dense(&mut self, x: ValueId, loc: &Option<SourceLoc>) -> Result<ValueId> {
+        let m = self.meta(x)?;
+        // Exactly row-major (also for size-1 dims: their strides are observable too).
+        if m.strides == contiguous_strides(&m.shape) && m.offset == Dim::Const(0) {
+            return Ok(x);
+        }
+        self.emit(Op::Clone, vec![x], loc)
+    }
+
+    /// Given `x` and the new value `y` of `op(x)`, build the new value of `x`
+    /// (`expand` has no such inverse: writes through it use `as_strided_scatter`).
     pub fn scatter_back(&mut self, op: &Op, x: ValueId, y: ValueId, loc: &Option<SourceLoc>) -> Result<ValueId> {
         let x_shape = self.meta(x)?.shape.clone();
         match op {
@@ -113,17 +160,6 @@ impl<'o> Builder<'o> {
             }
             Op::Transpose(a, b) => self.emit(Op::Transpose(*a, *b), vec![y], loc),
             Op::T => self.emit(Op::T, vec![y], loc),
-            Op::Expand(_) => {
-                let (xn, yn) = (self.meta(x)?.numel(), self.meta(y)?.numel());
-                if xn != yn {
-                    return Err(FunctionalizeError::Unsupported {
-                        op: "expand".into(),
-                        loc: loc.clone(),
-                        msg: "writing through an expanded view that repeats elements".into(),
-                    });
-                }
-                self.view_or_reshape(y, x_shape, loc)
-            }
             Op::View(_) | Op::Squeeze(_) | Op::Unsqueeze(_) | Op::Alias => self.view_or_reshape(y, x_shape, loc),
             other => {
                 Err(FunctionalizeError::Internal(format!("`{}` is not a view op but is in a view chain", other.name())))

@@ -7,15 +7,25 @@
 //! known; every traced value is its root plus the chain of view ops that reaches it.
 //! An in-place op becomes its out-of-place form, and the new data is scattered back
 //! through the inverse of the chain into a new root value (`slice_scatter`,
-//! `select_scatter`, `as_strided_scatter`, inverse permutes and reshapes). A later
-//! read of any alias of that storage replays its chain from the new root. Metadata
-//! mutations (`t_`, `transpose_`, ...) just extend the handle's chain.
+//! `select_scatter`, inverse permutes and reshapes; one `as_strided_scatter` with the
+//! target's storage layout when the chain holds an `expand` or an `as_strided`, whose
+//! intermediate views may repeat elements). A written root's value is kept dense and
+//! row-major, so element `i` is storage element `root offset + i`. A later read of any
+//! alias of that storage replays its chain from the new root. Metadata mutations
+//! (`t_`, `transpose_`, ...) just extend the handle's chain.
+//!
+//! Module map: `plan` groups the traced inputs by storage and decides which groups
+//! become a synthetic base; `pass` runs the nodes; `chain` emits nodes, replays and
+//! inverts views; `outputs` classifies the outputs and lays out the graph's returns;
+//! [`verify`] checks the result.
 //!
 //! See `docs/ARCHITECTURE.md` for a worked example.
 #![warn(missing_docs)]
 
 mod chain;
+mod outputs;
 mod pass;
+mod plan;
 pub mod verify;
 
 use aotgrad_ir::{DimOracle, Graph, ShapeError, SourceLoc, ValueId};
@@ -41,10 +51,16 @@ pub enum FunctionalizeError {
     #[error(
         "internal error (a bug in aotgrad, please report it): shape inference failed on a functionalized node: {0}"
     )]
-    Shape(#[from] ShapeError),
+    Shape(Box<ShapeError>),
     /// A failed internal invariant: a bug.
     #[error("internal error (a bug in aotgrad, please report it): {0}")]
     Internal(String),
+}
+
+impl From<ShapeError> for FunctionalizeError {
+    fn from(e: ShapeError) -> Self {
+        FunctionalizeError::Shape(Box::new(e))
+    }
 }
 
 /// Result of this crate.

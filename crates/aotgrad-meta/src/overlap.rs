@@ -129,7 +129,7 @@ pub fn overlap(a: &Layout, b: &Layout) -> Overlap {
     let ga = a.live_dims().iter().fold(0, |g, &(_, st)| gcd(g, st));
     let gb = b.live_dims().iter().fold(0, |g, &(_, st)| gcd(g, st));
     let g = gcd(ga, gb);
-    if g > 1 && a.offset.abs_diff(b.offset) % g != 0 {
+    if g > 1 && !a.offset.abs_diff(b.offset).is_multiple_of(g) {
         return Overlap::No;
     }
     let (na, nb) = (a.live_numel(), b.live_numel());

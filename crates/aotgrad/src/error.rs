@@ -13,7 +13,7 @@ pub enum Error {
     Functionalize(#[from] aotgrad_functionalize::FunctionalizeError),
     /// Differentiation failed.
     #[error(transparent)]
-    Autodiff(#[from] aotgrad_autodiff::AutodiffError),
+    Autodiff(Box<aotgrad_autodiff::AutodiffError>),
     /// Simplification or partitioning failed.
     #[error(transparent)]
     Partition(#[from] aotgrad_partition::PartitionError),
@@ -22,7 +22,7 @@ pub enum Error {
     Backend(#[from] aotgrad_ir::BackendError),
     /// A CPU kernel failed in the runtime epilogue.
     #[error(transparent)]
-    Cpu(#[from] aotgrad_cpu::CpuError),
+    Cpu(Box<aotgrad_cpu::CpuError>),
     /// The compiled function was called wrongly (argument count or kinds).
     #[error("compiled function `{name}`: {msg}")]
     Call {
@@ -47,3 +47,15 @@ pub enum Error {
 
 /// Result of `aotgrad`.
 pub type Result<T> = std::result::Result<T, Error>;
+
+impl From<aotgrad_autodiff::AutodiffError> for Error {
+    fn from(e: aotgrad_autodiff::AutodiffError) -> Self {
+        Error::Autodiff(Box::new(e))
+    }
+}
+
+impl From<aotgrad_cpu::CpuError> for Error {
+    fn from(e: aotgrad_cpu::CpuError) -> Self {
+        Error::Cpu(Box::new(e))
+    }
+}

@@ -10,6 +10,7 @@
 
 use super::{concrete, graph_inputs, traced_input, Arg, Bindings, Entry};
 use crate::error::{Error, Result};
+use aotgrad_cpu::CpuTensor;
 use aotgrad_ir::{Op, TensorMeta};
 use aotgrad_meta::OutputKind;
 use aotgrad_trace::{NoGradGuard, Tensor};
@@ -18,14 +19,30 @@ fn view_of(base: &Tensor, meta: &TensorMeta) -> Result<Tensor> {
     Ok(base.as_strided_dims(&meta.shape, &meta.strides, meta.offset.clone())?)
 }
 
+/// Run the inference graph of `entry` on the call's arguments, then the epilogue.
 pub(crate) fn run(entry: &Entry, args: &[Arg], env: &Bindings) -> Result<Vec<Tensor>> {
     let inputs = graph_inputs(entry, args)?;
     let outs = {
         let _span = tracing::debug_span!("run_graph").entered();
-        entry.compiled.run(&inputs)?
+        let compiled =
+            entry.compiled.as_ref().ok_or_else(|| Error::Internal("entry has no inference artifact".into()))?;
+        compiled.run(&inputs)?
     };
+    apply(entry, args, env, &inputs, &outs)
+}
+
+/// The epilogue proper: `inputs` are the graph inputs the graph ran on, `outs` the
+/// graph's outputs as the functional metadata lays them out (extra outputs, such as
+/// values saved for backward, may follow and are ignored).
+pub(crate) fn apply(
+    entry: &Entry,
+    args: &[Arg],
+    env: &Bindings,
+    inputs: &[CpuTensor],
+    outs: &[CpuTensor],
+) -> Result<Vec<Tensor>> {
     let meta = &entry.fz.meta;
-    if outs.len() != meta.num_graph_outputs() {
+    if outs.len() < meta.num_graph_outputs() {
         return Err(Error::Internal(format!(
             "graph returned {} values, expected {}",
             outs.len(),
@@ -51,29 +68,34 @@ pub(crate) fn run(entry: &Entry, args: &[Arg], env: &Bindings) -> Result<Vec<Ten
             t.as_strided_(&size, &stride, offset)?;
         }
     }
-    // 3. outputs
-    let mut results: Vec<Tensor> = Vec::with_capacity(meta.outputs.len());
+    // 3. outputs: those that alias another output come second, since the output
+    //    they view may come later in the list.
+    let mut results: Vec<Option<Tensor>> = vec![None; meta.outputs.len()];
     for (j, info) in meta.outputs.iter().enumerate() {
         let m = concrete(&info.meta, env)?;
-        let t = match &info.kind {
-            OutputKind::NonAlias => Tensor::from_cpu(outs[meta.user_output_index(j)].clone()),
-            OutputKind::IsInput(k) => traced_input(entry, args, *k)?.clone(),
-            OutputKind::AliasOfInput(k) => view_of(traced_input(entry, args, *k)?, &m)?,
+        results[j] = match &info.kind {
+            OutputKind::NonAlias => Some(Tensor::from_cpu(outs[meta.user_output_index(j)].clone())),
+            OutputKind::IsInput(k) => Some(traced_input(entry, args, *k)?.clone()),
+            OutputKind::AliasOfInput(k) => Some(view_of(traced_input(entry, args, *k)?, &m)?),
             OutputKind::AliasOfIntermediate(b) => {
                 let base = Tensor::from_cpu(outs[meta.intermediate_base_index(*b)].clone());
-                view_of(&base, &m)?
+                Some(view_of(&base, &m)?)
             }
-            OutputKind::AliasOfOutput(o) | OutputKind::SameAs(o) => {
-                let earlier =
-                    results.get(*o).ok_or_else(|| Error::Internal(format!("output {j} refers to later output {o}")))?;
-                if matches!(info.kind, OutputKind::SameAs(_)) {
-                    earlier.clone()
-                } else {
-                    view_of(earlier, &m)?
-                }
-            }
+            OutputKind::AliasOfOutput(_) | OutputKind::SameAs(_) => None,
         };
-        results.push(t);
     }
+    for (j, info) in meta.outputs.iter().enumerate() {
+        let (OutputKind::AliasOfOutput(o) | OutputKind::SameAs(o)) = info.kind else { continue };
+        let earlier =
+            results.get(o).cloned().flatten().ok_or_else(|| {
+                Error::Internal(format!("output {j} refers to output {o}, which is not computed first"))
+            })?;
+        results[j] = Some(if matches!(info.kind, OutputKind::SameAs(_)) {
+            earlier
+        } else {
+            view_of(&earlier, &concrete(&info.meta, env)?)?
+        });
+    }
+    let results: Vec<Tensor> = results.into_iter().flatten().collect();
     Ok(results)
 }

@@ -1,0 +1,163 @@
+//! Finishing the functional graph: classify each user output (fresh, an input, a
+//! view of an input, of an intermediate or of another output), lay out the graph
+//! outputs (updated inputs, user outputs, intermediate bases), write kept input
+//! mutations back with trailing `copy_`s, collect per-input facts, drop dead nodes
+//! and renumber.
+
+use crate::pass::Pass;
+use crate::{FunctionalizeError, Functionalized, Options, Result};
+use aotgrad_ir::{Graph, Op, StorageId, ValueId};
+use aotgrad_meta::{CallingConvention, InputInfo, OutputInfo, OutputKind, ViewAndMutationMeta};
+use std::collections::{HashMap, HashSet};
+
+/// Classify the user outputs; returns them and the roots whose values the graph
+/// returns as intermediate bases.
+fn classify(p: &Pass<'_, '_>) -> Result<(Vec<OutputInfo>, Vec<usize>)> {
+    let traced = p.traced;
+    let mut outputs: Vec<OutputInfo> = Vec::new();
+    let mut first_seen: HashMap<ValueId, usize> = HashMap::new();
+    let mut nonalias_of_root: HashMap<usize, usize> = HashMap::new();
+    let mut pending: Vec<usize> = Vec::new();
+    for (j, v) in traced.outputs.iter().enumerate() {
+        let t = p.tval(*v)?;
+        let meta = traced
+            .meta_of(*v)
+            .cloned()
+            .ok_or_else(|| FunctionalizeError::Internal(format!("output {v} has no metadata")))?;
+        let requires_grad = p.facts.output_requires_grad.get(j).copied().unwrap_or(false);
+        let kind = if let Some(&k) = first_seen.get(v) {
+            OutputKind::SameAs(k)
+        } else if let Some(i) = t.handle {
+            OutputKind::IsInput(i)
+        } else if p.roots[t.root].graph_input.is_some() {
+            OutputKind::AliasOfInput(p.roots[t.root].members[0])
+        } else if t.chain.is_empty() {
+            nonalias_of_root.entry(t.root).or_insert(j);
+            OutputKind::NonAlias
+        } else {
+            pending.push(j);
+            OutputKind::NonAlias // fixed below
+        };
+        first_seen.entry(*v).or_insert(j);
+        outputs.push(OutputInfo { kind, meta, requires_grad });
+    }
+    let mut base_roots: Vec<usize> = Vec::new();
+    for j in pending {
+        let r = p.tval(traced.outputs[j])?.root;
+        outputs[j].kind = match nonalias_of_root.get(&r) {
+            Some(&k) => OutputKind::AliasOfOutput(k),
+            None => {
+                let b = match base_roots.iter().position(|&x| x == r) {
+                    Some(b) => b,
+                    None => {
+                        base_roots.push(r);
+                        base_roots.len() - 1
+                    }
+                };
+                OutputKind::AliasOfIntermediate(b)
+            }
+        };
+    }
+    Ok((outputs, base_roots))
+}
+
+pub(crate) fn finish(mut p: Pass<'_, '_>, options: &Options, convention: CallingConvention) -> Result<Functionalized> {
+    let traced = p.traced;
+    let (outputs, base_roots) = classify(&p)?;
+    let mut graph_outputs = Vec::new();
+    let mut mutated_inputs = Vec::new();
+    let mut keep_copies = Vec::new();
+    let mut input_roots: Vec<usize> = (0..p.roots.len()).filter(|&r| p.roots[r].graph_input.is_some()).collect();
+    input_roots.sort_by_key(|&r| p.roots[r].graph_input);
+    for &r in &input_roots {
+        let root = &p.roots[r];
+        let (Some(g), true) = (root.graph_input, root.mutated) else { continue };
+        if options.keep_input_mutations {
+            keep_copies.push((p.b.graph.inputs[g].id, root.cur));
+        } else {
+            graph_outputs.push(root.cur);
+            mutated_inputs.push(g);
+        }
+    }
+    for v in &traced.outputs {
+        let f = p.fresh(*v, &None)?;
+        graph_outputs.push(f);
+    }
+    for &r in &base_roots {
+        graph_outputs.push(p.roots[r].cur);
+    }
+    for (dst, src) in keep_copies {
+        p.b.emit(Op::InPlace(Box::new(Op::Copy)), vec![dst, src], &None)?;
+    }
+
+    let mut inputs = Vec::new();
+    for (i, inp) in traced.inputs.iter().enumerate() {
+        let root = &p.roots[p.tval(inp.id)?.root];
+        let final_meta = traced.meta_of(p.handle_final[i]).cloned().unwrap_or_else(|| inp.meta.clone());
+        let mutates_metadata = final_meta != inp.meta;
+        inputs.push(InputInfo {
+            mutates_data: root.mutated,
+            mutates_metadata,
+            mutations_hidden_from_autograd: root.mutated && root.all_hidden,
+            requires_grad: p.facts.input_requires_grad.get(i).copied().unwrap_or(false),
+            final_meta: mutates_metadata.then_some(final_meta),
+        });
+    }
+
+    let mut graph = p.b.graph;
+    graph.outputs = graph_outputs;
+    let graph = compact(eliminate_dead_code(graph));
+    let meta = ViewAndMutationMeta {
+        inputs,
+        outputs,
+        mutated_inputs,
+        num_intermediate_bases: base_roots.len(),
+        keep_input_mutations: options.keep_input_mutations,
+    };
+    Ok(Functionalized { graph, meta, convention })
+}
+
+/// Drop nodes whose values nothing uses (every node of a functional graph is pure,
+/// except trailing `copy_`s into inputs, which are kept).
+fn eliminate_dead_code(mut g: Graph) -> Graph {
+    let mut live: HashSet<ValueId> = g.outputs.iter().copied().collect();
+    let mut keep = vec![false; g.nodes.len()];
+    for (k, n) in g.nodes.iter().enumerate().rev() {
+        if live.contains(&n.out) || n.op.is_mutation() {
+            keep[k] = true;
+            live.extend(n.args.iter().copied());
+        }
+    }
+    let mut it = keep.into_iter();
+    g.nodes.retain(|_| it.next().unwrap_or(true));
+    g
+}
+
+/// Renumber values and storages densely, in definition order.
+fn compact(mut g: Graph) -> Graph {
+    let mut vmap: HashMap<ValueId, ValueId> = HashMap::new();
+    let mut smap: HashMap<StorageId, StorageId> = HashMap::new();
+    let sid = |s: StorageId, smap: &mut HashMap<StorageId, StorageId>| {
+        let n = smap.len() as u32;
+        *smap.entry(s).or_insert(StorageId(n))
+    };
+    for inp in &mut g.inputs {
+        let n = ValueId(vmap.len() as u32);
+        vmap.insert(inp.id, n);
+        inp.id = n;
+        inp.storage = sid(inp.storage, &mut smap);
+    }
+    for node in &mut g.nodes {
+        let n = ValueId(vmap.len() as u32);
+        vmap.insert(node.out, n);
+        node.out = n;
+        node.storage = sid(node.storage, &mut smap);
+        for a in &mut node.args {
+            *a = vmap.get(a).copied().unwrap_or(*a);
+        }
+    }
+    for o in &mut g.outputs {
+        *o = vmap.get(o).copied().unwrap_or(*o);
+    }
+    g
+}

@@ -1,0 +1,208 @@
+//! Edge cases found while testing the pass: as_strided reads after a mutation
+//! through a permuting view, layouts of mutated intermediates, as_strided views
+//! reaching past an input's own elements, writes through a non-repeating expand.
+
+use crate::contract::{check, seq, tensor};
+use aotgrad::{AotConfig, Arg};
+use expect_test::expect;
+
+/// After a write through `x.t()`, an `as_strided` read of `x`'s storage must see
+/// the storage order, not the transposed order of the scattered value.
+#[test]
+fn as_strided_read_after_write_through_transpose() {
+    let c = check(
+        |a: &[Arg]| {
+            let x = tensor(&a[0])?;
+            x.t()?.select(0, 1)?.mul_(10)?;
+            Ok(vec![x.as_strided(&[4], &[1], 0)?.mul(1)?])
+        },
+        || vec![seq(&[2, 3], 1.0).into()],
+        AotConfig::default(),
+    );
+    expect![[r#"
+        graph(%0: f32[2, 3] #0 "arg0") {
+          %1: f32[3, 2] strides=[1, 3] #0 = t(%0)
+          %2: f32[2] strides=[3] offset=1 #0 = select(%1, dim=0, index=1)
+          %3: f32[2] #1 = mul(%2, 10)
+          %4: f32[3, 2] #2 = select_scatter(%1, %3, dim=0, index=1)
+          %5: f32[2, 3] strides=[1, 2] #2 = t(%4)
+          %6: f32[2, 3] #3 = clone(%5)
+          %7: f32[4] #3 = as_strided(%6, size=[4], stride=[1], offset=0)
+          %8: f32[4] #4 = mul(%7, 1)
+          return (%6, %8)
+        }
+        input 0: mutates_data, hidden_from_autograd
+        output 0: non_alias f32[4]
+        mutated graph inputs: [0]
+        convention: [input 0]
+    "#]]
+    .assert_eq(&c.text);
+}
+
+/// An intermediate mutated through a transposed view keeps its row-major layout.
+#[test]
+fn intermediate_mutated_through_transpose_returned() {
+    let c = check(
+        |a: &[Arg]| {
+            let b = tensor(&a[0])?.add(1)?;
+            b.t()?.mul_(2)?;
+            Ok(vec![b.clone(), b.select(0, 1)?])
+        },
+        || vec![seq(&[2, 3], 1.0).into()],
+        AotConfig::default(),
+    );
+    expect![[r#"
+        graph(%0: f32[2, 3] #0 "arg0") {
+          %1: f32[2, 3] #1 = add(%0, 1)
+          %2: f32[3, 2] strides=[1, 3] #1 = t(%1)
+          %3: f32[3, 2] #2 = mul(%2, 2)
+          %4: f32[2, 3] strides=[1, 2] #2 = t(%3)
+          %5: f32[2, 3] #3 = clone(%4)
+          %6: f32[3] offset=3 #3 = select(%5, dim=0, index=1)
+          return (%5, %6)
+        }
+        input 0: -
+        output 0: non_alias f32[2, 3]
+        output 1: alias_of_output 0 f32[3] offset=3
+        convention: [input 0]
+    "#]]
+    .assert_eq(&c.text);
+}
+
+/// `as_strided` of a contiguous input reaching storage elements outside the input.
+#[test]
+fn as_strided_beyond_the_input_after_mutation() {
+    let c = check(
+        |a: &[Arg]| {
+            let x = tensor(&a[0])?;
+            x.mul_(2)?;
+            Ok(vec![x.as_strided(&[4], &[1], 0)?.mul(1)?, x.as_strided(&[2], &[2], 3)?])
+        },
+        || vec![seq(&[8], 0.0).narrow(0, 2, 3).expect("narrow").into()],
+        AotConfig::default(),
+    );
+    expect![[r#"
+        graph(%0: f32[6] #0 "base0") {
+          %1: f32[3] offset=2 #0 = as_strided(%0, size=[3], stride=[1], offset=2)
+          %2: f32[3] #1 = mul(%1, 2)
+          %3: f32[6] #2 = as_strided_scatter(%0, %2, size=[3], stride=[1], offset=2)
+          %4: f32[4] #2 = as_strided(%3, size=[4], stride=[1], offset=0)
+          %5: f32[4] #3 = mul(%4, 1)
+          %6: f32[2] strides=[2] offset=3 #2 = as_strided(%3, size=[2], stride=[2], offset=3)
+          return (%3, %5, %6)
+        }
+        input 0: mutates_data, hidden_from_autograd
+        output 0: non_alias f32[4]
+        output 1: alias_of_input 0 f32[2] strides=[2] offset=3
+        mutated graph inputs: [0]
+        convention: [view of base 0]
+        synthetic base: graph input 0 = storage[0..6] for traced inputs [0]
+    "#]]
+    .assert_eq(&c.text);
+}
+
+/// Writing through `x.expand(..).select(0, 0)` writes each element of `x` once: eager
+/// accepts it.
+#[test]
+fn write_through_a_non_repeating_expand() {
+    let c = check(
+        |a: &[Arg]| {
+            let x = tensor(&a[0])?;
+            x.expand(&[2, 3])?.select(0, 0)?.add_(1)?;
+            Ok(vec![x.mul(1)?])
+        },
+        || vec![seq(&[1, 3], 1.0).into()],
+        AotConfig::default(),
+    );
+    expect![[r#"
+        graph(%0: f32[1, 3] #0 "arg0") {
+          %1: f32[2, 3] strides=[0, 1] #0 = expand(%0, [2, 3])
+          %2: f32[3] #0 = select(%1, dim=0, index=0)
+          %3: f32[3] #1 = add(%2, 1)
+          %4: f32[1, 3] #2 = as_strided_scatter(%0, %3, size=[3], stride=[1], offset=0)
+          %5: f32[1, 3] #3 = mul(%4, 1)
+          return (%4, %5)
+        }
+        input 0: mutates_data, hidden_from_autograd
+        output 0: non_alias f32[1, 3]
+        mutated graph inputs: [0]
+        convention: [input 0]
+    "#]]
+    .assert_eq(&c.text);
+}
+
+/// A write through a view of an `as_strided` view that repeats an element: the
+/// repetition must not write a stale copy back (found by the property test).
+#[test]
+fn write_through_a_select_of_a_repeating_as_strided_view() {
+    let c = check(
+        |a: &[Arg]| {
+            let (x0, x1) = (tensor(&a[0])?, tensor(&a[1])?);
+            let v = x1.as_strided(&[2], &[0], 1)?;
+            let w = v.add(&v)?;
+            v.select(0, 0)?.add_(-1)?;
+            Ok(vec![w, x0.mul(1)?, v])
+        },
+        || {
+            let base = seq(&[24], 0.0);
+            vec![base.view(&[4, 6]).expect("view").into(), base.view(&[4, 6]).expect("view").into()]
+        },
+        AotConfig::default(),
+    );
+    expect![[r#"
+        graph(%0: f32[24] #0 "base0") {
+          %1: f32[2] strides=[0] offset=1 #0 = as_strided(%0, size=[2], stride=[0], offset=1)
+          %2: f32[2] #1 = add(%1, %1)
+          %3: f32[] offset=1 #0 = select(%1, dim=0, index=0)
+          %4: f32[] #2 = add(%3, -1)
+          %5: f32[24] #3 = as_strided_scatter(%0, %4, size=[], stride=[], offset=1)
+          %6: f32[4, 6] #3 = as_strided(%5, size=[4, 6], stride=[6, 1], offset=0)
+          %7: f32[4, 6] #4 = mul(%6, 1)
+          %8: f32[2] strides=[0] offset=1 #3 = as_strided(%5, size=[2], stride=[0], offset=1)
+          return (%5, %2, %7, %8)
+        }
+        input 0: mutates_data, hidden_from_autograd
+        input 1: mutates_data, hidden_from_autograd
+        output 0: non_alias f32[2]
+        output 1: non_alias f32[4, 6]
+        output 2: alias_of_input 0 f32[2] strides=[0] offset=1
+        mutated graph inputs: [0]
+        convention: [view of base 0, view of base 0]
+        synthetic base: graph input 0 = storage[0..24] for traced inputs [0, 1]
+    "#]]
+    .assert_eq(&c.text);
+}
+
+/// An expanded input (every row is the same memory) written through one row: all
+/// rows see it.
+#[test]
+fn write_through_a_row_of_an_expanded_input() {
+    let c = check(
+        |a: &[Arg]| {
+            let x = tensor(&a[0])?;
+            x.select(0, 1)?.mul_(10)?;
+            Ok(vec![x.add(0)?, x.select(0, 0)?])
+        },
+        || vec![seq(&[8], 0.0).narrow(0, 2, 3).expect("narrow").expand(&[2, 3]).expect("expand").into()],
+        AotConfig::default(),
+    );
+    expect![[r#"
+        graph(%0: f32[3] offset=2 #0 "base0") {
+          %1: f32[2, 3] strides=[0, 1] offset=2 #0 = as_strided(%0, size=[2, 3], stride=[0, 1], offset=2)
+          %2: f32[3] offset=2 #0 = select(%1, dim=0, index=1)
+          %3: f32[3] #1 = mul(%2, 10)
+          %4: f32[3] #2 = as_strided_scatter(%0, %3, size=[3], stride=[1], offset=0)
+          %5: f32[2, 3] strides=[0, 1] #2 = as_strided(%4, size=[2, 3], stride=[0, 1], offset=0)
+          %6: f32[2, 3] #3 = add(%5, 0)
+          %7: f32[3] #2 = select(%5, dim=0, index=0)
+          return (%4, %6, %7)
+        }
+        input 0: mutates_data, hidden_from_autograd
+        output 0: non_alias f32[2, 3]
+        output 1: alias_of_input 0 f32[3] offset=2
+        mutated graph inputs: [0]
+        convention: [view of base 0]
+        synthetic base: graph input 0 = storage[2..5] for traced inputs [0]
+    "#]]
+    .assert_eq(&c.text);
+}
