@@ -162,18 +162,21 @@ pub(crate) fn compute(op: &Op, args: &[&CpuTensor], out: &TensorMeta) -> Result<
         Op::Arange { start, step, .. } => arange(*start, *step, out),
         Op::Rand { seed, offset, .. } => {
             need_float(op, out.dtype)?;
-            Ok(random::uniform(*seed, *offset, numel(out)?, out.dtype).into_buffer(out.dtype))
+            let (seed, offset) = rng_state(op, args, 0, *seed, *offset)?;
+            Ok(random::uniform(seed, offset, numel(out)?, out.dtype).into_buffer(out.dtype))
         }
         Op::Randn { seed, offset, .. } => {
             need_float(op, out.dtype)?;
-            Ok(random::normal(*seed, *offset, numel(out)?).into_buffer(out.dtype))
+            let (seed, offset) = rng_state(op, args, 0, *seed, *offset)?;
+            Ok(random::normal(seed, offset, numel(out)?).into_buffer(out.dtype))
         }
         Op::Bernoulli { p, seed, offset } => {
             a(0)?;
             if !(0.0..=1.0).contains(p) {
                 return Err(kernel_err("bernoulli", format!("p must be in [0, 1], got {p}")));
             }
-            Ok(random::bernoulli(*p, *seed, *offset, numel(out)?).into_buffer(out.dtype))
+            let (seed, offset) = rng_state(op, args, 1, *seed, *offset)?;
+            Ok(random::bernoulli(*p, seed, offset, numel(out)?).into_buffer(out.dtype))
         }
         Op::IndexSelect(d) => indexing::index_select(*d, a(0)?, a(1)?, out),
         Op::Gather(d) => indexing::gather(*d, a(0)?, a(1)?, out),
@@ -215,4 +218,20 @@ pub(crate) fn compute(op: &Op, args: &[&CpuTensor], out: &TensorMeta) -> Result<
             "a view or mutation cannot be computed into a fresh buffer (nested in an in-place op?)",
         )),
     }
+}
+
+/// The counter stream of a random op: its parameters, or — when the op takes the RNG
+/// state as two trailing 0-d i64 tensors after its `n` regular arguments — the seed
+/// tensor and the base tensor plus the op's offset.
+fn rng_state(op: &Op, args: &[&CpuTensor], n: usize, seed: u64, offset: u64) -> Result<(u64, u64)> {
+    if args.len() != n + 2 {
+        return Ok((seed, offset));
+    }
+    let scalar = |t: &CpuTensor| -> Result<u64> {
+        match t.try_to_vec_i64()?.as_slice() {
+            [v] => Ok(*v as u64),
+            other => Err(kernel_err(&op.name(), format!("RNG state must be 0-d, got {} values", other.len()))),
+        }
+    };
+    Ok((scalar(args[n])?, scalar(args[n + 1])?.wrapping_add(offset)))
 }

@@ -307,7 +307,13 @@ pub enum Op {
     },
 
     // ---- random (counter-based: the same seed/offset give the same values) ------
-    /// `[]`: uniform in `[0, 1)`.
+    // Each random op takes its regular arguments, optionally followed by the *RNG
+    // state*: two 0-d i64 tensors `seed` and `base`. Without them the values come from
+    // counter stream `(seed, offset)` of the op's parameters; with them from stream
+    // `(seed tensor, base tensor + offset)`, so the generator state is a graph input
+    // (functional RNG: a compiled graph draws fresh values each call, and forward and
+    // backward agree because they see the same inputs).
+    /// `[]` or `[seed, base]`: uniform in `[0, 1)`.
     Rand {
         /// Shape.
         shape: Vec<Dim>,
@@ -318,7 +324,7 @@ pub enum Op {
         /// Counter offset.
         offset: u64,
     },
-    /// `[]`: standard normal.
+    /// `[]` or `[seed, base]`: standard normal.
     Randn {
         /// Shape.
         shape: Vec<Dim>,
@@ -329,7 +335,7 @@ pub enum Op {
         /// Counter offset.
         offset: u64,
     },
-    /// `[x]`: 1 with probability `p`, else 0, with `x`'s shape and dtype.
+    /// `[x]` or `[x, seed, base]`: 1 with probability `p`, else 0, with `x`'s shape and dtype.
     Bernoulli {
         /// Probability of 1.
         p: f64,

@@ -20,6 +20,7 @@ mod dispatch;
 pub mod error;
 pub mod grad_mode;
 pub mod ops;
+pub mod rng;
 pub mod shape_env;
 pub mod tensor;
 pub mod trace;
@@ -28,8 +29,9 @@ pub use decomp::{CompositeKind, DecompPolicy, DecompTable};
 pub use error::{Error, Result};
 pub use grad_mode::{is_grad_enabled, no_grad, set_grad_enabled, NoGradGuard};
 pub use ops::{IntoRhs, Rhs};
+pub use rng::{manual_seed, rng_state, set_rng_state, RngSeed};
 pub use shape_env::{GuardFailure, ShapeEnv};
 pub use tensor::{Element, Tensor};
-pub use trace::{is_tracing, trace, TraceConfig, Traced};
+pub use trace::{is_tracing, trace, RngInputs, TraceConfig, Traced};
 
 pub use aotgrad_ir::{DType, Dim, Scalar, SourceLoc, SymId, TensorMeta};

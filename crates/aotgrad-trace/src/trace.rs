@@ -47,6 +47,20 @@ pub struct Traced {
     pub output_requires_grad: Vec<bool>,
     /// Whether each value (indexed by `ValueId.0`) required grad when it was produced.
     pub value_requires_grad: Vec<bool>,
+    /// The RNG-state inputs, when the function drew from the global generator.
+    pub rng: Option<RngInputs>,
+}
+
+/// The graph inputs that carry the global generator's state (see [`crate::rng`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RngInputs {
+    /// Index of the `rng_seed` input (0-d i64) among the graph inputs.
+    pub seed_input: usize,
+    /// Index of the `rng_base` input (0-d i64): the generator offset at call time.
+    pub base_input: usize,
+    /// Number of random ops drawing from it; a call advances the generator by
+    /// `ops * rng::OP_STRIDE`.
+    pub ops: u64,
 }
 
 /// One trace in progress: the graph being built and its shape environment.
@@ -63,6 +77,9 @@ pub(crate) struct TraceState {
     next_value: u32,
     next_storage: u32,
     value_requires_grad: Vec<bool>,
+    /// `(value, storage)` of the `rng_seed` and `rng_base` inputs, once created.
+    rng: Option<[(ValueId, StorageId); 2]>,
+    rng_ops: u64,
 }
 
 impl TraceState {
@@ -110,6 +127,8 @@ impl TraceCtx {
                 next_value: 0,
                 next_storage: 0,
                 value_requires_grad: Vec::new(),
+                rng: None,
+                rng_ops: 0,
             }),
         }
     }
@@ -120,6 +139,39 @@ impl TraceCtx {
         if let Some(slot) = self.lock().value_requires_grad.get_mut(v.0 as usize) {
             *slot = requires_grad;
         }
+    }
+}
+
+impl TraceCtx {
+    /// Fake handles for the trace's RNG-state inputs (created at first use) and the
+    /// stream offset of the next random op relative to `rng_base`.
+    pub(crate) fn next_rng(self: &Arc<Self>) -> (Tensor, Tensor, u64) {
+        let meta = TensorMeta::contiguous(Vec::new(), aotgrad_ir::DType::I64);
+        let mut st = self.lock();
+        let pair = match st.rng {
+            Some(p) => p,
+            None => {
+                let mut make = |name: &str| {
+                    let storage = st.fresh_storage();
+                    (st.add_input(name.into(), meta.clone(), storage, false), storage)
+                };
+                let p = [make("rng_seed"), make("rng_base")];
+                st.rng = Some(p);
+                p
+            }
+        };
+        let rel = st.rng_ops.wrapping_mul(crate::rng::OP_STRIDE);
+        st.rng_ops += 1;
+        drop(st);
+        let handle = |(value, storage): (ValueId, StorageId)| {
+            Tensor::from_state(TState {
+                repr: Repr::Fake(Fake { meta: meta.clone(), storage, value, ctx: self.clone() }),
+                requires_grad: false,
+                is_leaf: true,
+                base: None,
+            })
+        };
+        (handle(pair[0]), handle(pair[1]), rel)
     }
 }
 
@@ -270,6 +322,12 @@ where
     let graph = std::mem::take(&mut st.graph);
     let shape_env = std::mem::take(&mut st.shape_env);
     let value_requires_grad = std::mem::take(&mut st.value_requires_grad);
+    let index_of = |v: ValueId| graph.inputs.iter().position(|i| i.id == v).unwrap_or(usize::MAX);
+    let rng =
+        st.rng.map(|[(s, _), (b, _)]| RngInputs { seed_input: index_of(s), base_input: index_of(b), ops: st.rng_ops });
+    if rng.is_some() {
+        input_requires_grad.extend([false, false]);
+    }
     tracing::debug!(nodes = graph.nodes.len(), guards = shape_env.guards().len(), "traced");
-    Ok(Traced { graph, shape_env, input_requires_grad, output_requires_grad, value_requires_grad })
+    Ok(Traced { graph, shape_env, input_requires_grad, output_requires_grad, value_requires_grad, rng })
 }

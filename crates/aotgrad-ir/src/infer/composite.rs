@@ -37,7 +37,7 @@ pub(crate) fn infer_composite(
             Ok(args[0].to_contiguous())
         }
         CompositeOp::Dropout { p, .. } => {
-            arity(name, args, 1)?;
+            super::rng_arity(name, args, 1)?;
             float_input(name, "input", args[0].dtype)?;
             check_probability(name, "dropout", *p)?;
             Ok(args[0].to_contiguous())

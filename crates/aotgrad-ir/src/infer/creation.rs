@@ -1,6 +1,6 @@
 //! Creation ops without tensor arguments: `full`, `arange`, `rand`, `randn`.
 
-use super::{arity, dense, Result};
+use super::{arity, dense, rng_arity, Result};
 use crate::dtype::{DType, Scalar};
 use crate::error::ShapeError;
 use crate::meta::TensorMeta;
@@ -9,7 +9,10 @@ use crate::sym::Dim;
 
 /// Infer `Full`, `Arange`, `Rand` or `Randn`.
 pub(crate) fn infer_creation(op: &Op, name: &str, args: &[&TensorMeta]) -> Result<TensorMeta> {
-    arity(name, args, 0)?;
+    match op {
+        Op::Rand { .. } | Op::Randn { .. } => rng_arity(name, args, 0)?,
+        _ => arity(name, args, 0)?,
+    }
     match op {
         Op::Full { shape, dtype, .. } => dense(name, shape.clone(), *dtype),
         Op::Rand { shape, dtype, .. } | Op::Randn { shape, dtype, .. } => {

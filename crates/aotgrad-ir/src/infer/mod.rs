@@ -264,6 +264,27 @@ pub(crate) fn arity(op: &str, args: &[&TensorMeta], n: usize) -> Result<()> {
     Ok(())
 }
 
+/// Arguments of a random op: `n` regular ones, optionally followed by the RNG state
+/// (two 0-d `i64` tensors: the seed and the base counter offset; see [`Op::Rand`]).
+pub(crate) fn rng_arity(op: &str, args: &[&TensorMeta], n: usize) -> Result<()> {
+    if args.len() == n {
+        return Ok(());
+    }
+    if args.len() != n + 2 {
+        return Err(arity_error(op, &format!("{n} (or {} with the RNG state)", n + 2), args.len()));
+    }
+    for (what, m) in ["seed", "offset"].iter().zip(&args[n..]) {
+        if m.dtype != DType::I64 || m.rank() != 0 {
+            return Err(ShapeError::DType {
+                op: op.into(),
+                dtype: format!("{m}"),
+                what: format!("RNG {what} (must be a 0-d i64 tensor)"),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// The promotion participant a tensor argument is (zero-dim tensors are weaker).
 pub(crate) fn operand(m: &TensorMeta) -> Operand {
     if m.rank() == 0 {

@@ -2,7 +2,7 @@
 //! Results are dense row-major at offset 0.
 
 use super::shapes::expand_geometry;
-use super::{arity, broadcast_shapes, dense, operand, Result};
+use super::{arity, broadcast_shapes, dense, operand, rng_arity, Result};
 use crate::dtype::{result_type, DType, Operand, Scalar};
 use crate::error::ShapeError;
 use crate::meta::TensorMeta;
@@ -96,7 +96,7 @@ pub(crate) fn infer_pointwise(
             dense(name, args[0].shape.clone(), dtype.unwrap_or(args[0].dtype))
         }
         Op::Bernoulli { p, .. } => {
-            arity(name, args, 1)?;
+            rng_arity(name, args, 1)?;
             let x = args[0];
             if !x.dtype.is_float() {
                 return Err(ShapeError::DType {

@@ -7,6 +7,7 @@ use super::apply_composite;
 use crate::dispatch::dispatch;
 use crate::error::{Error, Result};
 use crate::ops::wrap;
+use crate::rng::RngSeed;
 use crate::tensor::Tensor;
 use aotgrad_ir::{CompositeOp, Dim, DimList, Op, Rel, Scalar, ShapeError, SourceLoc};
 
@@ -122,10 +123,12 @@ impl Tensor {
 
     /// `torch.nn.functional.dropout`: in training mode (`train`) each element is zeroed
     /// with probability `p` and the others scaled by `1 / (1 - p)`, the mask drawn from
-    /// `seed` (counter offset 0). With `train == false` or `p == 0` this is the identity
-    /// and returns this very handle; `p == 1` gives `self * 0`.
+    /// `seed`: a fixed seed (the same mask every call) or [`RngSeed::Global`] (the
+    /// thread's generator; compiled functions take its state as graph inputs, so each
+    /// call draws a fresh mask, as in eager mode). With `train == false` or `p == 0`
+    /// this is the identity and returns this very handle; `p == 1` gives `self * 0`.
     #[track_caller]
-    pub fn dropout(&self, p: f64, train: bool, seed: u64) -> Result<Tensor> {
+    pub fn dropout(&self, p: f64, train: bool, seed: impl Into<RngSeed>) -> Result<Tensor> {
         let loc = SourceLoc::caller();
         if !(0.0..=1.0).contains(&p) {
             return Err(Error::shape(
@@ -140,7 +143,19 @@ impl Tensor {
         if !train || p == 0.0 {
             return Ok(self.clone());
         }
-        apply_composite(CompositeOp::Dropout { p, seed, offset: 0 }, &[self], &loc)
+        match seed.into() {
+            RngSeed::Fixed(seed) => apply_composite(CompositeOp::Dropout { p, seed, offset: 0 }, &[self], &loc),
+            RngSeed::Global => match crate::trace::active_trace() {
+                Some(ctx) => {
+                    let (seed_t, base_t, rel) = ctx.next_rng();
+                    apply_composite(CompositeOp::Dropout { p, seed: 0, offset: rel }, &[self, &seed_t, &base_t], &loc)
+                }
+                None => {
+                    let (seed, offset) = crate::rng::take_rng(1);
+                    apply_composite(CompositeOp::Dropout { p, seed, offset }, &[self], &loc)
+                }
+            },
+        }
     }
 
     /// `torch.nn.functional.embedding(indices, weight)`: the rows of the 2-D `weight`

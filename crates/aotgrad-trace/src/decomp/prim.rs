@@ -48,8 +48,19 @@ impl Emit<'_> {
         self.op(Op::Cast(dtype), &[x])
     }
     /// `1` with probability `p` (else `0`), shaped and typed like `x`.
-    pub(crate) fn bernoulli(&self, x: &Tensor, p: f64, seed: u64, offset: u64) -> Result<Tensor> {
-        self.op(Op::Bernoulli { p, seed, offset }, &[x])
+    /// `rng`: the RNG-state tensors `(seed, base)` when drawing from graph inputs.
+    pub(crate) fn bernoulli(
+        &self,
+        x: &Tensor,
+        p: f64,
+        seed: u64,
+        offset: u64,
+        rng: Option<(&Tensor, &Tensor)>,
+    ) -> Result<Tensor> {
+        match rng {
+            Some((s, b)) => self.op(Op::Bernoulli { p, seed, offset }, &[x, s, b]),
+            None => self.op(Op::Bernoulli { p, seed, offset }, &[x]),
+        }
     }
 
     // ---- reductions and products ---------------------------------------------------------

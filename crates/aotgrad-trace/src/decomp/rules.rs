@@ -41,7 +41,13 @@ pub(crate) fn decompose(e: &Emit, op: &CompositeOp, args: &[&Tensor], out_dtype:
         CompositeOp::LayerNorm { normalized_rank, eps } => {
             layer_norm(e, x, *normalized_rank, *eps, args.get(1).copied(), args.get(2).copied())?
         }
-        CompositeOp::Dropout { p, seed, offset } => dropout(e, x, *p, *seed, *offset)?,
+        CompositeOp::Dropout { p, seed, offset } => {
+            let rng = match (args.get(1), args.get(2)) {
+                (Some(s), Some(b)) => Some((*s, *b)),
+                _ => None,
+            };
+            dropout(e, x, *p, *seed, *offset, rng)?
+        }
         CompositeOp::Embedding => embedding(e, x, arg(e, args, 1)?)?,
         CompositeOp::MseLoss => {
             let d = e.binary(x, BinaryOp::Sub, arg(e, args, 1)?)?;
@@ -185,12 +191,12 @@ fn layer_norm(e: &Emit, x: &Tensor, nr: usize, eps: f64, w: Option<&Tensor>, b: 
 
 /// Training-mode dropout, as PyTorch's `_dropout_impl`: `p == 1` gives `x * 0`;
 /// otherwise `x * (bernoulli(1 - p) / (1 - p))`, the mask drawn from `(seed, offset)`.
-fn dropout(e: &Emit, x: &Tensor, p: f64, seed: u64, offset: u64) -> Result<Tensor> {
+fn dropout(e: &Emit, x: &Tensor, p: f64, seed: u64, offset: u64, rng: Option<(&Tensor, &Tensor)>) -> Result<Tensor> {
     if p >= 1.0 {
         return e.scalar(x, BinaryOp::Mul, 0.0);
     }
     let keep = 1.0 - p;
-    let noise = e.scalar(&e.bernoulli(x, keep, seed, offset)?, BinaryOp::Div, keep)?;
+    let noise = e.scalar(&e.bernoulli(x, keep, seed, offset, rng)?, BinaryOp::Div, keep)?;
     e.binary(x, BinaryOp::Mul, &noise)
 }
 

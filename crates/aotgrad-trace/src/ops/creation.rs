@@ -4,6 +4,7 @@
 
 use crate::dispatch::dispatch;
 use crate::error::Result;
+use crate::rng::RngSeed;
 use crate::tensor::Tensor;
 use aotgrad_ir::{DType, Dim, Op, Scalar, SourceLoc};
 
@@ -55,23 +56,45 @@ impl Tensor {
     }
     /// Uniform values in `[0, 1)`; the same seed gives the same values.
     #[track_caller]
-    pub fn rand(shape: &[usize], dtype: DType, seed: u64) -> Result<Tensor> {
-        dispatch(Op::Rand { shape: dims(shape), dtype, seed, offset: 0 }, &[], &SourceLoc::caller())
+    pub fn rand(shape: &[usize], dtype: DType, seed: impl Into<RngSeed>) -> Result<Tensor> {
+        let shape = dims(shape);
+        random(
+            |seed, offset| Op::Rand { shape: shape.clone(), dtype, seed, offset },
+            &[],
+            seed.into(),
+            &SourceLoc::caller(),
+        )
     }
     /// [`Tensor::rand`] with possibly symbolic sizes.
     #[track_caller]
-    pub fn rand_dims(shape: &[Dim], dtype: DType, seed: u64) -> Result<Tensor> {
-        dispatch(Op::Rand { shape: shape.to_vec(), dtype, seed, offset: 0 }, &[], &SourceLoc::caller())
+    pub fn rand_dims(shape: &[Dim], dtype: DType, seed: impl Into<RngSeed>) -> Result<Tensor> {
+        random(
+            |seed, offset| Op::Rand { shape: shape.to_vec(), dtype, seed, offset },
+            &[],
+            seed.into(),
+            &SourceLoc::caller(),
+        )
     }
     /// Standard normal values; the same seed gives the same values.
     #[track_caller]
-    pub fn randn(shape: &[usize], dtype: DType, seed: u64) -> Result<Tensor> {
-        dispatch(Op::Randn { shape: dims(shape), dtype, seed, offset: 0 }, &[], &SourceLoc::caller())
+    pub fn randn(shape: &[usize], dtype: DType, seed: impl Into<RngSeed>) -> Result<Tensor> {
+        let shape = dims(shape);
+        random(
+            |seed, offset| Op::Randn { shape: shape.clone(), dtype, seed, offset },
+            &[],
+            seed.into(),
+            &SourceLoc::caller(),
+        )
     }
     /// [`Tensor::randn`] with possibly symbolic sizes.
     #[track_caller]
-    pub fn randn_dims(shape: &[Dim], dtype: DType, seed: u64) -> Result<Tensor> {
-        dispatch(Op::Randn { shape: shape.to_vec(), dtype, seed, offset: 0 }, &[], &SourceLoc::caller())
+    pub fn randn_dims(shape: &[Dim], dtype: DType, seed: impl Into<RngSeed>) -> Result<Tensor> {
+        random(
+            |seed, offset| Op::Randn { shape: shape.to_vec(), dtype, seed, offset },
+            &[],
+            seed.into(),
+            &SourceLoc::caller(),
+        )
     }
     /// Zeros shaped like `self` (same dtype).
     #[track_caller]
@@ -90,23 +113,55 @@ impl Tensor {
     }
     /// Uniform values in `[0, 1)` shaped like `self` (same dtype).
     #[track_caller]
-    pub fn rand_like(&self, seed: u64) -> Result<Tensor> {
+    pub fn rand_like(&self, seed: impl Into<RngSeed>) -> Result<Tensor> {
         let loc = SourceLoc::caller();
         self.mode("rand_like", &loc)?;
         let m = self.meta();
-        dispatch(Op::Rand { shape: m.shape, dtype: m.dtype, seed, offset: 0 }, &[], &loc)
+        random(|seed, offset| Op::Rand { shape: m.shape.clone(), dtype: m.dtype, seed, offset }, &[], seed.into(), &loc)
     }
     /// Standard normal values shaped like `self` (same dtype).
     #[track_caller]
-    pub fn randn_like(&self, seed: u64) -> Result<Tensor> {
+    pub fn randn_like(&self, seed: impl Into<RngSeed>) -> Result<Tensor> {
         let loc = SourceLoc::caller();
         self.mode("randn_like", &loc)?;
         let m = self.meta();
-        dispatch(Op::Randn { shape: m.shape, dtype: m.dtype, seed, offset: 0 }, &[], &loc)
+        random(
+            |seed, offset| Op::Randn { shape: m.shape.clone(), dtype: m.dtype, seed, offset },
+            &[],
+            seed.into(),
+            &loc,
+        )
     }
     /// 1 with probability `p`, else 0, shaped like `self` (same dtype).
     #[track_caller]
-    pub fn bernoulli(&self, p: f64, seed: u64) -> Result<Tensor> {
-        dispatch(Op::Bernoulli { p, seed, offset: 0 }, &[self], &SourceLoc::caller())
+    pub fn bernoulli(&self, p: f64, seed: impl Into<RngSeed>) -> Result<Tensor> {
+        random(|seed, offset| Op::Bernoulli { p, seed, offset }, &[self], seed.into(), &SourceLoc::caller())
+    }
+}
+
+/// Dispatch a random op built by `make(seed, offset)` over `args`, drawing its stream
+/// as [`RngSeed`] says: a fixed seed, the thread's generator (eager), or the trace's
+/// RNG-state inputs (tracing; see [`crate::rng`]).
+pub(crate) fn random(
+    make: impl Fn(u64, u64) -> Op,
+    args: &[&Tensor],
+    seed: RngSeed,
+    loc: &SourceLoc,
+) -> Result<Tensor> {
+    match seed {
+        RngSeed::Fixed(s) => dispatch(make(s, 0), args, loc),
+        RngSeed::Global => match crate::trace::active_trace() {
+            Some(ctx) => {
+                let (seed_t, base_t, rel) = ctx.next_rng();
+                let mut all: Vec<&Tensor> = args.to_vec();
+                all.push(&seed_t);
+                all.push(&base_t);
+                dispatch(make(0, rel), &all, loc)
+            }
+            None => {
+                let (s, o) = crate::rng::take_rng(1);
+                dispatch(make(s, o), args, loc)
+            }
+        },
     }
 }

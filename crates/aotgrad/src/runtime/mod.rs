@@ -135,8 +135,9 @@ impl AotFunction {
     fn run_training(&self, entry: &Arc<Entry>, args: &[Arg], env: Bindings) -> Result<(Vec<Tensor>, PendingBackward)> {
         let parts = entry.training.as_ref().ok_or_else(|| Error::Internal("not a training entry".into()))?;
         let inputs = graph_inputs(entry, args)?;
-        let input_metas =
-            (0..entry.traced_args.len()).map(|k| training::traced_input_meta(entry, args, k)).collect::<Result<_>>()?;
+        let input_metas = (0..entry.fz.convention.args.len())
+            .map(|k| training::traced_input_meta(entry, args, k))
+            .collect::<Result<_>>()?;
         let outs = {
             let _span = tracing::debug_span!("run_forward").entered();
             parts.fw.run(&inputs)?
@@ -287,8 +288,7 @@ impl AotFunction {
         let fz = functionalize(&traced.graph, &facts, &options, &mut env)?;
         let training_path = sig.grad_enabled && fz.meta.inputs.iter().any(|i| i.requires_grad);
         let (compiled, training) = if training_path {
-            let parts =
-                training::compile_training(
+            let parts = training::compile_training(
                 &fz,
                 &mut env,
                 &self.config.partitioner,
@@ -340,8 +340,17 @@ pub(crate) fn traced_input<'a>(entry: &Entry, args: &'a [Arg], k: usize) -> Resu
 pub(crate) fn graph_inputs(entry: &Entry, args: &[Arg]) -> Result<Vec<CpuTensor>> {
     let conv = &entry.fz.convention;
     let mut inputs: Vec<Option<CpuTensor>> = vec![None; conv.num_graph_inputs];
+    // The generator state for this call (the graph draws from it; see `aotgrad_trace::rng`).
+    let rng = entry.traced.rng.map(|r| {
+        let (seed, base) = aotgrad_trace::rng::take_rng(r.ops);
+        (r, seed as i64, base as i64)
+    });
     for (k, slot) in conv.args.iter().enumerate() {
-        let t = traced_input(entry, args, k)?.to_cpu()?;
+        let t = match rng {
+            Some((r, seed, _)) if k == r.seed_input => CpuTensor::from_i64(&[seed], &[], aotgrad_ir::DType::I64)?,
+            Some((r, _, base)) if k == r.base_input => CpuTensor::from_i64(&[base], &[], aotgrad_ir::DType::I64)?,
+            _ => traced_input(entry, args, k)?.to_cpu()?,
+        };
         match slot {
             ArgSlot::Input(g) => inputs[*g] = Some(t),
             ArgSlot::ViewOfBase { base } => {

@@ -77,11 +77,9 @@ pub(crate) fn compile_training(
     let float = |m: &TensorMeta| m.dtype.is_float();
     let mut has_tangent = Vec::with_capacity(meta.num_graph_outputs());
     for &g in &meta.mutated_inputs {
-        let hidden = meta
-            .inputs
-            .iter()
-            .enumerate()
-            .any(|(k, i)| i.mutations_hidden_from_autograd && matches!(fz.convention.args[k], ArgSlot::Input(x) if x == g));
+        let hidden = meta.inputs.iter().enumerate().any(|(k, i)| {
+            i.mutations_hidden_from_autograd && matches!(fz.convention.args[k], ArgSlot::Input(x) if x == g)
+        });
         has_tangent.push(requires_grad[g] && !hidden && float(&fz.graph.inputs[g].meta));
     }
     for o in &meta.outputs {
@@ -106,10 +104,9 @@ pub(crate) fn compile_training(
         let _span = tracing::debug_span!("partition").entered();
         match partitioner {
             Partitioner::Default => default_partition(&joint)?,
-            Partitioner::MinCut { activation_memory_budget } => min_cut_partition(
-                &joint,
-                &MinCutConfig { activation_memory_budget: *activation_memory_budget },
-            )?,
+            Partitioner::MinCut { activation_memory_budget } => {
+                min_cut_partition(&joint, &MinCutConfig { activation_memory_budget: *activation_memory_budget })?
+            }
         }
     };
     tracing::debug!(target: "aotgrad::partition", "{}", part.report);
@@ -202,7 +199,7 @@ impl PendingBackward {
         let n_mut = meta.mutated_inputs.len();
         let mut acc_out: Vec<Option<Tensor>> = vec![None; meta.outputs.len()];
         let mut acc_base: Vec<Option<Tensor>> = vec![None; meta.num_intermediate_bases];
-        let mut acc_input: Vec<Option<Tensor>> = vec![None; entry.traced_args.len()];
+        let mut acc_input: Vec<Option<Tensor>> = vec![None; entry.fz.convention.args.len()];
         let mut acc_mut: Vec<Option<Tensor>> = vec![None; n_mut];
         for (j, g) in output_grads.iter().enumerate() {
             let Some(g) = g else { continue };
@@ -347,5 +344,10 @@ fn unreachable_same_as() -> Result<()> {
 }
 
 pub(crate) fn traced_input_meta(entry: &Entry, args: &[Arg], k: usize) -> Result<TensorMeta> {
+    if k >= entry.traced_args.len() {
+        // Inputs the trace added itself (the RNG state): their traced metadata.
+        let input = entry.traced.graph.inputs.get(k).ok_or_else(|| Error::Internal(format!("no traced input {k}")))?;
+        return Ok(input.meta.clone());
+    }
     Ok(traced_input(entry, args, k)?.meta())
 }
