@@ -26,6 +26,8 @@ fn ci() -> Result<()> {
     run("clippy", &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
     run("test", &["test", "--workspace", "--all-targets"])?;
     run("doctest", &["test", "--workspace", "--doc"])?;
+    // The README's main job must keep working: train through the compiler.
+    run("main job", &["run", "-q", "-p", "aotgrad", "--example", "train"])?;
     Ok(())
 }
 

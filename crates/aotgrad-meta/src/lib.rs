@@ -13,8 +13,10 @@
 
 pub mod convention;
 pub mod overlap;
+pub mod signature;
 pub mod view_meta;
 
 pub use convention::{ArgSlot, CallingConvention, SyntheticBase};
 pub use overlap::{overlap, Layout, Overlap};
+pub use signature::{GraphSignature, InputSpec, InputSpecKind, OutputSpec, OutputSpecKind};
 pub use view_meta::{InputInfo, OutputInfo, OutputKind, ViewAndMutationMeta};

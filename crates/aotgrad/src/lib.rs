@@ -26,10 +26,15 @@
 
 pub mod config;
 pub mod error;
+pub mod export;
+pub mod module;
+pub mod nn;
 pub mod runtime;
 
 pub use config::AotConfig;
 pub use error::{Error, Result};
+pub use export::{aot_export_joint_simple, aot_export_module};
+pub use module::{aot_module, aot_module_simplified, AotModule, ModuleBackward, ModuleGrads};
 pub use runtime::{aot_function, aot_function_args, AotFunction, Arg};
 
 pub use aotgrad_cpu as cpu;
@@ -40,7 +45,9 @@ pub use aotgrad_trace as trace;
 
 /// Everything a typical user needs.
 pub mod prelude {
+    pub use crate::nn::{Module, ParamStore, Params};
     pub use crate::{aot_function, aot_function_args, AotConfig, AotFunction, Arg};
+    pub use crate::{aot_module, aot_module_simplified, AotModule};
     pub use aotgrad_ir::{DType, Dim, Scalar};
     pub use aotgrad_trace::{
         is_grad_enabled, no_grad, trace, CompositeKind, DecompTable, NoGradGuard, Tensor, TraceConfig,

@@ -112,6 +112,12 @@ impl AotFunction {
         self.run_training(&entry, args, env)
     }
 
+    /// Compile (trace, functionalize, differentiate, partition, compile) for calls
+    /// like `args` without running anything; a no-op when such an entry exists.
+    pub fn compile_for(&self, args: &[Arg]) -> Result<()> {
+        self.entry_for(args).map(drop)
+    }
+
     fn entry_for(&self, args: &[Arg]) -> Result<(Arc<Entry>, Bindings)> {
         let _span = tracing::debug_span!("aot_call", name = %self.config.name).entered();
         self.check_arity(args)?;
@@ -147,11 +153,7 @@ impl AotFunction {
             return Err(Error::Internal(format!("forward returned {} values, expected at least {n}", outs.len())));
         }
         let results = epilogue::apply(entry, args, &env, &inputs, &outs[..n])?;
-        for (t, info) in results.iter().zip(&entry.fz.meta.outputs) {
-            if info.requires_grad && !t.is_requires_grad() && t.is_leaf() {
-                t.set_requires_grad(true)?;
-            }
-        }
+        training::mark_grad_flags(entry, args, &results)?;
         let pending = PendingBackward {
             entry: entry.clone(),
             saved: outs[n..].to_vec(),

@@ -351,3 +351,24 @@ pub(crate) fn traced_input_meta(entry: &Entry, args: &[Arg], k: usize) -> Result
     }
     Ok(traced_input(entry, args, k)?.meta())
 }
+
+/// Autograd flags after a compiled forward, as eager leaves them: every output that
+/// requires grad is a non-leaf requiring grad (an output that *is* an input keeps the
+/// input's flags), and so is every input whose data the call changed with a value
+/// that requires grad (a mutation autograd sees).
+pub(crate) fn mark_grad_flags(entry: &Entry, args: &[Arg], results: &[Tensor]) -> Result<()> {
+    let meta = &entry.fz.meta;
+    for (t, info) in results.iter().zip(&meta.outputs) {
+        let fresh = !matches!(info.kind, OutputKind::IsInput(_) | OutputKind::SameAs(_));
+        if info.requires_grad && fresh && info.meta.dtype.is_float() {
+            t.mark_differentiable_result()?;
+        }
+    }
+    for (k, info) in meta.inputs.iter().enumerate() {
+        let t = traced_input(entry, args, k)?;
+        if info.mutates_data && !info.mutations_hidden_from_autograd && t.dtype().is_float() && !t.is_requires_grad() {
+            t.mark_differentiable_result()?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,293 @@
+//! Compiling a [`Module`]: [`aot_module`] and [`aot_module_simplified`].
+//!
+//! The module's parameters and buffers are *lifted* as graph inputs: the compiled
+//! function takes `(parameters..., buffers..., user inputs...)` and runs the module's
+//! forward with a [`Params`] view over the first ones. Parameters are not constants in
+//! the graph, so an optimizer updating them in place (same tensor objects) does not
+//! invalidate the compiled code, and the training path returns their gradients.
+//!
+//! The two entry points differ in *when* they compile:
+//! - [`aot_module`] compiles lazily at the first call, and again (a new
+//!   specialization, like `aot_function`) whenever a call's input metadata, aliasing
+//!   or grad mode differs from every compiled one;
+//! - [`aot_module_simplified`] compiles once, at construction, for the example inputs
+//!   under the grad mode current at that time; a later call whose inputs differ in
+//!   metadata (shape, strides, offset, dtype), requires-grad flags or aliasing, or that
+//!   runs under another grad mode, is an error instead of a recompilation.
+
+use crate::config::AotConfig;
+use crate::error::{Error, Result};
+use crate::nn::{Module, Params};
+use crate::runtime::{aot_function_args, AotFunction, Arg, PendingBackward};
+use aotgrad_ir::TensorMeta;
+use aotgrad_trace::Tensor;
+use std::sync::Arc;
+
+/// A module compiled ahead of time; see the [module docs](self).
+pub struct AotModule {
+    module: Arc<dyn Module>,
+    f: AotFunction,
+    names: Arc<[String]>,
+    num_params: usize,
+    name: String,
+    /// Set by `aot_module_simplified`: the only call signature accepted.
+    frozen: Option<Vec<ArgKey>>,
+}
+
+/// Gradients of one backward, by parameter name and by user input.
+#[derive(Clone, Debug, Default)]
+pub struct ModuleGrads {
+    /// `(name, gradient)` for every parameter that requires grad, in parameter order.
+    pub params: Vec<(String, Tensor)>,
+    /// One entry per user input: its gradient when it requires grad.
+    pub inputs: Vec<Option<Tensor>>,
+}
+
+impl ModuleGrads {
+    /// The gradient of parameter `name`.
+    pub fn param(&self, name: &str) -> Option<&Tensor> {
+        self.params.iter().find(|(n, _)| n == name).map(|(_, t)| t)
+    }
+}
+
+/// What the backward of one [`AotModule::forward`] call needs.
+pub struct ModuleBackward {
+    pending: PendingBackward,
+    names: Arc<[String]>,
+    num_params: usize,
+    num_lifted: usize,
+}
+
+impl ModuleBackward {
+    /// Run the backward for the gradients of the outputs (one per output, in order) and
+    /// return the gradients of the parameters and of the user inputs. Runs once.
+    pub fn backward(&self, output_grads: &[Tensor]) -> Result<ModuleGrads> {
+        self.split(self.pending.backward(output_grads)?)
+    }
+
+    /// [`ModuleBackward::backward`] with optional output gradients (`None` = zero).
+    pub fn backward_with(&self, output_grads: &[Option<Tensor>]) -> Result<ModuleGrads> {
+        self.split(self.pending.backward_with(output_grads, &[])?)
+    }
+
+    /// The forward outputs this backward belongs to.
+    pub fn outputs(&self) -> &[Tensor] {
+        self.pending.outputs()
+    }
+
+    /// The underlying per-argument backward (arguments: parameters, buffers, inputs).
+    pub fn pending(&self) -> &PendingBackward {
+        &self.pending
+    }
+
+    fn split(&self, grads: Vec<Option<Tensor>>) -> Result<ModuleGrads> {
+        if grads.len() < self.num_lifted {
+            return Err(Error::Internal(format!(
+                "backward returned {} gradients for {} lifted parameters and buffers",
+                grads.len(),
+                self.num_lifted
+            )));
+        }
+        let mut it = grads.into_iter();
+        let params = self
+            .names
+            .iter()
+            .take(self.num_params)
+            .zip(it.by_ref())
+            .filter_map(|(n, g)| g.map(|g| (n.clone(), g)))
+            .collect();
+        let inputs = it.skip(self.num_lifted - self.num_params).collect();
+        Ok(ModuleGrads { params, inputs })
+    }
+}
+
+/// Compile a module: parameters, then buffers, then the user inputs become the
+/// compiled function's arguments. Compiles at the first call (see the
+/// [module docs](self) for how this differs from [`aot_module_simplified`]).
+pub fn aot_module(module: Arc<dyn Module>, config: AotConfig) -> Result<AotModule> {
+    let store = module.store();
+    let names: Arc<[String]> = store.names().into();
+    let num_params = store.params().len();
+    let n = names.len();
+    let m = module.clone();
+    let lifted = names.clone();
+    let name = config.name.clone();
+    let f = aot_function_args(
+        move |args: &[Arg]| {
+            let mut tensors = Vec::with_capacity(args.len());
+            for (i, a) in args.iter().enumerate() {
+                match a.tensor() {
+                    Some(t) => tensors.push(t.clone()),
+                    None => return Err(aotgrad_trace::Error::Internal(format!("module argument {i} is not a tensor"))),
+                }
+            }
+            if tensors.len() < n {
+                return Err(aotgrad_trace::Error::Internal("fewer arguments than lifted parameters".into()));
+            }
+            let (lifted_tensors, user) = tensors.split_at(n);
+            let p = Params::new(lifted.iter().cloned().zip(lifted_tensors.iter().cloned()));
+            m.forward(&p, user)
+        },
+        config,
+    )?;
+    Ok(AotModule { module, f, names, num_params, name, frozen: None })
+}
+
+/// Compile a module ahead of time for `example_inputs`, under the current grad mode.
+///
+/// Unlike [`aot_module`], compilation happens here, not at the first call, and the
+/// result never recompiles: a call whose inputs differ from the examples in metadata,
+/// requires-grad flags or aliasing (or that runs under another grad mode) is an error.
+/// Compiling only traces (over fake tensors): nothing the caller holds is read or
+/// modified, and no random values are drawn.
+pub fn aot_module_simplified(
+    module: Arc<dyn Module>,
+    example_inputs: &[Tensor],
+    config: AotConfig,
+) -> Result<AotModule> {
+    let mut m = aot_module(module, config)?;
+    let args = m.args(example_inputs);
+    m.f.compile_for(&args)?;
+    m.frozen = Some(call_keys(&args));
+    Ok(m)
+}
+
+impl AotModule {
+    /// Run the compiled training forward; the returned [`ModuleBackward`] gives the
+    /// gradients of the parameters (by name) and of the user inputs. Needs grad mode on
+    /// and a parameter or input that requires grad.
+    pub fn forward(&self, inputs: &[Tensor]) -> Result<(Vec<Tensor>, ModuleBackward)> {
+        let args = self.checked_args(inputs)?;
+        let before = self.f.num_compiled();
+        let (outs, pending) = self.f.forward_args(&args)?;
+        self.check_no_recompile(before)?;
+        let back = ModuleBackward {
+            pending,
+            names: self.names.clone(),
+            num_params: self.num_params,
+            num_lifted: self.names.len(),
+        };
+        Ok((outs, back))
+    }
+
+    /// Call the compiled module (like [`AotFunction::call`]: with grad mode on and
+    /// parameters requiring grad this runs the training forward and drops what the
+    /// backward would need; wrap the call in `no_grad` for the inference graph).
+    pub fn call(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        let args = self.checked_args(inputs)?;
+        let before = self.f.num_compiled();
+        let outs = self.f.call_args(&args)?;
+        self.check_no_recompile(before)?;
+        Ok(outs)
+    }
+
+    /// The module.
+    pub fn module(&self) -> &Arc<dyn Module> {
+        &self.module
+    }
+
+    /// The compiled function (arguments: parameters, buffers, user inputs), e.g. to
+    /// inspect its graphs.
+    pub fn function(&self) -> &AotFunction {
+        &self.f
+    }
+
+    /// Whether this module was compiled by [`aot_module_simplified`] (no recompiles).
+    pub fn is_simplified(&self) -> bool {
+        self.frozen.is_some()
+    }
+
+    fn args(&self, inputs: &[Tensor]) -> Vec<Arg> {
+        self.module.store().tensors().into_iter().chain(inputs.iter().cloned()).map(Arg::Tensor).collect()
+    }
+
+    fn checked_args(&self, inputs: &[Tensor]) -> Result<Vec<Arg>> {
+        let args = self.args(inputs);
+        if let Some(expected) = &self.frozen {
+            let got = call_keys(&args);
+            if let Some(msg) = describe_mismatch(expected, &got, self.names.len()) {
+                return Err(Error::Call {
+                    name: self.name.clone(),
+                    msg: format!(
+                        "{msg}; aot_module_simplified compiled for its example inputs and does not recompile \
+                         (use aot_module for inputs whose metadata changes)"
+                    ),
+                });
+            }
+        }
+        Ok(args)
+    }
+
+    fn check_no_recompile(&self, before: usize) -> Result<()> {
+        if self.frozen.is_some() && self.f.num_compiled() != before {
+            return Err(Error::Internal("aot_module_simplified recompiled for inputs matching its examples".into()));
+        }
+        Ok(())
+    }
+}
+
+/// What a call's compiled entry depends on, per argument.
+#[derive(Clone, Debug, PartialEq)]
+struct ArgKey {
+    meta: TensorMeta,
+    requires_grad: bool,
+    same_object_as: usize,
+    storage_class: usize,
+    grad_enabled: bool,
+}
+
+fn call_keys(args: &[Arg]) -> Vec<ArgKey> {
+    let tensors: Vec<&Tensor> = args.iter().filter_map(Arg::tensor).collect();
+    let grad_enabled = aotgrad_trace::is_grad_enabled();
+    tensors
+        .iter()
+        .enumerate()
+        .map(|(i, t)| ArgKey {
+            meta: t.meta(),
+            requires_grad: t.is_requires_grad(),
+            same_object_as: tensors[..i].iter().position(|u| u.same_object(t)).unwrap_or(i),
+            storage_class: tensors[..i].iter().position(|u| u.shares_storage_with(t)).unwrap_or(i),
+            grad_enabled,
+        })
+        .collect()
+}
+
+fn describe_mismatch(expected: &[ArgKey], got: &[ArgKey], num_lifted: usize) -> Option<String> {
+    let what = |i: usize| {
+        if i < num_lifted {
+            format!("parameter/buffer {i}")
+        } else {
+            format!("input {}", i - num_lifted)
+        }
+    };
+    if expected.len() != got.len() {
+        return Some(format!(
+            "expected {} input(s), got {}",
+            expected.len().saturating_sub(num_lifted),
+            got.len().saturating_sub(num_lifted)
+        ));
+    }
+    for (i, (e, g)) in expected.iter().zip(got).enumerate() {
+        if e.grad_enabled != g.grad_enabled {
+            return Some(format!(
+                "compiled with grad mode {}, called with grad mode {}",
+                e.grad_enabled, g.grad_enabled
+            ));
+        }
+        if e.meta != g.meta {
+            return Some(format!("{} has metadata {}, compiled for {}", what(i), g.meta, e.meta));
+        }
+        if e.requires_grad != g.requires_grad {
+            return Some(format!(
+                "{} has requires_grad={}, compiled for {}",
+                what(i),
+                g.requires_grad,
+                e.requires_grad
+            ));
+        }
+        if e.same_object_as != g.same_object_as || e.storage_class != g.storage_class {
+            return Some(format!("{} aliases other arguments differently than the example inputs", what(i)));
+        }
+    }
+    None
+}

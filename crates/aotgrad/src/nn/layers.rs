@@ -1,0 +1,232 @@
+//! Basic layers: [`Linear`], [`LayerNorm`], [`Embedding`], and the two MLPs
+//! ([`GeluMlp`]: Linear → GELU → Linear; [`Mlp`]: N × (Linear + GELU)).
+//!
+//! Each layer has an `apply` method taking the [`Params`] view of its own names, used
+//! by parent modules (`self.fc1.apply(&p.scope("fc1"), &x)`), and implements
+//! [`Module`] with one input and one output.
+
+use super::{child_seed, expect_inputs, Module, ParamStore, Params};
+use crate::error::{Error, Result};
+use aotgrad_ir::DType;
+use aotgrad_trace::Tensor;
+
+/// Uniform values in `[-bound, bound)`.
+pub(crate) fn uniform(shape: &[usize], bound: f64, dtype: DType, seed: u64) -> Result<Tensor> {
+    Ok(Tensor::rand(shape, dtype, seed)?.mul(2.0 * bound)?.sub(bound)?)
+}
+
+fn config_error(module: &str, msg: impl Into<String>) -> Error {
+    Error::Call { name: module.into(), msg: msg.into() }
+}
+
+/// `y = x W^T + b`, with `weight` of shape `(out, in)` and `bias` of shape `(out)`.
+#[derive(Clone, Debug)]
+pub struct Linear {
+    store: ParamStore,
+    has_bias: bool,
+    /// Input features.
+    pub in_features: usize,
+    /// Output features.
+    pub out_features: usize,
+}
+
+impl Linear {
+    /// A linear layer with PyTorch's default initialization: weight and bias uniform
+    /// in `±1/sqrt(in_features)`.
+    pub fn new(in_features: usize, out_features: usize, bias: bool, dtype: DType, seed: u64) -> Result<Linear> {
+        if in_features == 0 || out_features == 0 {
+            return Err(config_error("Linear", "in_features and out_features must be positive"));
+        }
+        let bound = 1.0 / (in_features as f64).sqrt();
+        let mut store = ParamStore::new();
+        store.add_param("weight", uniform(&[out_features, in_features], bound, dtype, child_seed(seed, 0))?)?;
+        if bias {
+            store.add_param("bias", uniform(&[out_features], bound, dtype, child_seed(seed, 1))?)?;
+        }
+        Ok(Linear { store, has_bias: bias, in_features, out_features })
+    }
+
+    /// Apply to `x` of shape `(*, in_features)`.
+    #[track_caller]
+    pub fn apply(&self, p: &Params, x: &Tensor) -> aotgrad_trace::Result<Tensor> {
+        let w = p.get("weight")?;
+        if self.has_bias {
+            x.linear(w, Some(p.get("bias")?))
+        } else {
+            x.linear(w, None)
+        }
+    }
+}
+
+impl Module for Linear {
+    fn store(&self) -> &ParamStore {
+        &self.store
+    }
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad_trace::Result<Vec<Tensor>> {
+        let x = expect_inputs("Linear", inputs, 1)?;
+        Ok(vec![self.apply(p, &x[0])?])
+    }
+}
+
+/// Layer normalization over the last dim, with a learned scale (`weight`, ones) and
+/// shift (`bias`, zeros).
+#[derive(Clone, Debug)]
+pub struct LayerNorm {
+    store: ParamStore,
+    /// The normalized (last) dim's size.
+    pub dim: usize,
+    /// Added to the variance.
+    pub eps: f64,
+}
+
+impl LayerNorm {
+    /// A layer norm over a last dim of size `dim` (PyTorch's default `eps` is `1e-5`).
+    pub fn new(dim: usize, eps: f64, dtype: DType) -> Result<LayerNorm> {
+        if dim == 0 {
+            return Err(config_error("LayerNorm", "dim must be positive"));
+        }
+        let mut store = ParamStore::new();
+        store.add_param("weight", Tensor::ones(&[dim], dtype)?)?;
+        store.add_param("bias", Tensor::zeros(&[dim], dtype)?)?;
+        Ok(LayerNorm { store, dim, eps })
+    }
+
+    /// Apply to `x` of shape `(*, dim)`.
+    #[track_caller]
+    pub fn apply(&self, p: &Params, x: &Tensor) -> aotgrad_trace::Result<Tensor> {
+        x.layer_norm(&[self.dim as i64], Some(p.get("weight")?), Some(p.get("bias")?), self.eps)
+    }
+}
+
+impl Module for LayerNorm {
+    fn store(&self) -> &ParamStore {
+        &self.store
+    }
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad_trace::Result<Vec<Tensor>> {
+        let x = expect_inputs("LayerNorm", inputs, 1)?;
+        Ok(vec![self.apply(p, &x[0])?])
+    }
+}
+
+/// A lookup table: integer indices `(*)` to rows of `weight` `(num, dim)`, giving `(*, dim)`.
+#[derive(Clone, Debug)]
+pub struct Embedding {
+    store: ParamStore,
+    /// Number of rows.
+    pub num_embeddings: usize,
+    /// Row size.
+    pub embedding_dim: usize,
+}
+
+impl Embedding {
+    /// An embedding table initialized with standard normal values (as in PyTorch).
+    pub fn new(num_embeddings: usize, embedding_dim: usize, dtype: DType, seed: u64) -> Result<Embedding> {
+        if num_embeddings == 0 || embedding_dim == 0 {
+            return Err(config_error("Embedding", "num_embeddings and embedding_dim must be positive"));
+        }
+        let mut store = ParamStore::new();
+        store.add_param("weight", Tensor::randn(&[num_embeddings, embedding_dim], dtype, child_seed(seed, 0))?)?;
+        Ok(Embedding { store, num_embeddings, embedding_dim })
+    }
+
+    /// Look up `indices` (an integer tensor).
+    #[track_caller]
+    pub fn apply(&self, p: &Params, indices: &Tensor) -> aotgrad_trace::Result<Tensor> {
+        Tensor::embedding(indices, p.get("weight")?)
+    }
+}
+
+impl Module for Embedding {
+    fn store(&self) -> &ParamStore {
+        &self.store
+    }
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad_trace::Result<Vec<Tensor>> {
+        let x = expect_inputs("Embedding", inputs, 1)?;
+        Ok(vec![self.apply(p, &x[0])?])
+    }
+}
+
+/// Linear → GELU → Linear (`fc1`, `fc2`), the MLP of a transformer block.
+#[derive(Clone, Debug)]
+pub struct GeluMlp {
+    store: ParamStore,
+    /// First layer.
+    pub fc1: Linear,
+    /// Second layer.
+    pub fc2: Linear,
+}
+
+impl GeluMlp {
+    /// `d_in → d_hidden → d_out`, both layers with bias.
+    pub fn new(d_in: usize, d_hidden: usize, d_out: usize, dtype: DType, seed: u64) -> Result<GeluMlp> {
+        let fc1 = Linear::new(d_in, d_hidden, true, dtype, child_seed(seed, 0))?;
+        let fc2 = Linear::new(d_hidden, d_out, true, dtype, child_seed(seed, 1))?;
+        let mut store = ParamStore::new();
+        store.add_child("fc1", fc1.store())?;
+        store.add_child("fc2", fc2.store())?;
+        Ok(GeluMlp { store, fc1, fc2 })
+    }
+
+    /// Apply to `x` of shape `(*, d_in)`.
+    #[track_caller]
+    pub fn apply(&self, p: &Params, x: &Tensor) -> aotgrad_trace::Result<Tensor> {
+        let h = self.fc1.apply(&p.scope("fc1"), x)?.gelu()?;
+        self.fc2.apply(&p.scope("fc2"), &h)
+    }
+}
+
+impl Module for GeluMlp {
+    fn store(&self) -> &ParamStore {
+        &self.store
+    }
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad_trace::Result<Vec<Tensor>> {
+        let x = expect_inputs("GeluMlp", inputs, 1)?;
+        Ok(vec![self.apply(p, &x[0])?])
+    }
+}
+
+/// N × (Linear + GELU), layers named `layers.0`, `layers.1`, ... The benchmark MLP
+/// is `Mlp::new(&[512; 5], ..)`: four 512 → 512 layers, each followed by GELU.
+#[derive(Clone, Debug)]
+pub struct Mlp {
+    store: ParamStore,
+    /// The layers.
+    pub layers: Vec<Linear>,
+}
+
+impl Mlp {
+    /// Layers `sizes[i] → sizes[i + 1]` (at least two sizes), each with bias.
+    pub fn new(sizes: &[usize], dtype: DType, seed: u64) -> Result<Mlp> {
+        if sizes.len() < 2 {
+            return Err(config_error("Mlp", format!("needs at least two sizes, got {sizes:?}")));
+        }
+        let mut store = ParamStore::new();
+        let mut layers = Vec::with_capacity(sizes.len() - 1);
+        for (i, w) in sizes.windows(2).enumerate() {
+            let l = Linear::new(w[0], w[1], true, dtype, child_seed(seed, i as u64))?;
+            store.add_child(&format!("layers.{i}"), l.store())?;
+            layers.push(l);
+        }
+        Ok(Mlp { store, layers })
+    }
+
+    /// Apply to `x` of shape `(*, sizes[0])`.
+    #[track_caller]
+    pub fn apply(&self, p: &Params, x: &Tensor) -> aotgrad_trace::Result<Tensor> {
+        let mut h = x.clone();
+        for (i, l) in self.layers.iter().enumerate() {
+            h = l.apply(&p.scope(&format!("layers.{i}")), &h)?.gelu()?;
+        }
+        Ok(h)
+    }
+}
+
+impl Module for Mlp {
+    fn store(&self) -> &ParamStore {
+        &self.store
+    }
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad_trace::Result<Vec<Tensor>> {
+        let x = expect_inputs("Mlp", inputs, 1)?;
+        Ok(vec![self.apply(p, &x[0])?])
+    }
+}
