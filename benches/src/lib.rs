@@ -6,6 +6,7 @@
 //! MLP, residuals, d_model 256, seq 128, batch 8. Both are compiled for training
 //! with the loss `sum(model(x))`, parameters requiring grad.
 
+use anyhow::Result;
 use aotgrad::nn::{Mlp, Module, Params, TransformerBlock};
 use aotgrad_autodiff::{build_joint_with_oracle, JointGraph};
 use aotgrad_functionalize::{functionalize, Functionalized, Options, TraceFacts};
@@ -14,7 +15,6 @@ use aotgrad_partition::{
     default_partition, min_cut_partition, simplify_joint, MinCutConfig, Partitioned, SimplifyLimits,
 };
 use aotgrad_trace::{trace, Tensor, TraceConfig, Traced};
-use anyhow::Result;
 use std::sync::Arc;
 
 /// A model plus an example input.

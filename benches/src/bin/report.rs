@@ -1,8 +1,8 @@
 //! `cargo xtask bench` prints this: node counts, saved bytes per partitioner (vs
 //! PyTorch's anchors), recomputation, and median stage times over repeated runs.
 
-use aotgrad_benches::*;
 use anyhow::Result;
+use aotgrad_benches::*;
 use std::time::Instant;
 
 fn median_ms(runs: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
