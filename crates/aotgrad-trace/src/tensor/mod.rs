@@ -217,6 +217,27 @@ impl Tensor {
         }
         Ok(())
     }
+    /// Mark this tensor as the result of a differentiable computation: it requires grad
+    /// and is not a leaf (what the outputs of a compiled forward are, like those of a
+    /// PyTorch `autograd.Function`). Only floating dtypes can require gradients.
+    #[track_caller]
+    pub fn mark_differentiable_result(&self) -> Result<()> {
+        let mut st = self.lock();
+        let dtype = st.meta().dtype;
+        if !dtype.is_float() {
+            return Err(Error::autograd(
+                "mark_differentiable_result",
+                &SourceLoc::caller(),
+                format!("only tensors of floating point dtype can require gradients, got {dtype}"),
+            ));
+        }
+        st.requires_grad = true;
+        st.is_leaf = false;
+        if let Repr::Fake(f) = &st.repr {
+            f.ctx.set_value_requires_grad(f.value, true);
+        }
+        Ok(())
+    }
     /// Whether gradients are tracked for this tensor.
     pub fn is_requires_grad(&self) -> bool {
         self.lock().requires_grad
