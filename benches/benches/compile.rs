@@ -1,5 +1,7 @@
 //! Compile-pipeline benches per stage for the MLP and the transformer block, and the
 //! training step of the MLP through `aot_function` on the reference backend.
+// `criterion_group!` expands to an undocumented public function.
+#![allow(missing_docs)]
 
 use aotgrad::prelude::*;
 use aotgrad_benches::*;

@@ -17,12 +17,15 @@
 //!    other views (`x[:, ::2].as_strided(..)`) may read elements of the storage root
 //!    `x` its input does not hold. It is differentiated with respect to that root (the
 //!    first value up its chain of views), so those elements get their gradient too.
-//! 5. Outputs: the forward outputs, then one contiguous gradient per primal in
+//! 5. Cuts ([`crate::GradCuts`]): a detached value passes no gradient to its
+//!    arguments; a straight-through value passes none to its arguments either, and
+//!    its whole gradient to its `previous` value (an extra gradient-carrying edge).
+//! 6. Outputs: the forward outputs, then one contiguous gradient per primal in
 //!    `grad_primals` (zeros, via `full`, for a primal no tangent reaches).
 
 use crate::builder::Builder;
 use crate::rules::{self, grad_flows, not_functional};
-use crate::{AutodiffError, JointGraph, Result};
+use crate::{AutodiffError, GradCuts, JointGraph, Result};
 use aotgrad_ir::{DimOracle, Graph, Node, Op, ValueId};
 use std::collections::{HashMap, HashSet};
 
@@ -31,6 +34,7 @@ pub(crate) fn build(
     fw: &Graph,
     requires_grad: &[bool],
     output_has_tangent: &[bool],
+    cuts: &GradCuts<'_>,
     oracle: &mut dyn DimOracle,
 ) -> Result<JointGraph> {
     if requires_grad.len() != fw.inputs.len() {
@@ -80,12 +84,21 @@ pub(crate) fn build(
     }
     let nodes: Vec<&Node> = fw.nodes.iter().enumerate().map(|(k, n)| rerouted.get(&k).unwrap_or(n)).collect();
 
+    let cut: HashSet<ValueId> =
+        cuts.detached.iter().copied().chain(cuts.straight_through.iter().map(|(n, _)| *n)).collect();
+    let straight: HashMap<ValueId, ValueId> = cuts.straight_through.iter().copied().collect();
     let flows = |b: &Builder, n: &Node, i: usize| -> Result<bool> {
-        Ok(grad_flows(&n.op, i) && n.meta.dtype.is_float() && b.meta(n.args[i])?.dtype.is_float())
+        Ok(!cut.contains(&n.out)
+            && grad_flows(&n.op, i)
+            && n.meta.dtype.is_float()
+            && b.meta(n.args[i])?.dtype.is_float())
     };
     // Values a gradient-carrying edge reaches from a primal requiring grad.
     let mut from_primal: HashSet<ValueId> = grad_primals.iter().map(|&i| fw.inputs[i].id).collect();
     for n in &nodes {
+        if straight.get(&n.out).is_some_and(|p| from_primal.contains(p)) && n.meta.dtype.is_float() {
+            from_primal.insert(n.out);
+        }
         for (i, a) in n.args.iter().enumerate() {
             if from_primal.contains(a) && flows(&b, n, i)? {
                 from_primal.insert(n.out);
@@ -98,6 +111,9 @@ pub(crate) fn build(
         tangent_outputs.iter().map(|&j| fw.outputs[j]).filter(|o| from_primal.contains(o)).collect();
     for n in nodes.iter().rev() {
         if to_output.contains(&n.out) {
+            if let Some(p) = straight.get(&n.out).filter(|p| from_primal.contains(p)) {
+                to_output.insert(*p);
+            }
             for (i, a) in n.args.iter().enumerate() {
                 if from_primal.contains(a) && flows(&b, n, i)? {
                     to_output.insert(*a);
@@ -120,6 +136,11 @@ pub(crate) fn build(
             continue;
         }
         let Some(&g) = grads.get(&n.out) else { continue };
+        if let Some(&p) = straight.get(&n.out).filter(|p| active.contains(p)) {
+            let pm = b.meta(p)?.clone();
+            let c = b.fit_to(g, &pm)?;
+            accumulate(&mut b, &mut grads, p, c)?;
+        }
         let mut needs = Vec::with_capacity(n.args.len());
         for (i, a) in n.args.iter().enumerate() {
             needs.push(active.contains(a) && flows(&b, n, i)?);

@@ -3,7 +3,9 @@
 //!
 //! [`build_joint`] (or [`build_joint_with_oracle`] for graphs with symbolic shapes)
 //! turns a functional graph `primals -> outputs` into a [`JointGraph`]
-//! `(primals, tangents) -> (outputs, gradients)`, the input of the partitioner.
+//! `(primals, tangents) -> (outputs, gradients)`, the input of the partitioner;
+//! [`build_joint_with_cuts`] also honours [`GradCuts`]: values autograd did not see
+//! (no-grad regions, `detach`, hidden mutations).
 //!
 //! Module map:
 //! - `builder`: the graph under construction (metadata from `aotgrad_ir::infer`,
@@ -24,7 +26,7 @@ mod builder;
 mod joint;
 mod rules;
 
-use aotgrad_ir::{DimOracle, Graph, ShapeError, StaticOracle};
+use aotgrad_ir::{DimOracle, Graph, ShapeError, StaticOracle, ValueId};
 use thiserror::Error;
 
 /// Errors of autodiff.
@@ -95,5 +97,29 @@ pub fn build_joint_with_oracle(
     oracle: &mut dyn DimOracle,
 ) -> Result<JointGraph> {
     let _span = tracing::debug_span!("autodiff", nodes = fw.nodes.len()).entered();
-    joint::build(fw, requires_grad, output_has_tangent, oracle)
+    joint::build(fw, requires_grad, output_has_tangent, &GradCuts::default(), oracle)
+}
+
+/// Where gradients must not follow the forward graph's data flow: what autograd did
+/// not see while the program ran (no-grad regions, `detach`, hidden mutations).
+/// Value ids are the forward graph's.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GradCuts<'a> {
+    /// Constants to autograd: no gradient flows from these values into their arguments.
+    pub detached: &'a [ValueId],
+    /// `(new, previous)`, both of one shape: the gradient of `new` flows unchanged to
+    /// `previous` (which `new` depends on), and none into `new`'s own arguments.
+    pub straight_through: &'a [(ValueId, ValueId)],
+}
+
+/// [`build_joint_with_oracle`] honouring `cuts`.
+pub fn build_joint_with_cuts(
+    fw: &Graph,
+    requires_grad: &[bool],
+    output_has_tangent: &[bool],
+    cuts: &GradCuts<'_>,
+    oracle: &mut dyn DimOracle,
+) -> Result<JointGraph> {
+    let _span = tracing::debug_span!("autodiff", nodes = fw.nodes.len()).entered();
+    joint::build(fw, requires_grad, output_has_tangent, cuts, oracle)
 }

@@ -123,6 +123,23 @@ impl<'o> Builder<'o> {
         }
     }
 
+    /// A new `alias` of `x` that no later emission reuses: the value a view gets when
+    /// autograd must not see through it (a detached view, or one taken under no-grad
+    /// of a value requiring grad), so the cut applies to it alone.
+    pub fn detached_alias(&mut self, x: ValueId, loc: &Option<SourceLoc>) -> Result<ValueId> {
+        let meta = self.meta(x)?.clone();
+        let storage = self
+            .metas
+            .get(&x)
+            .map(|m| m.1)
+            .ok_or_else(|| FunctionalizeError::Internal(format!("{x} has no storage")))?;
+        let out = ValueId(self.next_value);
+        self.next_value += 1;
+        self.metas.insert(out, (meta.clone(), storage));
+        self.graph.nodes.push(Node { out, op: Op::Alias, args: vec![x], meta, storage, loc: loc.clone() });
+        Ok(out)
+    }
+
     /// `x` itself when it is dense, row-major and at offset 0, else a contiguous copy.
     pub fn dense(&mut self, x: ValueId, loc: &Option<SourceLoc>) -> Result<ValueId> {
         let m = self.meta(x)?;

@@ -80,9 +80,29 @@ pub struct TraceFacts<'a> {
     pub input_requires_grad: &'a [bool],
     /// Per traced output: it requires grad.
     pub output_requires_grad: &'a [bool],
-    /// Per mutation node (by the value it defines): autograd must not see this
-    /// mutation (it ran under no-grad, or on a detached alias).
+    /// Per traced node (by the value it defines): autograd does not see it. For a
+    /// data mutation: it ran under no-grad, or on a detached alias (a *hidden*
+    /// mutation). For any other node: its value does not require grad (computed under
+    /// no-grad, a `detach`, or from values that do not require grad). For an input:
+    /// autograd does not track it in this trace (it does not require grad, or the
+    /// whole trace ran under no-grad). The tracer's `!value_requires_grad[v]` is this
+    /// for nodes, and for inputs when grad mode was on.
     pub hidden_mutation: &'a dyn Fn(ValueId) -> bool,
+}
+
+/// Where autograd's view of the program differs from the functional graph's values
+/// (ids of [`Functionalized::graph`]); empty unless some input requires grad and the
+/// program uses no-grad, `detach` or hidden mutations on values autograd tracks.
+/// Differentiation must honour it (`aotgrad_autodiff::build_joint_with_cuts`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AutogradFacts {
+    /// Values that are constants to autograd: no gradient flows from them into the
+    /// values they are computed from (results under no-grad, detached views).
+    pub detached: Vec<ValueId>,
+    /// `(new, previous)`: the storage value after a hidden mutation, and its value
+    /// before. To autograd the storage was never written: the gradient of `new` flows
+    /// unchanged (same shape) to `previous`, and none to what the mutation wrote.
+    pub straight_through: Vec<(ValueId, ValueId)>,
 }
 
 /// The result of functionalization.
@@ -95,6 +115,9 @@ pub struct Functionalized {
     pub meta: ViewAndMutationMeta,
     /// How traced inputs map to graph inputs (synthetic bases merge several).
     pub convention: CallingConvention,
+    /// What differentiation must know beyond the graph (no-grad regions, detached
+    /// views, hidden mutations).
+    pub autograd: AutogradFacts,
 }
 
 /// Functionalize a traced graph. `oracle` answers shape questions about symbolic dims

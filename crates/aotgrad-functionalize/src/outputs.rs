@@ -5,7 +5,7 @@
 //! and renumber.
 
 use crate::pass::Pass;
-use crate::{FunctionalizeError, Functionalized, Options, Result};
+use crate::{AutogradFacts, FunctionalizeError, Functionalized, Options, Result};
 use aotgrad_ir::{Graph, Op, StorageId, ValueId};
 use aotgrad_meta::{CallingConvention, InputInfo, OutputInfo, OutputKind, ViewAndMutationMeta};
 use std::collections::{HashMap, HashSet};
@@ -106,7 +106,17 @@ pub(crate) fn finish(mut p: Pass<'_, '_>, options: &Options, convention: Calling
 
     let mut graph = p.b.graph;
     graph.outputs = graph_outputs;
-    let graph = compact(eliminate_dead_code(graph));
+    let (graph, vmap) = compact(eliminate_dead_code(graph));
+    // Renumber the autograd facts; drop those about dead values.
+    let autograd = AutogradFacts {
+        detached: p.autograd.detached.iter().filter_map(|v| vmap.get(v).copied()).collect(),
+        straight_through: p
+            .autograd
+            .straight_through
+            .iter()
+            .filter_map(|(n, o)| Some((*vmap.get(n)?, *vmap.get(o)?)))
+            .collect(),
+    };
     let meta = ViewAndMutationMeta {
         inputs,
         outputs,
@@ -114,7 +124,7 @@ pub(crate) fn finish(mut p: Pass<'_, '_>, options: &Options, convention: Calling
         num_intermediate_bases: base_roots.len(),
         keep_input_mutations: options.keep_input_mutations,
     };
-    Ok(Functionalized { graph, meta, convention })
+    Ok(Functionalized { graph, meta, convention, autograd })
 }
 
 /// Drop nodes whose values nothing uses (every node of a functional graph is pure,
@@ -133,8 +143,8 @@ fn eliminate_dead_code(mut g: Graph) -> Graph {
     g
 }
 
-/// Renumber values and storages densely, in definition order.
-fn compact(mut g: Graph) -> Graph {
+/// Renumber values and storages densely, in definition order; returns the value map.
+fn compact(mut g: Graph) -> (Graph, HashMap<ValueId, ValueId>) {
     let mut vmap: HashMap<ValueId, ValueId> = HashMap::new();
     let mut smap: HashMap<StorageId, StorageId> = HashMap::new();
     let sid = |s: StorageId, smap: &mut HashMap<StorageId, StorageId>| {
@@ -159,5 +169,5 @@ fn compact(mut g: Graph) -> Graph {
     for o in &mut g.outputs {
         *o = vmap.get(o).copied().unwrap_or(*o);
     }
-    g
+    (g, vmap)
 }

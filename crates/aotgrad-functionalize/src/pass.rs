@@ -10,7 +10,7 @@
 
 use crate::chain::Builder;
 use crate::plan::{plan, Group};
-use crate::{outputs, FunctionalizeError, Functionalized, Options, Result, TraceFacts};
+use crate::{outputs, AutogradFacts, FunctionalizeError, Functionalized, Options, Result, TraceFacts};
 use aotgrad_ir::{Aliasing, Dim, DimOracle, Graph, Node, Op, SourceLoc, TensorMeta, ValueId};
 use aotgrad_meta::{ArgSlot, CallingConvention, SyntheticBase};
 use std::collections::HashMap;
@@ -33,6 +33,8 @@ pub(crate) struct Root {
     pub mutated: bool,
     /// Every such mutation is hidden from autograd.
     pub all_hidden: bool,
+    /// Autograd tracks the root's current value (it requires grad).
+    pub grad: bool,
 }
 
 /// A traced value: its root, the views from the root to it, and a cached functional value.
@@ -44,6 +46,9 @@ pub(crate) struct TVal {
     pub gen: u32,
     /// The traced input whose handle this value is (after its own mutations).
     pub handle: Option<usize>,
+    /// A view autograd does not see through (detached, or taken under no-grad): every
+    /// functional value of it is a fresh `alias` listed in [`crate::AutogradFacts::detached`].
+    pub detached: bool,
 }
 
 pub(crate) struct Pass<'a, 'o> {
@@ -54,6 +59,11 @@ pub(crate) struct Pass<'a, 'o> {
     pub traced: &'a Graph,
     /// Per traced input: the traced value its handle ends at (metadata mutations move it).
     pub handle_final: Vec<ValueId>,
+    /// Where autograd's view differs from the functional graph's (pre-renumbering ids).
+    pub autograd: AutogradFacts,
+    /// Autograd sees some node of the trace (else no view needs detaching: nothing
+    /// computed carries a gradient).
+    pub autograd_active: bool,
 }
 
 impl Pass<'_, '_> {
@@ -70,8 +80,14 @@ impl Pass<'_, '_> {
             return Ok(t.fv);
         }
         let (mut x, gen) = (root.cur, root.gen);
-        for op in &t.chain {
+        // A detached value ends in a fresh `alias`: its own last op when that is one.
+        let own_alias = t.detached && matches!(t.chain.last(), Some(Op::Alias));
+        for op in &t.chain[..t.chain.len() - usize::from(own_alias)] {
             x = self.b.apply_view(op, x, loc)?;
+        }
+        if t.detached {
+            x = self.b.detached_alias(x, loc)?;
+            self.autograd.detached.push(x);
         }
         let e = self.vals.get_mut(&v).ok_or_else(|| FunctionalizeError::Internal(format!("{v} vanished")))?;
         e.fv = x;
@@ -79,7 +95,26 @@ impl Pass<'_, '_> {
         Ok(x)
     }
 
-    fn new_root(&mut self, cur: ValueId, meta: &TensorMeta, graph_input: Option<usize>, members: Vec<usize>) -> usize {
+    /// Autograd does not see traced node value `v` (see [`TraceFacts::hidden_mutation`]).
+    fn unseen(&self, v: ValueId) -> bool {
+        (self.facts.hidden_mutation)(v)
+    }
+
+    /// Autograd tracks traced input `i` (it requires grad, and autograd sees it: not
+    /// so in a trace run under no-grad).
+    fn input_grad(&self, i: usize) -> bool {
+        self.facts.input_requires_grad.get(i).copied().unwrap_or(false)
+            && self.traced.inputs.get(i).is_some_and(|inp| !self.unseen(inp.id))
+    }
+
+    fn new_root(
+        &mut self,
+        cur: ValueId,
+        meta: &TensorMeta,
+        graph_input: Option<usize>,
+        members: Vec<usize>,
+        grad: bool,
+    ) -> usize {
         self.roots.push(Root {
             cur,
             gen: 0,
@@ -89,6 +124,7 @@ impl Pass<'_, '_> {
             members,
             mutated: false,
             all_hidden: true,
+            grad,
         });
         self.roots.len() - 1
     }
@@ -111,8 +147,10 @@ impl Pass<'_, '_> {
             let Some((gi, (offset, len))) = g else {
                 let gidx = self.b.graph.inputs.len();
                 let v = self.b.add_input(inp.name.clone(), inp.meta.clone());
-                let r = self.new_root(v, &inp.meta, Some(gidx), vec![i]);
-                self.vals.insert(inp.id, TVal { root: r, chain: vec![], fv: v, gen: 0, handle: Some(i) });
+                let grad = self.input_grad(i);
+                let r = self.new_root(v, &inp.meta, Some(gidx), vec![i], grad);
+                self.vals
+                    .insert(inp.id, TVal { root: r, chain: vec![], fv: v, gen: 0, handle: Some(i), detached: false });
                 convention.args[i] = ArgSlot::Input(gidx);
                 continue;
             };
@@ -128,7 +166,8 @@ impl Pass<'_, '_> {
                     let gidx = self.b.graph.inputs.len();
                     let v = self.b.add_input(format!("base{}", convention.bases.len()), meta.clone());
                     let members = groups[gi].members.clone();
-                    let r = self.new_root(v, &meta, Some(gidx), members.clone());
+                    let grad = members.iter().any(|&m| self.input_grad(m));
+                    let r = self.new_root(v, &meta, Some(gidx), members.clone(), grad);
                     convention.bases.push(SyntheticBase { input: gidx, members, offset, len });
                     group_root.insert(gi, (r, convention.bases.len() - 1));
                     (r, convention.bases.len() - 1)
@@ -138,7 +177,7 @@ impl Pass<'_, '_> {
             let op = Op::AsStrided { size: inp.meta.shape.clone(), stride: inp.meta.strides.clone(), offset: rel };
             let cur = self.roots[r].cur;
             let fv = self.b.apply_view(&op, cur, &None)?;
-            self.vals.insert(inp.id, TVal { root: r, chain: vec![op], fv, gen: 0, handle: Some(i) });
+            self.vals.insert(inp.id, TVal { root: r, chain: vec![op], fv, gen: 0, handle: Some(i), detached: false });
             convention.args[i] = ArgSlot::ViewOfBase { base: base_idx };
         }
         convention.num_graph_inputs = self.b.graph.inputs.len();
@@ -150,9 +189,16 @@ impl Pass<'_, '_> {
         match node.op.aliasing() {
             Aliasing::Fresh => {
                 let args = node.args.iter().map(|a| self.fresh(*a, loc)).collect::<Result<Vec<_>>>()?;
+                let grad_args = node.args.iter().any(|a| self.vals.get(a).is_some_and(|t| self.roots[t.root].grad));
                 let v = self.b.emit(node.op.clone(), args, loc)?;
-                let r = self.new_root(v, &node.meta, None, vec![]);
-                self.vals.insert(node.out, TVal { root: r, chain: vec![], fv: v, gen: 0, handle: None });
+                let grad = !self.unseen(node.out);
+                if !grad && grad_args {
+                    // Computed under no-grad from values autograd tracks: a constant to it.
+                    self.autograd.detached.push(v);
+                }
+                let r = self.new_root(v, &node.meta, None, vec![], grad);
+                self.vals
+                    .insert(node.out, TVal { root: r, chain: vec![], fv: v, gen: 0, handle: None, detached: false });
                 Ok(())
             }
             Aliasing::View | Aliasing::MutatesMeta => self.view(node),
@@ -169,6 +215,18 @@ impl Pass<'_, '_> {
             op => op.clone(),
         };
         let t0 = self.tval(node.args[0])?;
+        let meta_mutation = node.op.aliasing() == Aliasing::MutatesMeta;
+        let handle = if meta_mutation { t0.handle } else { None };
+        if let Some(i) = handle {
+            self.handle_final[i] = node.out;
+        }
+        // A view autograd does not see through: detached, or taken under no-grad of a
+        // storage autograd tracks (a metadata mutation keeps its handle's status).
+        let detached = if meta_mutation {
+            t0.detached
+        } else {
+            self.autograd_active && self.roots[t0.root].grad && self.unseen(node.out)
+        };
         let (chain, fv) = if let Op::AsStrided { size, stride, offset } = &inner {
             let root = &self.roots[t0.root];
             if !root.contiguous {
@@ -185,17 +243,28 @@ impl Pass<'_, '_> {
             (vec![op], fv)
         } else {
             let x = self.fresh(node.args[0], loc)?;
-            let fv = self.b.apply_view(&inner, x, loc)?;
+            // A detached alias (`detach`) is itself the fresh `alias` a detached value
+            // needs; any other view gets one on top.
+            let fv = if detached && matches!(inner, Op::Alias) {
+                let d = self.b.detached_alias(x, loc)?;
+                self.autograd.detached.push(d);
+                d
+            } else {
+                self.b.apply_view(&inner, x, loc)?
+            };
             let mut chain = t0.chain.clone();
-            chain.push(inner);
+            chain.push(inner.clone());
             (chain, fv)
         };
-        let handle = if node.op.aliasing() == Aliasing::MutatesMeta { t0.handle } else { None };
-        if let Some(i) = handle {
-            self.handle_final[i] = node.out;
-        }
+        let fv = if detached && !meta_mutation && !matches!(inner, Op::Alias) {
+            let d = self.b.detached_alias(fv, loc)?;
+            self.autograd.detached.push(d);
+            d
+        } else {
+            fv
+        };
         let gen = self.roots[t0.root].gen;
-        self.vals.insert(node.out, TVal { root: t0.root, chain, fv, gen, handle });
+        self.vals.insert(node.out, TVal { root: t0.root, chain, fv, gen, handle, detached });
         Ok(())
     }
 
@@ -252,8 +321,17 @@ impl Pass<'_, '_> {
             y
         };
         let y = self.b.dense(y, loc)?;
-        let hidden = (self.facts.hidden_mutation)(node.out);
+        let hidden = self.unseen(node.out);
         let root = &mut self.roots[t0.root];
+        // A mutation autograd does not see, of a storage it tracks: to autograd the
+        // storage keeps its identity, so the new value passes its gradient straight
+        // to the previous one (and none to the values written). Reads of the target
+        // replay from the new root value so that they, too, reach the previous one.
+        let straight = hidden && root.grad;
+        if straight {
+            self.autograd.straight_through.push((y, root_cur));
+        }
+        root.grad |= !hidden;
         root.cur = y;
         root.gen += 1;
         root.mutated = true;
@@ -262,7 +340,11 @@ impl Pass<'_, '_> {
         if let Some(i) = t0.handle {
             self.handle_final[i] = node.out;
         }
-        self.vals.insert(node.out, TVal { root: t0.root, chain: t0.chain, fv: new, gen, handle: t0.handle });
+        let tv_gen = if straight { gen.wrapping_sub(1) } else { gen };
+        self.vals.insert(
+            node.out,
+            TVal { root: t0.root, chain: t0.chain, fv: new, gen: tv_gen, handle: t0.handle, detached: t0.detached },
+        );
         Ok(())
     }
 }
@@ -281,6 +363,8 @@ pub(crate) fn run(
         facts,
         traced,
         handle_final: traced.inputs.iter().map(|i| i.id).collect(),
+        autograd: AutogradFacts::default(),
+        autograd_active: traced.nodes.iter().any(|n| !(facts.hidden_mutation)(n.out)),
     };
     let convention = p.inputs(&groups)?;
     for node in &traced.nodes {

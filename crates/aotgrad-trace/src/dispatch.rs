@@ -148,8 +148,12 @@ pub(crate) fn dispatch(op: Op, args: &[&Tensor], loc: &SourceLoc) -> Result<Tens
                 },
             };
             let float = out.dtype.is_float();
+            // Whether autograd sees the value (`Traced::value_requires_grad`): a data
+            // mutation under no-grad is hidden from it even when the tensor keeps
+            // requiring grad.
             let rg = match aliasing {
-                Aliasing::MutatesData | Aliasing::MutatesMeta => first()?.requires_grad || (grad_inputs && float),
+                Aliasing::MutatesData => grad && (first()?.requires_grad || (grad_inputs && float)),
+                Aliasing::MutatesMeta => first()?.requires_grad || (grad_inputs && float),
                 _ => grad_inputs && float,
             };
             let value = st.add_node(op, values, out.clone(), storage, loc.clone(), rg);

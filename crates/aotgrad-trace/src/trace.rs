@@ -45,7 +45,9 @@ pub struct Traced {
     pub input_requires_grad: Vec<bool>,
     /// Whether each output required grad.
     pub output_requires_grad: Vec<bool>,
-    /// Whether each value (indexed by `ValueId.0`) required grad when it was produced.
+    /// Whether each value (indexed by `ValueId.0`) required grad when it was produced,
+    /// i.e. autograd saw it (a data mutation under no-grad does not count, even of a
+    /// tensor that keeps requiring grad).
     pub value_requires_grad: Vec<bool>,
     /// The RNG-state inputs, when the function drew from the global generator.
     pub rng: Option<RngInputs>,
@@ -249,6 +251,14 @@ fn fake_input(
     Ok((meta, storage, s.requires_grad, s.is_leaf))
 }
 
+/// What a fake input that is a view keeps of its example's base: a stand-in with the
+/// base's autograd flags (a new object, so nothing reaches the caller's tensor), so
+/// the in-place checks on views of leaves requiring grad hold while tracing too.
+fn autograd_base(base: &Tensor) -> Tensor {
+    let b = base.snapshot();
+    Tensor::from_state(TState { repr: b.repr, requires_grad: b.requires_grad, is_leaf: b.is_leaf, base: None })
+}
+
 /// Trace `f` over fake tensors shaped like `example_inputs` (which must be eager).
 ///
 /// Example inputs that share an eager storage become fake inputs sharing one
@@ -293,7 +303,7 @@ where
                 repr: Repr::Fake(Fake { meta, storage, value, ctx: ctx.clone() }),
                 requires_grad,
                 is_leaf,
-                base: None,
+                base: x.base.as_ref().map(autograd_base),
             }));
         }
     }

@@ -465,3 +465,15 @@ fn refuses_functionalized_rng() {
     assert_eq!(g.inputs.len(), 4);
     assert_eq!(sig.inputs.len(), 4);
 }
+
+#[test]
+fn exported_joint_does_not_differentiate_through_detach() {
+    // f(x) = x * x.detach(): the gradient is x (the detached factor is a constant), not 2x.
+    let f = |a: &[Tensor]| Ok(vec![a[0].mul(&a[0].detach()?)?]);
+    let x = t(&[1.0, -2.0, 3.0], &[3]).requires_grad(true).unwrap();
+    let joint = aot_export_joint_simple(f, std::slice::from_ref(&x), true).unwrap();
+    let tangent = t(&[1.0, 1.0, 1.0], &[3]);
+    let outs = aotgrad::cpu::interpret(&joint, &[x.to_cpu().unwrap(), tangent.to_cpu().unwrap()]).unwrap();
+    assert_eq!(outs[0].to_vec_f64(), vec![1.0, 4.0, 9.0]);
+    assert_eq!(outs[1].to_vec_f64(), vec![1.0, -2.0, 3.0]);
+}

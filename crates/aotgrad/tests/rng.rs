@@ -14,15 +14,15 @@ fn f(a: &[Tensor]) -> aotgrad::trace::Result<Vec<Tensor>> {
 fn compiled_calls_draw_what_eager_draws() -> Result<(), Box<dyn std::error::Error>> {
     let x = Tensor::ones(&[3, 4], DType::F64)?;
     manual_seed(11);
-    let e1 = f(&[x.clone()])?[0].to_vec_f64()?;
-    let e2 = f(&[x.clone()])?[0].to_vec_f64()?;
+    let e1 = f(std::slice::from_ref(&x))?[0].to_vec_f64()?;
+    let e2 = f(std::slice::from_ref(&x))?[0].to_vec_f64()?;
     let after_eager = rng_state();
     assert_ne!(e1, e2, "two eager calls draw different values");
 
     let compiled = aot_function(f, AotConfig::default())?;
     manual_seed(11);
-    let c1 = compiled.call(&[x.clone()])?[0].to_vec_f64()?;
-    let c2 = compiled.call(&[x.clone()])?[0].to_vec_f64()?;
+    let c1 = compiled.call(std::slice::from_ref(&x))?[0].to_vec_f64()?;
+    let c2 = compiled.call(std::slice::from_ref(&x))?[0].to_vec_f64()?;
     assert_eq!(compiled.num_compiled(), 1, "the generator state is an input, not a specialization");
     assert_eq!((c1, c2), (e1, e2));
     assert_eq!(rng_state(), after_eager, "the generator advanced exactly as in eager mode");
@@ -37,8 +37,8 @@ fn fixed_seeds_stay_specialized_and_reproducible() -> Result<(), Box<dyn std::er
     let g = |a: &[Tensor]| Ok(vec![a[0].dropout(0.5, true, 5)?]);
     let compiled = aot_function(g, AotConfig::default())?;
     let x = Tensor::ones(&[64], DType::F32)?;
-    let a = compiled.call(&[x.clone()])?[0].to_vec_f64()?;
-    let b = compiled.call(&[x.clone()])?[0].to_vec_f64()?;
+    let a = compiled.call(std::slice::from_ref(&x))?[0].to_vec_f64()?;
+    let b = compiled.call(std::slice::from_ref(&x))?[0].to_vec_f64()?;
     assert_eq!(a, b);
     assert_eq!(a, x.dropout(0.5, true, 5)?.to_vec_f64()?);
     assert!(!compiled.compiled_graphs()[0].to_string().contains("rng_seed"));

@@ -33,7 +33,7 @@ mod checks;
 
 use crate::error::{Error, Result};
 use crate::nn::{Module, Params};
-use aotgrad_autodiff::{build_joint_with_oracle, JointGraph};
+use aotgrad_autodiff::{build_joint_with_cuts, GradCuts, JointGraph};
 use aotgrad_functionalize::{functionalize, Functionalized, Options, TraceFacts};
 use aotgrad_ir::{Graph, Node, Op, Scalar, ValueId};
 use aotgrad_meta::{GraphSignature, InputSpec, InputSpecKind, OutputSpec, OutputSpecKind};
@@ -115,7 +115,7 @@ pub fn aot_export_module(
             let requires_grad: Vec<bool> = meta.inputs.iter().map(|i| i.requires_grad).collect();
             let mut has_tangent = vec![false; meta.num_graph_outputs()];
             has_tangent[meta.user_output_index(l)] = true;
-            let joint = joint(&fz.graph, &requires_grad, &has_tangent, &mut env)?;
+            let joint = joint(&fz, &requires_grad, &has_tangent, &mut env)?;
             if joint.num_tangents != 1 {
                 return Err(Error::Internal(format!("the loss got {} tangents, expected 1", joint.num_tangents)));
             }
@@ -174,7 +174,7 @@ where
     if !needs_autograd {
         return Ok(fz.graph);
     }
-    Ok(joint(&fz.graph, &requires_grad, &has_tangent, &mut env)?.graph)
+    Ok(joint(&fz, &requires_grad, &has_tangent, &mut env)?.graph)
 }
 
 /// Trace `f` over `inputs` (under no-grad unless `grad`) and functionalize it.
@@ -194,7 +194,8 @@ where
         ));
     }
     let value_rg = traced.value_requires_grad.clone();
-    let hidden = move |v: ValueId| !value_rg.get(v.0 as usize).copied().unwrap_or(false);
+    // Without grad the whole trace is invisible to autograd.
+    let hidden = move |v: ValueId| !grad || !value_rg.get(v.0 as usize).copied().unwrap_or(false);
     let facts = TraceFacts {
         input_requires_grad: &traced.input_requires_grad,
         output_requires_grad: &traced.output_requires_grad,
@@ -212,9 +213,11 @@ struct Exported {
     env: ShapeEnv,
 }
 
-fn joint(fw: &Graph, requires_grad: &[bool], has_tangent: &[bool], env: &mut ShapeEnv) -> Result<JointGraph> {
+/// The joint graph, honouring what autograd must not see (`detach`, no-grad writes).
+fn joint(fz: &Functionalized, requires_grad: &[bool], has_tangent: &[bool], env: &mut ShapeEnv) -> Result<JointGraph> {
     let _span = tracing::debug_span!("joint").entered();
-    Ok(build_joint_with_oracle(fw, requires_grad, has_tangent, env)?)
+    let cuts = GradCuts { detached: &fz.autograd.detached, straight_through: &fz.autograd.straight_through };
+    Ok(build_joint_with_cuts(&fz.graph, requires_grad, has_tangent, &cuts, env)?)
 }
 
 /// Replace every input after the first `num_primals` (the tangents) by a node filling

@@ -6,7 +6,7 @@
 //! object passed twice is traced once: *dedupe*), functionalize (merging aliased,
 //! mutated inputs into *synthetic bases*), compile with the backend; (2) builds the
 //! graph inputs from the caller's tensors; (3) runs the compiled graph; (4) runs the
-//! epilogue (see [`epilogue`]).
+//! epilogue (the private `epilogue` module).
 
 mod args;
 mod epilogue;
@@ -139,31 +139,7 @@ impl AotFunction {
     }
 
     fn run_training(&self, entry: &Arc<Entry>, args: &[Arg], env: Bindings) -> Result<(Vec<Tensor>, PendingBackward)> {
-        let parts = entry.training.as_ref().ok_or_else(|| Error::Internal("not a training entry".into()))?;
-        let inputs = graph_inputs(entry, args)?;
-        let input_metas = (0..entry.fz.convention.args.len())
-            .map(|k| training::traced_input_meta(entry, args, k))
-            .collect::<Result<_>>()?;
-        let outs = {
-            let _span = tracing::debug_span!("run_forward").entered();
-            parts.fw.run(&inputs)?
-        };
-        let n = parts.joint.num_fw_outputs;
-        if outs.len() < n {
-            return Err(Error::Internal(format!("forward returned {} values, expected at least {n}", outs.len())));
-        }
-        let results = epilogue::apply(entry, args, &env, &inputs, &outs[..n])?;
-        training::mark_grad_flags(entry, args, &results)?;
-        let pending = PendingBackward {
-            entry: entry.clone(),
-            saved: outs[n..].to_vec(),
-            args: args.to_vec(),
-            input_metas,
-            outputs: results.clone(),
-            env,
-            used: Mutex::new(false),
-        };
-        Ok((results, pending))
+        training::run_forward(&self.config.name, entry, args, env)
     }
 
     /// How many specializations have been compiled.
@@ -279,16 +255,20 @@ impl AotFunction {
             &tc,
         )?;
         let value_rg = traced.value_requires_grad.clone();
-        let hidden = move |v: ValueId| !value_rg.get(v.0 as usize).copied().unwrap_or(false);
+        // Autograd sees nothing of a trace run under no-grad (inputs included).
+        let grad_on = sig.grad_enabled;
+        let hidden = move |v: ValueId| !grad_on || !value_rg.get(v.0 as usize).copied().unwrap_or(false);
         let facts = TraceFacts {
             input_requires_grad: &traced.input_requires_grad,
             output_requires_grad: &traced.output_requires_grad,
             hidden_mutation: &hidden,
         };
-        let options = Options { keep_input_mutations: self.config.keep_inference_input_mutations };
+        // The training path returns every new input value (it gets a gradient): keeping
+        // mutations inside the graph is for inference graphs only.
+        let training_path = sig.grad_enabled && traced.input_requires_grad.iter().any(|&r| r);
+        let options = Options { keep_input_mutations: self.config.keep_inference_input_mutations && !training_path };
         let mut env: ShapeEnv = traced.shape_env.clone();
         let fz = functionalize(&traced.graph, &facts, &options, &mut env)?;
-        let training_path = sig.grad_enabled && fz.meta.inputs.iter().any(|i| i.requires_grad);
         let (compiled, training) = if training_path {
             let parts = training::compile_training(
                 &fz,

@@ -4,24 +4,31 @@
 //! intermediate bases) is differentiated into a joint graph with AOTAutograd's
 //! conventions — tangents only for outputs that require grad and are not aliases (an
 //! alias's gradient reaches its base: an intermediate base output, another output, or
-//! an input directly), plus updated inputs that require grad — and partitioned into a
-//! forward graph (returning the saved values too) and a backward graph.
+//! an input directly), plus updated inputs whose new value autograd tracks — and
+//! partitioned into a forward graph (returning the saved values too) and a backward
+//! graph. Differentiation honours what autograd did not see while tracing (no-grad
+//! regions, `detach`, hidden mutations: [`aotgrad_functionalize::AutogradFacts`]).
 //!
-//! At run time [`PendingBackward::backward`] turns the gradients of the user's outputs
-//! into tangents (scattering the gradient of every alias output into its base), runs
-//! the backward graph, and maps the gradients of graph inputs back to the caller's
-//! arguments (through synthetic bases and duplicates).
+//! At run time [`run_forward`] runs the forward graph and the epilogue, sets the
+//! autograd flags eager would have set, and keeps the saved values safe from the
+//! epilogue's writes; [`PendingBackward::backward`] (module `backward`) turns the
+//! gradients of the user's outputs into tangents, runs the backward graph, and maps
+//! the gradients of graph inputs back to the caller's arguments.
 
-use super::{concrete, traced_input, Arg, Bindings, Entry};
+mod backward;
+
+pub use backward::PendingBackward;
+
+use super::{epilogue, graph_inputs, traced_input, Arg, Bindings, Entry};
 use crate::error::{Error, Result};
-use aotgrad_autodiff::{build_joint_with_oracle, JointGraph};
+use aotgrad_autodiff::{build_joint_with_cuts, GradCuts, JointGraph};
 use aotgrad_cpu::CpuTensor;
-use aotgrad_ir::{CompiledGraph, TensorMeta};
+use aotgrad_ir::{CompiledGraph, Op, TensorMeta};
 use aotgrad_meta::{ArgSlot, OutputKind};
 use aotgrad_partition::{
     default_partition, min_cut_partition, simplify_joint, MinCutConfig, Partitioned, SimplifyLimits,
 };
-use aotgrad_trace::{NoGradGuard, ShapeEnv, Tensor};
+use aotgrad_trace::{ShapeEnv, Tensor};
 use std::sync::{Arc, Mutex};
 
 /// Which partitioner splits the joint graph.
@@ -50,17 +57,22 @@ pub(crate) struct TrainingParts {
     pub bw: Box<dyn CompiledGraph<CpuTensor>>,
 }
 
-/// Whether graph input `g` requires grad (a synthetic base does if a member does).
-fn graph_input_requires_grad(entry_fz: &aotgrad_functionalize::Functionalized, g: usize) -> bool {
-    let conv = &entry_fz.convention;
-    conv.args.iter().enumerate().any(|(k, slot)| {
+/// The traced inputs that graph input `g` carries (one, or a synthetic base's members).
+fn members_of(fz: &aotgrad_functionalize::Functionalized, g: usize) -> impl Iterator<Item = usize> + '_ {
+    let conv = &fz.convention;
+    conv.args.iter().enumerate().filter_map(move |(k, slot)| {
         let here = match slot {
             ArgSlot::Input(i) => *i == g,
             ArgSlot::ViewOfBase { base } => conv.bases[*base].input == g,
             _ => false,
         };
-        here && entry_fz.meta.inputs[k].requires_grad
+        here.then_some(k)
     })
+}
+
+/// Whether graph input `g` requires grad (a synthetic base does if a member does).
+fn graph_input_requires_grad(fz: &aotgrad_functionalize::Functionalized, g: usize) -> bool {
+    members_of(fz, g).any(|k| fz.meta.inputs[k].requires_grad)
 }
 
 /// Differentiate, partition and compile.
@@ -77,10 +89,12 @@ pub(crate) fn compile_training(
     let float = |m: &TensorMeta| m.dtype.is_float();
     let mut has_tangent = Vec::with_capacity(meta.num_graph_outputs());
     for &g in &meta.mutated_inputs {
-        let hidden = meta.inputs.iter().enumerate().any(|(k, i)| {
-            i.mutations_hidden_from_autograd && matches!(fz.convention.args[k], ArgSlot::Input(x) if x == g)
-        });
-        has_tangent.push(requires_grad[g] && !hidden && float(&fz.graph.inputs[g].meta));
+        // The new value of a mutated input gets a tangent when autograd tracks it: the
+        // mutation was visible (its value requires grad), or it was hidden from
+        // autograd but the input requires grad (the new value then passes its
+        // gradient straight to the input).
+        let hidden = members_of(fz, g).all(|k| meta.inputs[k].mutations_hidden_from_autograd);
+        has_tangent.push((requires_grad[g] || !hidden) && float(&fz.graph.inputs[g].meta));
     }
     for o in &meta.outputs {
         has_tangent.push(o.kind == OutputKind::NonAlias && o.requires_grad && float(&o.meta));
@@ -92,7 +106,8 @@ pub(crate) fn compile_training(
     }
     let joint = {
         let _span = tracing::debug_span!("joint").entered();
-        build_joint_with_oracle(&fz.graph, &requires_grad, &has_tangent, env)?
+        let cuts = GradCuts { detached: &fz.autograd.detached, straight_through: &fz.autograd.straight_through };
+        build_joint_with_cuts(&fz.graph, &requires_grad, &has_tangent, &cuts, env)?
     };
     let joint = if simplify {
         let _span = tracing::debug_span!("simplify").entered();
@@ -115,241 +130,66 @@ pub(crate) fn compile_training(
     Ok(TrainingParts { joint, part, fw, bw })
 }
 
-/// What the backward of one forward call needs.
-pub struct PendingBackward {
-    pub(crate) entry: Arc<Entry>,
-    pub(crate) saved: Vec<CpuTensor>,
-    pub(crate) args: Vec<Arg>,
-    /// Caller input metadata at call time (before metadata mutations), per traced input.
-    pub(crate) input_metas: Vec<TensorMeta>,
-    pub(crate) outputs: Vec<Tensor>,
-    pub(crate) env: Bindings,
-    pub(crate) used: Mutex<bool>,
-}
-
-fn add(acc: &mut Option<Tensor>, g: Tensor) -> Result<()> {
-    *acc = Some(match acc.take() {
-        None => g,
-        Some(a) => a.add(&g)?,
-    });
-    Ok(())
-}
-
-fn concrete_dims(m: &TensorMeta) -> (Vec<usize>, Vec<usize>, usize) {
-    (m.concrete_shape().unwrap_or_default(), m.concrete_strides().unwrap_or_default(), m.concrete_offset().unwrap_or(0))
-}
-
-/// Scatter `g` (laid out as view `view` of a storage) into a fresh tensor laid out as
-/// `target` over the same storage: elements of `target` not covered by `view` get 0.
-fn storage_scatter(g: &Tensor, view: &TensorMeta, target: &TensorMeta) -> Result<Tensor> {
-    let (vs, vst, vo) = concrete_dims(view);
-    let (ts, tst, to) = concrete_dims(target);
-    let ext = |s: &[usize], st: &[usize], o: usize| {
-        if s.contains(&0) {
-            o
-        } else {
-            o + s.iter().zip(st).map(|(a, b)| (a - 1) * b).sum::<usize>() + 1
-        }
+/// Run the compiled forward of a training entry, the epilogue, and set the autograd
+/// flags; the returned [`PendingBackward`] holds what the backward needs.
+pub(crate) fn run_forward(
+    name: &str,
+    entry: &Arc<Entry>,
+    args: &[Arg],
+    env: Bindings,
+) -> Result<(Vec<Tensor>, PendingBackward)> {
+    let parts = entry.training.as_ref().ok_or_else(|| Error::Internal("not a training entry".into()))?;
+    let inputs = graph_inputs(entry, args)?;
+    let input_metas =
+        (0..entry.fz.convention.args.len()).map(|k| traced_input_meta(entry, args, k)).collect::<Result<_>>()?;
+    let outs = {
+        let _span = tracing::debug_span!("run_forward").entered();
+        parts.fw.run(&inputs)?
     };
-    let lo = vo.min(to);
-    let hi = ext(&vs, &vst, vo).max(ext(&ts, &tst, to)).max(lo);
-    let image = Tensor::zeros(&[hi - lo], g.dtype())?;
-    let image = image.as_strided_scatter(&g.contiguous()?, &vs, &vst, vo - lo)?;
-    Ok(image.as_strided(&ts, &tst, to - lo)?.clone_tensor()?)
-}
-
-impl PendingBackward {
-    /// Run the backward for gradients of the user outputs (one per output, in order;
-    /// outputs that do not require grad take any tensor of their shape, ignored).
-    /// Returns one entry per argument of the call: the gradient for each tensor
-    /// argument that requires grad (a tensor passed twice gets its total gradient at
-    /// both positions), `None` otherwise.
-    pub fn backward(&self, output_grads: &[Tensor]) -> Result<Vec<Option<Tensor>>> {
-        let opt: Vec<Option<Tensor>> = output_grads.iter().cloned().map(Some).collect();
-        self.backward_with(&opt, &[])
+    let n = parts.joint.num_fw_outputs;
+    if outs.len() < n {
+        return Err(Error::Internal(format!("forward returned {} values, expected at least {n}", outs.len())));
     }
-
-    /// [`PendingBackward::backward`] with optional output gradients (`None` = zero) and
-    /// gradients of mutated inputs' new values, as `(argument index, gradient)`.
-    pub fn backward_with(
-        &self,
-        output_grads: &[Option<Tensor>],
-        updated_input_grads: &[(usize, Tensor)],
-    ) -> Result<Vec<Option<Tensor>>> {
-        {
-            let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
-            if *used {
-                return Err(Error::Call {
-                    name: "backward".into(),
-                    msg: "backward was already run for this forward call (saved values are freed)".into(),
-                });
-            }
-            *used = true;
-        }
-        let entry = &self.entry;
-        let meta = &entry.fz.meta;
-        let parts = entry.training.as_ref().ok_or_else(|| Error::Internal("no training parts".into()))?;
-        if output_grads.len() != meta.outputs.len() {
-            return Err(Error::Call {
-                name: "backward".into(),
-                msg: format!("expected {} output gradient(s), got {}", meta.outputs.len(), output_grads.len()),
-            });
-        }
-        let _no_grad = NoGradGuard::new();
-        let n_mut = meta.mutated_inputs.len();
-        let mut acc_out: Vec<Option<Tensor>> = vec![None; meta.outputs.len()];
-        let mut acc_base: Vec<Option<Tensor>> = vec![None; meta.num_intermediate_bases];
-        let mut acc_input: Vec<Option<Tensor>> = vec![None; entry.fz.convention.args.len()];
-        let mut acc_mut: Vec<Option<Tensor>> = vec![None; n_mut];
-        for (j, g) in output_grads.iter().enumerate() {
-            let Some(g) = g else { continue };
-            let out_meta = concrete(&meta.outputs[j].meta, &self.env)?;
-            if g.sizes()? != out_meta.concrete_shape().unwrap_or_default() {
-                return Err(Error::Call {
-                    name: "backward".into(),
-                    msg: format!("gradient {j} has shape {:?}, output has {}", g.sizes()?, out_meta),
-                });
-            }
-            let g = g.to(out_meta.dtype)?;
-            // Follow SameAs to the output that owns the gradient.
-            let mut o = j;
-            while let OutputKind::SameAs(k) = meta.outputs[o].kind {
-                o = k;
-            }
-            match &meta.outputs[o].kind {
-                OutputKind::NonAlias => add(&mut acc_out[o], g)?,
-                OutputKind::AliasOfOutput(k) => {
-                    let base_meta = concrete(&meta.outputs[*k].meta, &self.env)?;
-                    add(&mut acc_out[*k], storage_scatter(&g, &out_meta, &base_meta)?)?
-                }
-                OutputKind::AliasOfIntermediate(b) => {
-                    let v = entry.fz.graph.outputs[meta.intermediate_base_index(*b)];
-                    let bm = entry.fz.graph.meta_of(v).ok_or_else(|| Error::Internal("base meta".into()))?;
-                    let base_meta = concrete(bm, &self.env)?;
-                    add(&mut acc_base[*b], storage_scatter(&g, &out_meta, &base_meta)?)?
-                }
-                OutputKind::IsInput(k) | OutputKind::AliasOfInput(k) => {
-                    let g = storage_scatter(&g, &out_meta, &self.input_metas[*k])?;
-                    add(&mut acc_input[*k], g)?
-                }
-                OutputKind::SameAs(_) => unreachable_same_as()?,
-            }
-        }
-        for (arg, g) in updated_input_grads {
-            let k = entry.traced_args.iter().position(|a| a == arg).ok_or_else(|| Error::Call {
-                name: "backward".into(),
-                msg: format!("argument {arg} is not a tensor argument"),
-            })?;
-            let graph_input = match entry.fz.convention.args[k] {
-                ArgSlot::Input(gi) => gi,
-                ArgSlot::ViewOfBase { base } => entry.fz.convention.bases[base].input,
-                _ => usize::MAX,
+    // The epilogue writes the new values of mutated inputs into the caller's storage:
+    // a saved value viewing such an input (the old value, say) is copied first.
+    let mutated: Vec<&CpuTensor> = entry.fz.meta.mutated_inputs.iter().filter_map(|&g| inputs.get(g)).collect();
+    let mut saved = Vec::with_capacity(outs.len() - n);
+    for s in &outs[n..] {
+        if mutated.iter().any(|m| m.same_storage(s)) {
+            // Copy the whole storage and view the copy the same way: the backward
+            // graph expects the saved value's exact layout.
+            let whole = CpuTensor {
+                storage: s.storage.clone(),
+                meta: TensorMeta::from_sizes(&[s.storage.len()], s.meta.dtype),
             };
-            match meta.mutated_inputs.iter().position(|&m| m == graph_input) {
-                Some(p) => add(&mut acc_mut[p], g.clone())?,
-                None => {
-                    return Err(Error::Call {
-                        name: "backward".into(),
-                        msg: format!("argument {arg} was not mutated by the function"),
-                    })
-                }
-            }
+            let copy = aotgrad_cpu::execute(&Op::Clone, &[&whole], &whole.meta)?;
+            saved.push(CpuTensor { storage: copy.storage, meta: s.meta.clone() });
+        } else {
+            saved.push(s.clone());
         }
-        // Tangents, in joint order.
-        let fw_meta_of = |go: usize| -> Result<TensorMeta> {
-            let v = entry.fz.graph.outputs[go];
-            let m = entry.fz.graph.meta_of(v).ok_or_else(|| Error::Internal("output meta".into()))?;
-            concrete(&m.to_contiguous(), &self.env)
-        };
-        let mut tangents: Vec<CpuTensor> = Vec::with_capacity(parts.joint.tangent_outputs.len());
-        for &go in &parts.joint.tangent_outputs {
-            let slot = if go < n_mut {
-                acc_mut[go].take()
-            } else if go < n_mut + meta.outputs.len() {
-                acc_out[go - n_mut].take()
-            } else {
-                acc_base[go - n_mut - meta.outputs.len()].take()
-            };
-            let m = fw_meta_of(go)?;
-            let t = match slot {
-                Some(t) => t.to(m.dtype)?.contiguous()?.clone_tensor()?,
-                None => Tensor::zeros(&m.concrete_shape().unwrap_or_default(), m.dtype)?,
-            };
-            tangents.push(t.to_cpu()?);
-        }
-        let mut bw_inputs = self.saved.clone();
-        bw_inputs.extend(tangents);
-        let grads = {
-            let _span = tracing::debug_span!("run_backward").entered();
-            parts.bw.run(&bw_inputs)?
-        };
-        // Graph-input gradients back to traced inputs.
-        let mut by_graph_input: Vec<Option<Tensor>> = vec![None; entry.fz.graph.inputs.len()];
-        for (p, &g) in parts.joint.grad_primals.iter().enumerate() {
-            by_graph_input[g] = grads.get(p).cloned().map(Tensor::from_cpu);
-        }
-        let conv = &entry.fz.convention;
-        let mut traced_grads: Vec<Option<Tensor>> = Vec::with_capacity(entry.traced_args.len());
-        for (k, slot) in conv.args.iter().enumerate() {
-            let from_graph = match slot {
-                ArgSlot::Input(g) => by_graph_input[*g].clone(),
-                ArgSlot::ViewOfBase { base } => {
-                    let b = &conv.bases[*base];
-                    match &by_graph_input[b.input] {
-                        Some(bg) => {
-                            let m = &self.input_metas[k];
-                            let (s, st, o) = concrete_dims(m);
-                            Some(bg.as_strided(&s, &st, o - b.offset)?.clone_tensor()?)
-                        }
-                        None => None,
-                    }
-                }
-                _ => None,
-            };
-            let mut g = from_graph;
-            if let Some(extra) = acc_input[k].take() {
-                add(&mut g, extra)?;
-            }
-            if !meta.inputs[k].requires_grad {
-                g = None;
-            } else if g.is_none() {
-                let m = &self.input_metas[k];
-                g = Some(Tensor::zeros(&m.concrete_shape().unwrap_or_default(), m.dtype)?);
-            }
-            traced_grads.push(g);
-        }
-        // Traced inputs back to the caller's arguments (duplicates share one gradient).
-        let mut out = Vec::with_capacity(self.args.len());
-        for a in &self.args {
-            out.push(match a {
-                Arg::Tensor(t) => entry
-                    .traced_args
-                    .iter()
-                    .position(|&i| self.args[i].tensor().is_some_and(|u| u.same_object(t)))
-                    .and_then(|k| traced_grads[k].clone()),
-                _ => None,
-            });
-        }
-        Ok(out)
     }
-
-    /// The forward outputs this backward belongs to.
-    pub fn outputs(&self) -> &[Tensor] {
-        &self.outputs
-    }
-}
-
-fn unreachable_same_as() -> Result<()> {
-    Err(Error::Internal("SameAs chain did not end at an owning output".into()))
-}
-
-pub(crate) fn traced_input_meta(entry: &Entry, args: &[Arg], k: usize) -> Result<TensorMeta> {
-    if k >= entry.traced_args.len() {
-        // Inputs the trace added itself (the RNG state): their traced metadata.
-        let input = entry.traced.graph.inputs.get(k).ok_or_else(|| Error::Internal(format!("no traced input {k}")))?;
-        return Ok(input.meta.clone());
-    }
-    Ok(traced_input(entry, args, k)?.meta())
+    let results = epilogue::apply(entry, args, &env, &inputs, &outs[..n])?;
+    mark_grad_flags(entry, args, &results)?;
+    // Saved values still viewing the caller's storage must not change before the
+    // backward (PyTorch's "modified by an inplace operation" check).
+    let versions = saved
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| inputs.iter().any(|i| i.same_storage(s)))
+        .map(|(i, s)| (i, s.storage.version()))
+        .collect();
+    let pending = PendingBackward {
+        name: name.to_string(),
+        entry: entry.clone(),
+        saved,
+        versions,
+        args: args.to_vec(),
+        input_metas,
+        outputs: results.clone(),
+        env,
+        used: Mutex::new(false),
+    };
+    Ok((results, pending))
 }
 
 /// Autograd flags after a compiled forward, as eager leaves them: every output that
@@ -364,11 +204,21 @@ pub(crate) fn mark_grad_flags(entry: &Entry, args: &[Arg], results: &[Tensor]) -
             t.mark_differentiable_result()?;
         }
     }
-    for (k, info) in meta.inputs.iter().enumerate() {
+    for (k, info) in meta.inputs.iter().enumerate().take(entry.traced_args.len()) {
         let t = traced_input(entry, args, k)?;
         if info.mutates_data && !info.mutations_hidden_from_autograd && t.dtype().is_float() && !t.is_requires_grad() {
             t.mark_differentiable_result()?;
         }
     }
     Ok(())
+}
+
+/// The call-time metadata of traced input `k`.
+pub(crate) fn traced_input_meta(entry: &Entry, args: &[Arg], k: usize) -> Result<TensorMeta> {
+    if k >= entry.traced_args.len() {
+        // Inputs the trace added itself (the RNG state): their traced metadata.
+        let input = entry.traced.graph.inputs.get(k).ok_or_else(|| Error::Internal(format!("no traced input {k}")))?;
+        return Ok(input.meta.clone());
+    }
+    Ok(traced_input(entry, args, k)?.meta())
 }

@@ -1,0 +1,422 @@
+//! The backward of one compiled forward call: gradients of the user's outputs (and of
+//! the new values of mutated inputs) become the backward graph's tangents; its
+//! gradients of graph inputs are mapped back to the caller's arguments.
+//!
+//! Where a gradient is given for a view of some storage (an output aliasing an input,
+//! an intermediate or another output; an input after a metadata mutation) and is
+//! needed for another layout of the same storage, it is moved element by element
+//! through storage positions, summing where the view names an element twice
+//! ([`storage_scatter`]).
+
+use super::super::{concrete, Arg, Bindings, Entry};
+use crate::error::{Error, Result};
+use aotgrad_cpu::CpuTensor;
+use aotgrad_ir::{Dim, TensorMeta};
+use aotgrad_meta::{ArgSlot, OutputKind};
+use aotgrad_trace::{NoGradGuard, Tensor};
+use std::sync::{Arc, Mutex};
+
+/// What the backward of one forward call needs.
+pub struct PendingBackward {
+    /// The compiled function's name (for messages).
+    pub(crate) name: String,
+    pub(crate) entry: Arc<Entry>,
+    pub(crate) saved: Vec<CpuTensor>,
+    /// Saved values that view the caller's storage, with the storage version they
+    /// must still have when the backward runs.
+    pub(crate) versions: Vec<(usize, u64)>,
+    pub(crate) args: Vec<Arg>,
+    /// Caller input metadata at call time (before metadata mutations), per traced input.
+    pub(crate) input_metas: Vec<TensorMeta>,
+    pub(crate) outputs: Vec<Tensor>,
+    pub(crate) env: Bindings,
+    pub(crate) used: Mutex<bool>,
+}
+
+fn add(acc: &mut Option<Tensor>, g: Tensor) -> Result<()> {
+    *acc = Some(match acc.take() {
+        None => g,
+        Some(a) => a.add(&g)?,
+    });
+    Ok(())
+}
+
+fn concrete_dims(m: &TensorMeta) -> (Vec<usize>, Vec<usize>, usize) {
+    (m.concrete_shape().unwrap_or_default(), m.concrete_strides().unwrap_or_default(), m.concrete_offset().unwrap_or(0))
+}
+
+/// The storage position of every element of a concrete layout, in row-major order.
+fn positions(m: &TensorMeta) -> Vec<usize> {
+    let (shape, strides, offset) = concrete_dims(m);
+    let n: usize = shape.iter().product();
+    let mut out = Vec::with_capacity(n);
+    for e in 0..n {
+        let (mut rest, mut pos) = (e, offset);
+        for d in (0..shape.len()).rev() {
+            pos += (rest % shape[d]) * strides[d];
+            rest /= shape[d];
+        }
+        out.push(pos);
+    }
+    out
+}
+
+/// Whether a concrete layout names some storage element twice.
+fn has_repeats(m: &TensorMeta) -> bool {
+    if m.is_contiguous() {
+        return false;
+    }
+    let mut p = positions(m);
+    p.sort_unstable();
+    p.windows(2).any(|w| w[0] == w[1])
+}
+
+/// Move gradient `g`, laid out as view `view` of a storage, to layout `target` of the
+/// same storage: element `e` of the result is the sum of `g` over the elements of
+/// `view` at `target[e]`'s storage position (0 where `view` does not reach). This is
+/// the transpose of reading `view` off a storage laid out as `target`, overlaps and
+/// repeated elements included.
+fn storage_scatter(g: &Tensor, view: &TensorMeta, target: &TensorMeta) -> Result<Tensor> {
+    let values = g.to_vec_f64()?;
+    let (vp, tp) = (positions(view), positions(target));
+    if values.len() != vp.len() {
+        return Err(Error::Internal(format!("gradient of {} values for view {view}", values.len())));
+    }
+    let lo = vp.iter().chain(&tp).copied().min().unwrap_or(0);
+    let hi = vp.iter().chain(&tp).copied().max().map_or(0, |m| m + 1);
+    let mut image = vec![0.0; hi - lo];
+    for (p, x) in vp.iter().zip(&values) {
+        image[p - lo] += x;
+    }
+    let out: Vec<f64> = tp.iter().map(|p| image[p - lo]).collect();
+    Ok(Tensor::from_f64(&out, &target.concrete_shape().unwrap_or_default(), g.dtype())?)
+}
+
+impl PendingBackward {
+    /// Run the backward for gradients of the user outputs (one per output, in order;
+    /// outputs that do not require grad take any tensor of their shape, ignored).
+    /// Returns one entry per argument of the call: the gradient for each tensor
+    /// argument that requires grad (a tensor passed twice, or arguments viewing one
+    /// storage, get the gradient of the storage elements they view), `None` otherwise.
+    /// A second call is an error (what it needs is freed), and so is a call after a
+    /// value the backward needs was modified in place.
+    pub fn backward(&self, output_grads: &[Tensor]) -> Result<Vec<Option<Tensor>>> {
+        let opt: Vec<Option<Tensor>> = output_grads.iter().cloned().map(Some).collect();
+        self.backward_with(&opt, &[])
+    }
+
+    /// [`PendingBackward::backward`] with optional output gradients (`None` = zero) and
+    /// gradients of the new values of arguments the call changed, as `(argument index,
+    /// gradient)`, each shaped like the argument after the call: data mutations and
+    /// metadata mutations (`t_`) alike. A mutation hidden from autograd (under no-grad,
+    /// through a detached alias) leaves the argument the same tensor to autograd: its
+    /// new value's gradient adds to the argument's own.
+    pub fn backward_with(
+        &self,
+        output_grads: &[Option<Tensor>],
+        updated_input_grads: &[(usize, Tensor)],
+    ) -> Result<Vec<Option<Tensor>>> {
+        // Held to the end: a failed check leaves the backward available for a retry.
+        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        if *used {
+            return Err(
+                self.call_error("backward was already run for this forward call (saved values are freed)".into())
+            );
+        }
+        for &(i, v) in &self.versions {
+            if self.saved[i].storage.version() != v {
+                return Err(self.call_error(format!(
+                    "backward: a value saved for it ({}) was modified by an in-place operation after the forward \
+                     (an argument's storage was written)",
+                    self.saved[i].meta
+                )));
+            }
+        }
+        let entry = &self.entry;
+        let meta = &entry.fz.meta;
+        let parts = entry.training.as_ref().ok_or_else(|| Error::Internal("no training parts".into()))?;
+        if output_grads.len() != meta.outputs.len() {
+            return Err(self.call_error(format!(
+                "backward expects {} output gradient(s), one per output, got {}",
+                meta.outputs.len(),
+                output_grads.len()
+            )));
+        }
+        let _no_grad = NoGradGuard::new();
+        let n_mut = meta.mutated_inputs.len();
+        let mut acc_out: Vec<Option<Tensor>> = vec![None; meta.outputs.len()];
+        let mut acc_base: Vec<Option<Tensor>> = vec![None; meta.num_intermediate_bases];
+        let mut acc_input: Vec<Option<Tensor>> = vec![None; meta.inputs.len()];
+        let mut acc_mut: Vec<Option<Tensor>> = vec![None; n_mut];
+        for (j, g) in output_grads.iter().enumerate() {
+            let Some(g) = g else { continue };
+            let out_meta = concrete(&meta.outputs[j].meta, &self.env)?;
+            let want = out_meta.concrete_shape().unwrap_or_default();
+            if g.sizes()? != want {
+                return Err(self.call_error(format!(
+                    "backward: gradient {j} has shape {:?}, but output {j} has shape {want:?}",
+                    g.sizes()?
+                )));
+            }
+            if !meta.outputs[j].requires_grad || !out_meta.dtype.is_float() {
+                continue;
+            }
+            let g = g.to(out_meta.dtype)?;
+            // Follow SameAs to the output that owns the gradient.
+            let mut o = j;
+            while let OutputKind::SameAs(k) = meta.outputs[o].kind {
+                o = k;
+            }
+            match &meta.outputs[o].kind {
+                OutputKind::NonAlias => add(&mut acc_out[o], g)?,
+                OutputKind::AliasOfOutput(k) => {
+                    let base_meta = concrete(&meta.outputs[*k].meta, &self.env)?;
+                    add(&mut acc_out[*k], storage_scatter(&g, &out_meta, &base_meta)?)?
+                }
+                OutputKind::AliasOfIntermediate(b) => {
+                    let v = entry.fz.graph.outputs[meta.intermediate_base_index(*b)];
+                    let bm = entry.fz.graph.meta_of(v).ok_or_else(|| Error::Internal("base meta".into()))?;
+                    let base_meta = concrete(bm, &self.env)?;
+                    add(&mut acc_base[*b], storage_scatter(&g, &out_meta, &base_meta)?)?
+                }
+                OutputKind::IsInput(k) | OutputKind::AliasOfInput(k) => {
+                    self.storage_grad(*k, &g, &out_meta, &mut acc_mut, &mut acc_input)?
+                }
+                OutputKind::SameAs(_) => {
+                    return Err(Error::Internal("SameAs chain did not end at an owning output".into()))
+                }
+            }
+        }
+        for (arg, h) in updated_input_grads {
+            self.updated_input_grad(*arg, h, &mut acc_mut, &mut acc_input)?;
+        }
+        *used = true;
+        // Tangents, in joint order.
+        let fw_meta_of = |go: usize| -> Result<TensorMeta> {
+            let v = entry.fz.graph.outputs[go];
+            let m = entry.fz.graph.meta_of(v).ok_or_else(|| Error::Internal("output meta".into()))?;
+            concrete(&m.to_contiguous(), &self.env)
+        };
+        let mut tangents: Vec<CpuTensor> = Vec::with_capacity(parts.joint.tangent_outputs.len());
+        for &go in &parts.joint.tangent_outputs {
+            let slot = if go < n_mut {
+                acc_mut[go].take()
+            } else if go < n_mut + meta.outputs.len() {
+                acc_out[go - n_mut].take()
+            } else {
+                acc_base[go - n_mut - meta.outputs.len()].take()
+            };
+            let m = fw_meta_of(go)?;
+            let t = match slot {
+                Some(t) => t.to(m.dtype)?.contiguous()?.clone_tensor()?,
+                None => Tensor::zeros(&m.concrete_shape().unwrap_or_default(), m.dtype)?,
+            };
+            tangents.push(t.to_cpu()?);
+        }
+        let mut bw_inputs = self.saved.clone();
+        bw_inputs.extend(tangents);
+        let grads = {
+            let _span = tracing::debug_span!("run_backward").entered();
+            parts.bw.run(&bw_inputs)?
+        };
+        // Graph-input gradients back to traced inputs.
+        let mut by_graph_input: Vec<Option<Tensor>> = vec![None; entry.fz.graph.inputs.len()];
+        for (p, &g) in parts.joint.grad_primals.iter().enumerate() {
+            by_graph_input[g] = grads.get(p).cloned().map(Tensor::from_cpu);
+        }
+        let traced_grads = self.input_grads(&by_graph_input, acc_input)?;
+        // Traced inputs back to the caller's arguments (duplicates share one gradient).
+        Ok((0..self.args.len()).map(|i| self.traced_index(i).and_then(|k| traced_grads[k].clone())).collect())
+    }
+
+    /// The gradient of each traced input that requires grad: that of the storage
+    /// elements it views. An input alone in its storage (repeating no element) gets
+    /// its graph input's gradient plus `extra[k]` (gradients of outputs aliasing it and
+    /// of its new value after a metadata mutation); inputs sharing a storage (or
+    /// repeating elements) get the sum of every contribution to each storage element,
+    /// so aliasing arguments see one consistent gradient, as a synthetic base does.
+    fn input_grads(
+        &self,
+        by_graph_input: &[Option<Tensor>],
+        mut extra: Vec<Option<Tensor>>,
+    ) -> Result<Vec<Option<Tensor>>> {
+        let entry = &self.entry;
+        let meta = &entry.fz.meta;
+        let conv = &entry.fz.convention;
+        let n = conv.args.len();
+        let caller: Vec<Option<&Tensor>> =
+            (0..n).map(|k| entry.traced_args.get(k).and_then(|&i| self.args.get(i)).and_then(Arg::tensor)).collect();
+        // Storage classes (the first member stands for its class).
+        let mut class_of: Vec<usize> = (0..n).collect();
+        for k in 0..n {
+            if let Some(t) = caller[k] {
+                if let Some(j) = (0..k).find(|&j| caller[j].is_some_and(|u| u.shares_storage_with(t))) {
+                    class_of[k] = class_of[j];
+                }
+            }
+        }
+        let mut out: Vec<Option<Tensor>> = vec![None; n];
+        for c in 0..n {
+            let members: Vec<usize> = (0..n).filter(|&k| class_of[k] == c).collect();
+            if members.is_empty() || !members.iter().any(|&k| meta.inputs[k].requires_grad) {
+                continue;
+            }
+            if let [k] = members[..] {
+                if !has_repeats(&self.input_metas[k]) {
+                    let mut g = match conv.args[k] {
+                        ArgSlot::Input(g) => by_graph_input[g].clone(),
+                        _ => None,
+                    };
+                    if let Some(e) = extra[k].take() {
+                        add(&mut g, e)?;
+                    }
+                    let m = &self.input_metas[k];
+                    out[k] = Some(match g {
+                        Some(g) => g,
+                        None => Tensor::zeros(&m.concrete_shape().unwrap_or_default(), m.dtype)?,
+                    });
+                    continue;
+                }
+            }
+            // Through storage positions: every contribution into one image, then each
+            // member reads its elements back.
+            let mut image: std::collections::HashMap<usize, f64> = std::collections::HashMap::new();
+            let mut scatter = |g: &Tensor, m: &TensorMeta| -> Result<()> {
+                for (p, v) in positions(m).into_iter().zip(g.to_vec_f64()?) {
+                    *image.entry(p).or_insert(0.0) += v;
+                }
+                Ok(())
+            };
+            let mut bases_seen: Vec<usize> = Vec::new();
+            for &k in &members {
+                match conv.args[k] {
+                    ArgSlot::Input(g) => {
+                        if let Some(gr) = &by_graph_input[g] {
+                            scatter(gr, &self.input_metas[k])?;
+                        }
+                    }
+                    ArgSlot::ViewOfBase { base } if !bases_seen.contains(&base) => {
+                        bases_seen.push(base);
+                        let b = &conv.bases[base];
+                        if let Some(gr) = &by_graph_input[b.input] {
+                            let bm = TensorMeta {
+                                shape: vec![Dim::from(b.len)],
+                                strides: vec![Dim::Const(1)],
+                                offset: Dim::from(b.offset),
+                                dtype: gr.dtype(),
+                            };
+                            scatter(gr, &bm)?;
+                        }
+                    }
+                    _ => {}
+                }
+                if let Some(e) = extra[k].take() {
+                    scatter(&e, &self.input_metas[k])?;
+                }
+            }
+            for &k in &members {
+                if meta.inputs[k].requires_grad {
+                    let m = &self.input_metas[k];
+                    let vals: Vec<f64> = positions(m).iter().map(|p| image.get(p).copied().unwrap_or(0.0)).collect();
+                    out[k] = Some(Tensor::from_f64(&vals, &m.concrete_shape().unwrap_or_default(), m.dtype)?);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The traced input that argument `i` is (duplicates map to the first occurrence).
+    fn traced_index(&self, i: usize) -> Option<usize> {
+        let t = self.args.get(i)?.tensor()?;
+        self.entry.traced_args.iter().position(|&j| self.args[j].tensor().is_some_and(|u| u.same_object(t)))
+    }
+
+    /// Route the gradient `h` of argument `arg`'s value after the call (see
+    /// [`PendingBackward::storage_grad`]; after a metadata-only mutation the new value
+    /// is a view of the old one).
+    fn updated_input_grad(
+        &self,
+        arg: usize,
+        h: &Tensor,
+        acc_mut: &mut [Option<Tensor>],
+        acc_input: &mut [Option<Tensor>],
+    ) -> Result<()> {
+        let entry = &self.entry;
+        let meta = &entry.fz.meta;
+        let k = self
+            .traced_index(arg)
+            .ok_or_else(|| self.call_error(format!("backward: argument {arg} is not a tensor argument")))?;
+        let info = &meta.inputs[k];
+        let after = match &info.final_meta {
+            Some(m) => concrete(m, &self.env)?,
+            None => self.input_metas[k].clone(),
+        };
+        let want = after.concrete_shape().unwrap_or_default();
+        if h.sizes()? != want {
+            return Err(self.call_error(format!(
+                "backward: the gradient for argument {arg}'s new value has shape {:?}, but the argument has shape {want:?} \
+                 after the call",
+                h.sizes()?
+            )));
+        }
+        if !after.dtype.is_float() {
+            return Ok(());
+        }
+        let h = h.to(after.dtype)?;
+        let conv = &entry.fz.convention;
+        let data_mutated = match conv.args[k] {
+            ArgSlot::Input(g) => meta.mutated_inputs.contains(&g),
+            ArgSlot::ViewOfBase { base } => meta.mutated_inputs.contains(&conv.bases[base].input),
+            _ => false,
+        };
+        if !data_mutated && !info.mutates_metadata {
+            return Err(self.call_error(format!(
+                "backward: argument {arg} was not changed by the call, so its new value has no gradient"
+            )));
+        }
+        self.storage_grad(k, &h, &after, acc_mut, acc_input)
+    }
+
+    /// Route gradient `g` of a view `view` (storage-absolute metadata, as of after the
+    /// call) of traced input `k`'s storage: when the call wrote that storage, to the
+    /// tangent of its graph input's new value; else to `k`'s own gradient.
+    fn storage_grad(
+        &self,
+        k: usize,
+        g: &Tensor,
+        view: &TensorMeta,
+        acc_mut: &mut [Option<Tensor>],
+        acc_input: &mut [Option<Tensor>],
+    ) -> Result<()> {
+        let entry = &self.entry;
+        let meta = &entry.fz.meta;
+        let conv = &entry.fz.convention;
+        let (graph_input, target) = match conv.args[k] {
+            ArgSlot::Input(g) => (g, self.input_metas[k].clone()),
+            ArgSlot::ViewOfBase { base } => {
+                let b = &conv.bases[base];
+                let m = TensorMeta {
+                    shape: vec![Dim::from(b.len)],
+                    strides: vec![Dim::Const(1)],
+                    offset: Dim::from(b.offset),
+                    dtype: view.dtype,
+                };
+                (b.input, m)
+            }
+            _ => return Err(Error::Internal(format!("traced input {k} has no graph input"))),
+        };
+        match meta.mutated_inputs.iter().position(|&m| m == graph_input) {
+            Some(p) => add(&mut acc_mut[p], storage_scatter(g, view, &target)?),
+            None => add(&mut acc_input[k], storage_scatter(g, view, &self.input_metas[k])?),
+        }
+    }
+
+    fn call_error(&self, msg: String) -> Error {
+        Error::Call { name: self.name.clone(), msg }
+    }
+
+    /// The forward outputs this backward belongs to.
+    pub fn outputs(&self) -> &[Tensor] {
+        &self.outputs
+    }
+}

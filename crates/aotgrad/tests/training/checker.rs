@@ -1,0 +1,500 @@
+//! The training contract checker: runs a user function eagerly (grad mode on) and
+//! through `aot_function_args`' training path (`forward_args` + `backward_with`) on
+//! identical, freshly built inputs, and checks what DESIGN.md's "Semantics contract"
+//! promises:
+//!
+//! (a) outputs equal eager's: values, metadata, whole storage, `requires_grad`, leaf-ness;
+//! (b) every input afterwards holds what eager left (values, metadata, whole storage);
+//! (c) aliasing: `shares_storage_with` / `same_object` agree with eager for every
+//!     (output, input) and (output, output) pair;
+//! (d) adding 1 in place to each float output in turn (grad mode on) is accepted or
+//!     rejected as in eager, and leaves identical states in both worlds;
+//! (e) gradients: with random output gradients `g_j` and random gradients `h_i` for the
+//!     new value of every input the call changed, the gradient returned for each
+//!     argument that requires grad equals the central finite difference (f64, eps 1e-6)
+//!     of `L = sum_j <out_j, g_j> + sum_i <x_i_after, h_i>` (outputs that do not require
+//!     grad in eager contribute nothing), computed by re-running the function eagerly
+//!     under `no_grad` on perturbed copies of the inputs with their aliasing rebuilt.
+//!     Perturbing an argument's element perturbs the storage element it views, so an
+//!     argument passed twice, or aliasing another argument, gets the total gradient of
+//!     that storage element.
+//!
+//! The compiled function is called twice on fresh inputs (compile, then the cached
+//! entry); both calls are checked.
+
+use aotgrad::cpu::CpuTensor;
+use aotgrad::ir::text::print_graph;
+use aotgrad::ir::{Graph, TensorMeta};
+use aotgrad::runtime::PendingBackward;
+use aotgrad::trace::{DType, NoGradGuard, Tensor};
+use aotgrad::{aot_function_args, AotConfig, AotFunction, Arg};
+use std::sync::Arc;
+
+/// A user function over [`Arg`]s.
+pub type UserFn = Arc<dyn Fn(&[Arg]) -> aotgrad::trace::Result<Vec<Tensor>> + Send + Sync>;
+
+/// Finite-difference step.
+const EPS: f64 = 1e-6;
+/// Gradient tolerance: `|got - fd| <= TOL * max(1, |fd|)`.
+const TOL: f64 = 1e-6;
+
+/// The tensor of an argument (tests pass tensors where they say so).
+pub fn tensor(a: &Arg) -> aotgrad::trace::Result<&Tensor> {
+    a.tensor().ok_or_else(|| aotgrad::trace::Error::Internal("argument is not a tensor".into()))
+}
+
+/// `n` deterministic pseudo-random values in `[-1, 1)` (splitmix64), kept away from 0
+/// so that kinks (relu, abs) are not within a finite-difference step.
+pub fn rand_vals(n: usize, seed: u64) -> Vec<f64> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(0x1234_5678);
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            let u = (z >> 11) as f64 / (1u64 << 53) as f64; // [0, 1)
+            let v = 2.0 * u - 1.0;
+            if v.abs() < 0.05 {
+                v + 0.1f64.copysign(v)
+            } else {
+                v
+            }
+        })
+        .collect()
+}
+
+/// An f64 tensor of random values (a leaf that does not require grad).
+pub fn data(shape: &[usize], seed: u64) -> Tensor {
+    let n: usize = shape.iter().product();
+    Tensor::from_f64(&rand_vals(n, seed), shape, DType::F64).expect("valid data")
+}
+
+/// A random f64 leaf that requires grad.
+pub fn leaf(shape: &[usize], seed: u64) -> Tensor {
+    data(shape, seed).requires_grad(true).expect("float leaf")
+}
+
+/// A random f64 non-leaf that requires grad (`leaf * 1`), so it may be mutated in place.
+pub fn nonleaf(shape: &[usize], seed: u64) -> Tensor {
+    leaf(shape, seed).mul(1.0).expect("mul")
+}
+
+/// How [`check_with`] checks gradients.
+pub enum Grads {
+    /// Against central finite differences.
+    FiniteDifferences,
+    /// Not here: the test checks [`Trained::grads`] itself (e.g. hidden mutations,
+    /// where autograd's view differs from the function's mathematics).
+    ByTheTest,
+}
+
+/// What a successful check returns (about its last call).
+pub struct Trained {
+    /// Forward graph, backward graph and partition report, without source locations.
+    pub text: String,
+    /// The compiled function.
+    pub compiled: AotFunction,
+    /// The inputs of the last compiled call (after the call).
+    pub inputs: Vec<Arg>,
+    /// The output gradients passed to the last backward.
+    pub out_grads: Vec<Tensor>,
+    /// The gradients of updated inputs passed to the last backward.
+    pub updated_grads: Vec<(usize, Tensor)>,
+    /// What the last backward returned.
+    pub grads: Vec<Option<Tensor>>,
+}
+
+/// Check the whole contract against finite differences; panics on the first violation.
+pub fn check<F, I>(f: F, inputs: I, config: AotConfig) -> Trained
+where
+    F: Fn(&[Arg]) -> aotgrad::trace::Result<Vec<Tensor>> + Send + Sync + 'static,
+    I: Fn() -> Vec<Arg>,
+{
+    check_with(f, inputs, config, Grads::FiniteDifferences)
+}
+
+/// [`check`] with a choice of gradient check.
+pub fn check_with<F, I>(f: F, inputs: I, config: AotConfig, grads: Grads) -> Trained
+where
+    F: Fn(&[Arg]) -> aotgrad::trace::Result<Vec<Tensor>> + Send + Sync + 'static,
+    I: Fn() -> Vec<Arg>,
+{
+    let f: UserFn = Arc::new(f);
+    let ff = f.clone();
+    let compiled = aot_function_args(move |a: &[Arg]| ff(a), config).expect("aot_function_args");
+    let mut last = None;
+    for call in 0..2u64 {
+        match one_call(&compiled, &f, &inputs, &grads, 100 * call + 7) {
+            Ok(r) => last = Some(r),
+            Err(e) => panic!("call {call}: contract violated: {e}\n{}", graphs_text(&compiled)),
+        }
+        assert_eq!(compiled.num_compiled(), 1, "call {call}: one compiled entry for one input pattern");
+    }
+    let (inputs, out_grads, updated_grads, grads) = last.expect("two calls ran");
+    Trained { text: graphs_text(&compiled), compiled, inputs, out_grads, updated_grads, grads }
+}
+
+type CallResult = (Vec<Arg>, Vec<Tensor>, Vec<(usize, Tensor)>, Vec<Option<Tensor>>);
+
+fn one_call(
+    compiled: &AotFunction,
+    f: &UserFn,
+    inputs: &dyn Fn() -> Vec<Arg>,
+    grads: &Grads,
+    seed: u64,
+) -> Result<CallResult, String> {
+    let (eager_in, comp_in, before) = (inputs(), inputs(), inputs());
+    let before_states: Vec<Option<State>> =
+        before.iter().map(|a| a.tensor().map(state).transpose()).collect::<Result<_, _>>()?;
+    let requires_grad: Vec<bool> = before.iter().map(|a| a.tensor().is_some_and(Tensor::is_requires_grad)).collect();
+    let eager_out = f(&eager_in).map_err(|e| format!("eager fails: {e}"))?;
+    let (comp_out, pending) = compiled.forward_args(&comp_in).map_err(|e| format!("compiled forward fails: {e}"))?;
+    compare_worlds("", &eager_in, &eager_out, &comp_in, &comp_out)?;
+    // Gradients: random for every output (ignored for those that do not require grad).
+    let out_grads: Vec<Tensor> = eager_out
+        .iter()
+        .enumerate()
+        .map(|(j, o)| {
+            let m = o.meta();
+            let shape = m.concrete_shape().unwrap_or_default();
+            let n: usize = shape.iter().product();
+            let vals = if m.dtype.is_float() { rand_vals(n, seed + 13 * j as u64) } else { vec![0.0; n] };
+            Tensor::from_f64(&vals, &shape, m.dtype).map_err(|e| e.to_string())
+        })
+        .collect::<Result<_, _>>()?;
+    let weights: Vec<Option<Vec<f64>>> = eager_out
+        .iter()
+        .zip(&out_grads)
+        .map(|(o, g)| o.is_requires_grad().then(|| g.to_vec_f64()).transpose())
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    // ... and for the new value of every argument the call changed that requires grad
+    // afterwards (in eager).
+    let mut updated_grads: Vec<(usize, Tensor)> = Vec::new();
+    for (k, a) in eager_in.iter().enumerate() {
+        let (Some(t), Some(b)) = (a.tensor(), &before_states[k]) else { continue };
+        let first = eager_in.iter().position(|x| x.tensor().is_some_and(|u| u.same_object(t))) == Some(k);
+        let after = state(t)?;
+        if after.requires_grad && first && (after.meta != b.meta || after.values != b.values) {
+            let shape = after.meta.concrete_shape().unwrap_or_default();
+            let n: usize = shape.iter().product();
+            let h = Tensor::from_f64(&rand_vals(n, seed + 1000 + 17 * k as u64), &shape, DType::F64)
+                .map_err(|e| e.to_string())?;
+            updated_grads.push((k, h));
+        }
+    }
+    let got = backward(&pending, &out_grads, &updated_grads)?;
+    if got.len() != before.len() {
+        return Err(format!("backward returned {} gradients for {} arguments", got.len(), before.len()));
+    }
+    for (k, g) in got.iter().enumerate() {
+        match (g, requires_grad[k]) {
+            (Some(g), true) => {
+                let want = before[k].tensor().map(|t| t.meta().shape).unwrap_or_default();
+                if g.shape() != want {
+                    return Err(format!("gradient {k} has shape {:?}, argument {k} has {:?}", g.shape(), want));
+                }
+            }
+            (None, false) => {}
+            (Some(_), false) => return Err(format!("a gradient for argument {k}, which does not require grad")),
+            (None, true) => return Err(format!("no gradient for argument {k}, which requires grad")),
+        }
+    }
+    if let Grads::FiniteDifferences = grads {
+        let h: Vec<(usize, Vec<f64>)> = updated_grads
+            .iter()
+            .map(|(k, t)| t.to_vec_f64().map(|v| (*k, v)))
+            .collect::<Result<_, _>>()
+            .map_err(|e| e.to_string())?;
+        let loss = |args: &[Arg]| loss_of(f, args, &weights, &h);
+        for (k, g) in got.iter().enumerate() {
+            let Some(g) = g else { continue };
+            let g = g.to_vec_f64().map_err(|e| e.to_string())?;
+            let fd = finite_differences(&before, k, &loss)?;
+            for (e, (a, b)) in g.iter().zip(&fd).enumerate() {
+                if (a - b).abs() > TOL * b.abs().max(1.0) {
+                    return Err(format!(
+                        "d L / d arg{k}[{e}] = {a} (compiled) != {b} (finite differences)\n  compiled: {g:?}\n  \
+                         finite differences: {fd:?}"
+                    ));
+                }
+            }
+        }
+    }
+    mutate_outputs(&eager_in, &eager_out, &comp_in, &comp_out)?;
+    Ok((comp_in, out_grads, updated_grads, got))
+}
+
+fn backward(
+    pending: &PendingBackward,
+    out_grads: &[Tensor],
+    updated: &[(usize, Tensor)],
+) -> Result<Vec<Option<Tensor>>, String> {
+    let opt: Vec<Option<Tensor>> = out_grads.iter().cloned().map(Some).collect();
+    pending.backward_with(&opt, updated).map_err(|e| format!("backward fails: {e}"))
+}
+
+/// `L` of one eager run (under no-grad) on `args`.
+fn loss_of(f: &UserFn, args: &[Arg], weights: &[Option<Vec<f64>>], h: &[(usize, Vec<f64>)]) -> Result<f64, String> {
+    let _g = NoGradGuard::new();
+    let outs = f(args).map_err(|e| format!("eager run on perturbed inputs fails: {e}"))?;
+    let mut l = 0.0;
+    for (o, w) in outs.iter().zip(weights) {
+        if let Some(w) = w {
+            l += dot(&o.to_vec_f64().map_err(|e| e.to_string())?, w);
+        }
+    }
+    for (k, hk) in h {
+        l += dot(&tensor(&args[*k]).map_err(|e| e.to_string())?.to_vec_f64().map_err(|e| e.to_string())?, hk);
+    }
+    Ok(l)
+}
+
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// The whole storage under `t`, as f64.
+fn storage_of(t: &Tensor) -> Result<(CpuTensor, Vec<f64>), String> {
+    let cpu = t.to_cpu().map_err(|e| e.to_string())?;
+    let whole =
+        CpuTensor { storage: cpu.storage.clone(), meta: TensorMeta::from_sizes(&[cpu.storage.len()], cpu.meta.dtype) };
+    let v = whole.try_to_vec_f64().map_err(|e| e.to_string())?;
+    Ok((cpu, v))
+}
+
+/// Copies of `args` with fresh storages (aliasing between arguments rebuilt), the
+/// storage element `pos` of argument `k`'s storage moved by `delta`.
+fn perturbed(args: &[Arg], k: usize, pos: usize, delta: f64) -> Result<Vec<Arg>, String> {
+    let _g = NoGradGuard::new();
+    let target = tensor(&args[k]).map_err(|e| e.to_string())?;
+    // One fresh flat tensor per storage class, one new object per tensor object.
+    let mut flats: Vec<(Tensor, Tensor)> = Vec::new(); // (representative, flat copy)
+    let mut objects: Vec<(Tensor, Tensor)> = Vec::new(); // (original, copy)
+    let mut out = Vec::with_capacity(args.len());
+    for a in args {
+        let Some(t) = a.tensor() else {
+            out.push(a.clone());
+            continue;
+        };
+        if let Some((_, c)) = objects.iter().find(|(o, _)| o.same_object(t)) {
+            out.push(Arg::Tensor(c.clone()));
+            continue;
+        }
+        let flat = match flats.iter().find(|(r, _)| r.shares_storage_with(t)) {
+            Some((_, fl)) => fl.clone(),
+            None => {
+                let (cpu, mut v) = storage_of(t)?;
+                if t.shares_storage_with(target) {
+                    v[pos] += delta;
+                }
+                let fl = Tensor::from_f64(&v, &[v.len()], cpu.meta.dtype).map_err(|e| e.to_string())?;
+                flats.push((t.clone(), fl.clone()));
+                fl
+            }
+        };
+        let m = t.meta();
+        let c = flat
+            .as_strided(
+                &m.concrete_shape().unwrap_or_default(),
+                &m.concrete_strides().unwrap_or_default(),
+                m.concrete_offset().unwrap_or(0),
+            )
+            .map_err(|e| e.to_string())?;
+        objects.push((t.clone(), c.clone()));
+        out.push(Arg::Tensor(c));
+    }
+    Ok(out)
+}
+
+/// Central differences of `loss` w.r.t. each element (row-major) of argument `k`.
+fn finite_differences(
+    args: &[Arg],
+    k: usize,
+    loss: &dyn Fn(&[Arg]) -> Result<f64, String>,
+) -> Result<Vec<f64>, String> {
+    let m = tensor(&args[k]).map_err(|e| e.to_string())?.meta();
+    let shape = m.concrete_shape().unwrap_or_default();
+    let strides = m.concrete_strides().unwrap_or_default();
+    let offset = m.concrete_offset().unwrap_or(0);
+    let n: usize = shape.iter().product();
+    let mut fd = Vec::with_capacity(n);
+    for e in 0..n {
+        let (mut rest, mut pos) = (e, offset);
+        for d in (0..shape.len()).rev() {
+            pos += (rest % shape[d]) * strides[d];
+            rest /= shape[d];
+        }
+        let up = loss(&perturbed(args, k, pos, EPS)?)?;
+        let down = loss(&perturbed(args, k, pos, -EPS)?)?;
+        fd.push((up - down) / (2.0 * EPS));
+    }
+    Ok(fd)
+}
+
+/// The observable state of one tensor.
+#[derive(Debug, PartialEq)]
+struct State {
+    meta: TensorMeta,
+    values: Vec<f64>,
+    storage: Vec<f64>,
+    requires_grad: bool,
+    is_leaf: bool,
+}
+
+fn state(t: &Tensor) -> Result<State, String> {
+    let (cpu, storage) = storage_of(t)?;
+    Ok(State {
+        meta: cpu.meta.clone(),
+        values: cpu.try_to_vec_f64().map_err(|e| e.to_string())?,
+        storage,
+        requires_grad: t.is_requires_grad(),
+        is_leaf: t.is_leaf(),
+    })
+}
+
+fn close(a: &[f64], b: &[f64]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 1e-12 * x.abs().max(y.abs()).max(1.0))
+}
+
+fn same_state(what: &str, e: &Tensor, c: &Tensor) -> Result<(), String> {
+    let (se, sc) = (state(e)?, state(c)?);
+    if se.meta != sc.meta {
+        return Err(format!("{what}: metadata {} (compiled) != {} (eager)", sc.meta, se.meta));
+    }
+    if !close(&se.values, &sc.values) {
+        return Err(format!("{what}: values {:?} (compiled) != {:?} (eager)", sc.values, se.values));
+    }
+    if !close(&se.storage, &sc.storage) {
+        return Err(format!("{what}: storage {:?} (compiled) != {:?} (eager)", sc.storage, se.storage));
+    }
+    if (se.requires_grad, se.is_leaf) != (sc.requires_grad, sc.is_leaf) {
+        return Err(format!(
+            "{what}: (requires_grad, is_leaf) {:?} (compiled) != {:?} (eager)",
+            (sc.requires_grad, sc.is_leaf),
+            (se.requires_grad, se.is_leaf)
+        ));
+    }
+    Ok(())
+}
+
+fn tensors(args: &[Arg]) -> Vec<(usize, &Tensor)> {
+    args.iter().enumerate().filter_map(|(i, a)| a.tensor().map(|t| (i, t))).collect()
+}
+
+fn compare_worlds(
+    ctx: &str,
+    eager_in: &[Arg],
+    eager_out: &[Tensor],
+    comp_in: &[Arg],
+    comp_out: &[Tensor],
+) -> Result<(), String> {
+    if eager_out.len() != comp_out.len() {
+        return Err(format!("{ctx}{} outputs (compiled) != {} (eager)", comp_out.len(), eager_out.len()));
+    }
+    for (j, (e, c)) in eager_out.iter().zip(comp_out).enumerate() {
+        same_state(&format!("{ctx}output {j}"), e, c)?;
+    }
+    let (ei, ci) = (tensors(eager_in), tensors(comp_in));
+    for ((k, e), (_, c)) in ei.iter().zip(&ci) {
+        same_state(&format!("{ctx}input {k} after the call"), e, c)?;
+    }
+    let rel = |a: &Tensor, b: &Tensor| (a.shares_storage_with(b), a.same_object(b));
+    for j in 0..eager_out.len() {
+        for ((k, e), (_, c)) in ei.iter().zip(&ci) {
+            let (re, rc) = (rel(&eager_out[j], e), rel(&comp_out[j], c));
+            if re != rc {
+                return Err(format!(
+                    "{ctx}output {j} vs input {k}: (shares storage, same object) = {rc:?} (compiled) != {re:?} (eager)"
+                ));
+            }
+        }
+        for i in 0..j {
+            let (re, rc) = (rel(&eager_out[j], &eager_out[i]), rel(&comp_out[j], &comp_out[i]));
+            if re != rc {
+                return Err(format!(
+                    "{ctx}output {j} vs output {i}: (shares storage, same object) = {rc:?} (compiled) != {re:?} (eager)"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// (d): add 1 in place to each float output in turn, cumulatively, grad mode on.
+fn mutate_outputs(eager_in: &[Arg], eager_out: &[Tensor], comp_in: &[Arg], comp_out: &[Tensor]) -> Result<(), String> {
+    for j in 0..eager_out.len() {
+        if !eager_out[j].dtype().is_float() {
+            continue;
+        }
+        match (eager_out[j].add_(1.0), comp_out[j].add_(1.0)) {
+            (Ok(_), Ok(_)) => {}
+            (Err(_), Err(_)) => continue,
+            (Ok(_), Err(e)) => return Err(format!("output {j}.add_(1) fails only when compiled: {e}")),
+            (Err(e), Ok(_)) => return Err(format!("output {j}.add_(1) fails only in eager: {e}")),
+        }
+        compare_worlds(&format!("after output {j}.add_(1): "), eager_in, eager_out, comp_in, comp_out)?;
+    }
+    Ok(())
+}
+
+fn strip(g: &Graph) -> String {
+    let mut g = g.clone();
+    for n in &mut g.nodes {
+        n.loc = None;
+    }
+    print_graph(&g)
+}
+
+/// Forward and backward graphs of the (last) training entry and its partition
+/// report, without source locations.
+pub fn graphs_text(compiled: &AotFunction) -> String {
+    match compiled.training_graphs().pop() {
+        Some((fw, bw, report)) => format!("forward:\n{}backward:\n{}{report}", strip(&fw), strip(&bw)),
+        None => "(no training entry)\n".into(),
+    }
+}
+
+/// `s` with every `.rs:LINE:COL` replaced by `.rs:<line>:<col>`, so golden error texts
+/// do not move with the test files' line numbers.
+pub fn without_lines(s: &str) -> String {
+    let mut out = String::new();
+    let mut rest = s;
+    while let Some(i) = rest.find(".rs:") {
+        out.push_str(&rest[..i + 4]);
+        rest = &rest[i + 4..];
+        let digits = |r: &str| r.find(|c: char| !c.is_ascii_digit()).unwrap_or(r.len());
+        let l = digits(rest);
+        if l > 0 && rest[l..].starts_with(':') && digits(&rest[l + 1..]) > 0 {
+            let c = digits(&rest[l + 1..]);
+            out.push_str("<line>:<col>");
+            rest = &rest[l + 1 + c..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Eager and compiled both reject the call (grad mode on) with the same message (the
+/// user's source line included); returns it without line numbers.
+pub fn both_reject<F>(f: F, inputs: &dyn Fn() -> Vec<Arg>) -> String
+where
+    F: Fn(&[Arg]) -> aotgrad::trace::Result<Vec<Tensor>> + Send + Sync + 'static,
+{
+    let f: UserFn = Arc::new(f);
+    let ff = f.clone();
+    let compiled = aot_function_args(move |a: &[Arg]| ff(a), AotConfig::default()).expect("aot_function_args");
+    let eager = f(&inputs()).err().map(|e| e.to_string()).expect("eager rejects the call");
+    let comp = compiled.forward_args(&inputs()).err().map(|e| e.to_string()).expect("compiled rejects the call");
+    assert_eq!(eager, comp, "eager and compiled reject the call differently");
+    without_lines(&comp)
+}
+
+/// Central finite differences of `f`'s first output (a scalar), run eagerly under
+/// no-grad, w.r.t. each element of argument `k` of `args`.
+pub fn scalar_fd(f: UserFn, args: &[Arg], k: usize) -> Vec<f64> {
+    let loss = |a: &[Arg]| loss_of(&f, a, &[Some(vec![1.0])], &[]);
+    finite_differences(args, k, &loss).expect("finite differences")
+}
