@@ -8,7 +8,7 @@
 
 use anyhow::Result;
 use aotgrad::nn::{Mlp, Module, Params, TransformerBlock};
-use aotgrad_autodiff::{build_joint_with_oracle, JointGraph};
+use aotgrad_autodiff::{build_joint_with_cuts, GradCuts, JointGraph};
 use aotgrad_functionalize::{functionalize, Functionalized, Options, TraceFacts};
 use aotgrad_ir::{DType, ValueId};
 use aotgrad_partition::{
@@ -87,12 +87,14 @@ pub fn functionalize_stage(t: &Traced) -> Result<Functionalized> {
     Ok(functionalize(&t.graph, &facts, &Options::default(), &mut env)?)
 }
 
-/// Stage 3: the joint graph (gradients for every parameter, a tangent for the loss).
+/// Stage 3: the joint graph (gradients for every parameter, a tangent for the loss),
+/// honouring what autograd did not see while tracing, as the runtime does.
 pub fn joint_stage(t: &Traced, f: &Functionalized) -> Result<JointGraph> {
     let rg: Vec<bool> = f.meta.inputs.iter().map(|i| i.requires_grad).collect();
     let tangents = vec![true; f.graph.outputs.len()];
     let mut env = t.shape_env.clone();
-    Ok(build_joint_with_oracle(&f.graph, &rg, &tangents, &mut env)?)
+    let cuts = GradCuts { detached: &f.autograd.detached, straight_through: &f.autograd.straight_through };
+    Ok(build_joint_with_cuts(&f.graph, &rg, &tangents, &cuts, &mut env)?)
 }
 
 /// Stage 4: e-graph simplification.

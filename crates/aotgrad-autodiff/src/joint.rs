@@ -17,6 +17,8 @@
 //!    other views (`x[:, ::2].as_strided(..)`) may read elements of the storage root
 //!    `x` its input does not hold. It is differentiated with respect to that root (the
 //!    first value up its chain of views), so those elements get their gradient too.
+//!    The walk up the chain stops at a cut value (see 5.): a detached view is the root
+//!    of the views taken from it.
 //! 5. Cuts ([`crate::GradCuts`]): a detached value passes no gradient to its
 //!    arguments; a straight-through value passes none to its arguments either, and
 //!    its whole gradient to its `previous` value (an extra gradient-carrying edge).
@@ -70,13 +72,19 @@ pub(crate) fn build(
         tangents.push(b.add_input(format!("tangent{k}"), meta)?);
     }
 
-    // Nodes as differentiated: `as_strided` of a view reads its storage root.
+    let cut: HashSet<ValueId> =
+        cuts.detached.iter().copied().chain(cuts.straight_through.iter().map(|(n, _)| *n)).collect();
+
+    // Nodes as differentiated: `as_strided` of a view reads its storage root. A cut
+    // value is a root of its own: the walk must not carry a gradient past it.
     let mut roots: HashMap<ValueId, ValueId> = HashMap::new();
     let mut rerouted: HashMap<usize, Node> = HashMap::new();
     for (k, n) in fw.nodes.iter().enumerate() {
         if let (true, Some(&a)) = (n.op.is_view(), n.args.first()) {
             let root = roots.get(&a).copied().unwrap_or(a);
-            roots.insert(n.out, root);
+            if !cut.contains(&n.out) {
+                roots.insert(n.out, root);
+            }
             if matches!(n.op, Op::AsStrided { .. }) && root != a {
                 rerouted.insert(k, Node { args: vec![root], ..n.clone() });
             }
@@ -84,8 +92,6 @@ pub(crate) fn build(
     }
     let nodes: Vec<&Node> = fw.nodes.iter().enumerate().map(|(k, n)| rerouted.get(&k).unwrap_or(n)).collect();
 
-    let cut: HashSet<ValueId> =
-        cuts.detached.iter().copied().chain(cuts.straight_through.iter().map(|(n, _)| *n)).collect();
     let straight: HashMap<ValueId, ValueId> = cuts.straight_through.iter().copied().collect();
     let flows = |b: &Builder, n: &Node, i: usize| -> Result<bool> {
         Ok(!cut.contains(&n.out)

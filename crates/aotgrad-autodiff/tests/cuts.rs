@@ -7,7 +7,7 @@ mod common;
 use aotgrad_autodiff::{build_joint_with_cuts, GradCuts};
 use aotgrad_cpu::{interpret, CpuTensor};
 use aotgrad_ir::text::print_graph;
-use aotgrad_ir::{BinaryOp, DType, Op, Scalar, StaticOracle};
+use aotgrad_ir::{BinaryOp, DType, Dim, Op, Scalar, StaticOracle};
 use common::*;
 use expect_test::expect;
 
@@ -66,4 +66,26 @@ fn straight_through_value_passes_its_gradient_unchanged() {
     // grad x = t_n + 3 t_y; w gets nothing (the mutation wrote it, unseen).
     assert_close(&outs[2].to_vec_f64(), &[3.5, -2.75], 1e-15);
     assert_close(&outs[3].to_vec_f64(), &[0.0, 0.0], 1e-15);
+}
+
+/// `as_strided` of a *detached* view of `x`: the walk to the storage root (which lets
+/// `as_strided` of a view reach the root's other elements) stops at the cut, so `x`
+/// gets only the gradient of the other, visible use: `y = v * x` with `v` detached
+/// gives `grad x = v * g`. (The walk used to pass the detached alias and send
+/// `x * g` through the `as_strided` to `x` as well.)
+#[test]
+fn as_strided_root_walk_stops_at_a_detached_view() {
+    let mut g = GB::new();
+    let x = g.inp("x", &[4], F);
+    let s = g.op(Op::Slice { dim: 0, start: Dim::Const(1), end: Dim::Const(3), step: 1 }, &[x]);
+    let a = g.op(Op::Alias, &[s]);
+    let v = g.op(Op::AsStrided { size: vec![Dim::Const(4)], stride: vec![Dim::Const(1)], offset: Dim::Const(0) }, &[a]);
+    let y = g.op(Op::Binary(BinaryOp::Mul), &[v, x]);
+    let fw = g.outputs(&[y]);
+    let cuts = GradCuts { detached: &[a], straight_through: &[] };
+    let jg = build_joint_with_cuts(&fw, &[true], &[true], &cuts, &mut StaticOracle).expect("joint");
+    let (xv, gv) = ([0.5, -2.0, 3.0, 4.0], [1.0, 2.0, -1.0, 0.5]);
+    let outs = interpret(&jg.graph, &[t64(&xv, &[4]), t64(&gv, &[4])]).expect("run");
+    // y = x * x elementwise in value, but one factor is detached: grad x = x * g.
+    assert_close(&outs[1].to_vec_f64(), &[0.5, -4.0, -3.0, 2.0], 1e-15);
 }

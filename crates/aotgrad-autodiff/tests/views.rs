@@ -201,3 +201,17 @@ fn overlapping_as_strided_is_rejected() {
         other => panic!("expected NotDifferentiable, got {other:?}"),
     }
 }
+
+/// A view whose dims do not nest (strides 3 and 2 over sizes 3 and 3) yet names nine
+/// distinct elements (0, 2, 3, 4, 5, 6, 7, 8, 10): the exact repeat test of
+/// `aotgrad_meta::Layout` accepts it (the old nesting test refused it), and the
+/// gradient scatters each element back once.
+#[test]
+fn non_nesting_but_distinct_as_strided_is_differentiated() {
+    let op = Op::AsStrided { size: dims(&[3, 3]), stride: dims(&[3, 2]), offset: Dim::Const(0) };
+    let c = check_view(op, contiguous(&[11]));
+    // Elements 1 and 9 are not read: their gradient is zero.
+    assert_eq!(c.grads[0][1], 0.0);
+    assert_eq!(c.grads[0][9], 0.0);
+    assert_eq!(c.grads[0].iter().filter(|v| **v != 0.0).count(), 9);
+}

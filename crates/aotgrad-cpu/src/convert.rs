@@ -159,7 +159,9 @@ pub(crate) enum Kind {
 }
 
 impl Kind {
-    /// The type arithmetic on `dtype` is carried out in.
+    /// The type arithmetic on `dtype` is carried out in. It holds every value of
+    /// `dtype` exactly, so converting from it to any dtype rounds once (what casts and
+    /// copies rely on).
     pub fn compute(dtype: DType) -> Kind {
         match dtype {
             DType::F16 | DType::BF16 | DType::F32 => Kind::F32,
@@ -167,11 +169,6 @@ impl Kind {
             DType::I32 | DType::I64 => Kind::I64,
             DType::Bool => Kind::Bool,
         }
-    }
-    /// A kind that holds every value of `dtype` exactly; converting from it to any
-    /// dtype rounds once (what casts and copies use).
-    pub fn exact(dtype: DType) -> Kind {
-        Kind::compute(dtype)
     }
 }
 
@@ -276,10 +273,7 @@ pub(crate) fn gather_own(op: &str, t: &CpuTensor, kind: Kind) -> Result<Vals> {
 /// The elements of `t` (own shape) as i64, for index tensors (which must be integral).
 pub(crate) fn gather_index(op: &str, t: &CpuTensor) -> Result<Vec<i64>> {
     if !t.meta.dtype.is_int() {
-        return Err(CpuError::Kernel {
-            op: op.to_string(),
-            msg: format!("index tensors must have an integer dtype, got {}", t.meta.dtype),
-        });
+        return Err(CpuError::kernel(op, format!("index tensors must have an integer dtype, got {}", t.meta.dtype)));
     }
     match gather_own(op, t, Kind::I64)? {
         Vals::I64(v) => Ok(v),
@@ -320,7 +314,7 @@ pub(crate) fn cast_buffer(buf: Buffer, dtype: DType) -> Buffer {
     }
     // A contiguous layout over the whole buffer always fits.
     let layout = Layout::contiguous(&[buf.len()]);
-    gather_unchecked(&buf, &layout, Kind::exact(buf.dtype())).into_buffer(dtype)
+    gather_unchecked(&buf, &layout, Kind::compute(buf.dtype())).into_buffer(dtype)
 }
 
 /// Write the contiguous `src` (converted to `dst`'s dtype) into `dst` at `layout`, in

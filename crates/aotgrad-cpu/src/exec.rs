@@ -8,19 +8,16 @@
 
 use crate::convert::{cast_buffer, contiguous_copy, filled, scatter_into, Vals};
 use crate::iter::Layout;
-use crate::pointwise::{self, out_shape, pointwise_result_dtype};
+use crate::pointwise::{self, out_shape};
 use crate::storage::{Buffer, CpuTensor, Storage};
 use crate::{indexing, matmul, random, reduce, CpuError, Result};
-use aotgrad_ir::{Aliasing, DType, Op, Scalar, TensorMeta};
-
-fn kernel_err(op: &str, msg: impl Into<String>) -> CpuError {
-    CpuError::Kernel { op: op.to_string(), msg: msg.into() }
-}
+use aotgrad_ir::infer::{has_internal_overlap, infer};
+use aotgrad_ir::{Aliasing, DType, Op, Scalar, StaticOracle, TensorMeta};
 
 /// `args[i]`, or a kernel error naming the op.
 fn arg<'a>(op: &Op, args: &[&'a CpuTensor], i: usize) -> Result<&'a CpuTensor> {
     args.get(i).copied().ok_or_else(|| {
-        kernel_err(&op.name(), format!("expected at least {} tensor argument(s), got {}", i + 1, args.len()))
+        CpuError::kernel(op.name(), format!("expected at least {} tensor argument(s), got {}", i + 1, args.len()))
     })
 }
 
@@ -67,7 +64,7 @@ fn materialize(op: &str, buf: Buffer, out: &TensorMeta) -> Result<CpuTensor> {
         return Ok(CpuTensor { storage: Storage::new(buf), meta: out.clone() });
     }
     // A non-contiguous fresh result (e.g. a layout-preserving clone): lay it out as asked.
-    if layout.has_internal_overlap() {
+    if has_internal_overlap(out) {
         return Err(CpuError::Internal(format!("{op}: fresh result metadata {out} has overlapping elements")));
     }
     let mut storage = Buffer::zeros(out.dtype, layout.extent());
@@ -75,26 +72,17 @@ fn materialize(op: &str, buf: Buffer, out: &TensorMeta) -> Result<CpuTensor> {
     Ok(CpuTensor { storage: Storage::new(storage), meta: out.clone() })
 }
 
+/// `InPlace(inner)`: the IR's rules decide what may be written (the result must fit
+/// the target's shape, its dtype must be castable to the target's, and the target must
+/// not overlap itself) and in which dtype `inner` computes, exactly as inference does
+/// for the tracer.
 fn in_place(op: &Op, inner: &Op, args: &[&CpuTensor]) -> Result<CpuTensor> {
     let name = op.name();
     let target = arg(op, args, 0)?;
-    let result_dtype = pointwise_result_dtype(inner, args)?;
-    let arithmetic =
-        matches!(inner, Op::Unary(_) | Op::Binary(_) | Op::BinaryScalar(..) | Op::Where | Op::Clamp { .. });
-    if arithmetic && !target.meta.dtype.can_hold(result_dtype) {
-        return Err(kernel_err(
-            &name,
-            format!("result type {result_dtype} can't be cast to the desired output type {}", target.meta.dtype),
-        ));
-    }
+    let metas: Vec<&TensorMeta> = args.iter().map(|t| &t.meta).collect();
+    infer(op, &metas, &mut StaticOracle)?;
+    let result_dtype = infer(inner, &metas, &mut StaticOracle)?.dtype;
     let layout = Layout::from_meta(&target.meta)?;
-    if layout.has_internal_overlap() {
-        return Err(kernel_err(
-            &name,
-            "unsupported operation: more than one element of the written-to tensor refers to a single memory location; \
-             clone() the tensor before writing to it",
-        ));
-    }
     let inner_out = TensorMeta::contiguous(target.meta.shape.clone(), result_dtype);
     // Compute into a temporary first: sources may overlap the destination.
     let value = compute(inner, args, &inner_out)?;
@@ -127,7 +115,7 @@ fn need_float(op: &Op, dtype: DType) -> Result<()> {
     if dtype.is_float() {
         Ok(())
     } else {
-        Err(kernel_err(&op.name(), format!("needs a floating dtype, got {dtype}")))
+        Err(CpuError::kernel(op.name(), format!("needs a floating dtype, got {dtype}")))
     }
 }
 
@@ -148,6 +136,8 @@ pub(crate) fn compute(op: &Op, args: &[&CpuTensor], out: &TensorMeta) -> Result<
             pointwise::convert("copy", a(1)?, out)
         }
         Op::Clone => Ok(cast_buffer(contiguous_copy("clone", a(0)?)?, out.dtype)),
+        // The elements in row-major order are those of the new shape: a contiguous copy.
+        Op::UnsafeView(_) => Ok(cast_buffer(contiguous_copy("_unsafe_view", a(0)?)?, out.dtype)),
         Op::Reduce { op: r, dims, .. } => reduce::reduce(*r, a(0)?, dims, out),
         Op::ArgMax { dim, .. } => reduce::arg_extreme(true, a(0)?, *dim, out),
         Op::ArgMin { dim, .. } => reduce::arg_extreme(false, a(0)?, *dim, out),
@@ -173,7 +163,7 @@ pub(crate) fn compute(op: &Op, args: &[&CpuTensor], out: &TensorMeta) -> Result<
         Op::Bernoulli { p, seed, offset } => {
             a(0)?;
             if !(0.0..=1.0).contains(p) {
-                return Err(kernel_err("bernoulli", format!("p must be in [0, 1], got {p}")));
+                return Err(CpuError::kernel("bernoulli", format!("p must be in [0, 1], got {p}")));
             }
             let (seed, offset) = rng_state(op, args, 1, *seed, *offset)?;
             Ok(random::bernoulli(*p, seed, offset, numel(out)?).into_buffer(out.dtype))
@@ -183,7 +173,7 @@ pub(crate) fn compute(op: &Op, args: &[&CpuTensor], out: &TensorMeta) -> Result<
         Op::ScatterAdd(d) => indexing::scatter_add(*d, a(0)?, a(1)?, a(2)?, out),
         Op::Cat(d) => {
             if args.is_empty() {
-                return Err(kernel_err("cat", "expected at least one tensor"));
+                return Err(CpuError::kernel("cat", "expected at least one tensor"));
             }
             indexing::cat(*d, args, out)
         }
@@ -194,7 +184,7 @@ pub(crate) fn compute(op: &Op, args: &[&CpuTensor], out: &TensorMeta) -> Result<
         Op::AsStridedScatter { size, stride, offset } => {
             indexing::as_strided_scatter((size, stride, offset), a(0)?, a(1)?, out)
         }
-        Op::Composite(c) => Err(kernel_err(
+        Op::Composite(c) => Err(CpuError::kernel(
             c.name(),
             format!(
                 "composite op `{}` was kept whole; the reference CPU backend runs only core ops (decompose it)",
@@ -213,8 +203,8 @@ pub(crate) fn compute(op: &Op, args: &[&CpuTensor], out: &TensorMeta) -> Result<
         | Op::AsStrided { .. }
         | Op::Alias
         | Op::InPlace(_)
-        | Op::MetaInPlace(_) => Err(kernel_err(
-            &op.name(),
+        | Op::MetaInPlace(_) => Err(CpuError::kernel(
+            op.name(),
             "a view or mutation cannot be computed into a fresh buffer (nested in an in-place op?)",
         )),
     }
@@ -230,7 +220,7 @@ fn rng_state(op: &Op, args: &[&CpuTensor], n: usize, seed: u64, offset: u64) -> 
     let scalar = |t: &CpuTensor| -> Result<u64> {
         match t.try_to_vec_i64()?.as_slice() {
             [v] => Ok(*v as u64),
-            other => Err(kernel_err(&op.name(), format!("RNG state must be 0-d, got {} values", other.len()))),
+            other => Err(CpuError::kernel(op.name(), format!("RNG state must be 0-d, got {} values", other.len()))),
         }
     };
     Ok((scalar(args[n])?, scalar(args[n + 1])?.wrapping_add(offset)))

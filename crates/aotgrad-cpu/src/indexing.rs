@@ -11,12 +11,8 @@ use crate::storage::{Buffer, CpuTensor};
 use crate::{CpuError, Result};
 use aotgrad_ir::{Dim, TensorMeta};
 
-fn kernel_err(op: &str, msg: impl Into<String>) -> CpuError {
-    CpuError::Kernel { op: op.to_string(), msg: msg.into() }
-}
-
 fn index_err(op: &str, index: i64, dim: usize, size: usize) -> CpuError {
-    kernel_err(op, format!("index {index} is out of range for dimension {dim} with size {size}"))
+    CpuError::kernel(op, format!("index {index} is out of range for dimension {dim} with size {size}"))
 }
 
 /// The elements of `buf` at `offsets` (all in bounds), in that order.
@@ -68,13 +64,16 @@ pub(crate) fn index_select(dim: usize, x: &CpuTensor, index: &CpuTensor, out: &T
     let lx = Layout::from_meta(&x.meta)?;
     let idx = gather_index(op, index)?;
     if index.meta.rank() > 1 {
-        return Err(kernel_err(op, format!("index must be 1-D, got rank {}", index.meta.rank())));
+        return Err(CpuError::kernel(op, format!("index must be 1-D, got rank {}", index.meta.rank())));
     }
     // A 0-d tensor behaves as a 1-element 1-D one.
     let (shape, strides) =
         if lx.shape.is_empty() { (vec![1], vec![0]) } else { (lx.shape.clone(), lx.strides.clone()) };
     if dim >= shape.len() {
-        return Err(kernel_err(op, format!("dimension {dim} out of range for a tensor of rank {}", lx.shape.len())));
+        return Err(CpuError::kernel(
+            op,
+            format!("dimension {dim} out of range for a tensor of rank {}", lx.shape.len()),
+        ));
     }
     if let Some(&bad) = idx.iter().find(|&&i| i < 0 || i as usize >= shape[dim]) {
         return Err(index_err(op, bad, dim, shape[dim]));
@@ -107,21 +106,24 @@ fn at_least_1d(mut l: Layout) -> Layout {
 /// Checks that `index` has the rank of `x` and fits `x` outside `dim` (and `src` everywhere).
 fn check_index_shape(op: &str, dim: usize, index: &[usize], x: &[usize], src: Option<&[usize]>) -> Result<()> {
     if index.len() != x.len() || src.is_some_and(|s| s.len() != x.len()) {
-        return Err(kernel_err(op, format!("index of shape {index:?} must have the same rank as the input {x:?}")));
+        return Err(CpuError::kernel(
+            op,
+            format!("index of shape {index:?} must have the same rank as the input {x:?}"),
+        ));
     }
     if dim >= x.len() {
-        return Err(kernel_err(op, format!("dimension {dim} out of range for a tensor of rank {}", x.len())));
+        return Err(CpuError::kernel(op, format!("dimension {dim} out of range for a tensor of rank {}", x.len())));
     }
     for (d, &s) in index.iter().enumerate() {
         if d != dim && s > x[d] {
-            return Err(kernel_err(
+            return Err(CpuError::kernel(
                 op,
                 format!("index of shape {index:?} is larger than the input {x:?} at dimension {d}"),
             ));
         }
         if let Some(src) = src {
             if s > src[d] {
-                return Err(kernel_err(
+                return Err(CpuError::kernel(
                     op,
                     format!("index of shape {index:?} is larger than src {src:?} at dimension {d}"),
                 ));
@@ -210,7 +212,7 @@ pub(crate) fn cat(dim: usize, xs: &[&CpuTensor], out: &TensorMeta) -> Result<Buf
     let lo = Layout::contiguous(&shape);
     let mut buf = Buffer::zeros(out.dtype, lo.numel());
     if dim >= shape.len() {
-        return Err(kernel_err(op, format!("dimension {dim} out of range for a result of rank {}", shape.len())));
+        return Err(CpuError::kernel(op, format!("dimension {dim} out of range for a result of rank {}", shape.len())));
     }
     let mut pos = 0usize;
     for (n, x) in xs.iter().enumerate() {
@@ -220,7 +222,7 @@ pub(crate) fn cat(dim: usize, xs: &[&CpuTensor], out: &TensorMeta) -> Result<Buf
         }
         let fits = xs.len() == shape.len() && xs.iter().zip(&shape).enumerate().all(|(d, (a, b))| d == dim || a == b);
         if !fits || pos + xs[dim] > shape[dim] {
-            return Err(kernel_err(
+            return Err(CpuError::kernel(
                 op,
                 format!("input {n} of shape {xs:?} does not fit the result of shape {shape:?}"),
             ));
@@ -230,7 +232,7 @@ pub(crate) fn cat(dim: usize, xs: &[&CpuTensor], out: &TensorMeta) -> Result<Buf
         pos += xs[dim];
     }
     if pos != shape[dim] {
-        return Err(kernel_err(op, format!("inputs fill {pos} of {} entries along dimension {dim}", shape[dim])));
+        return Err(CpuError::kernel(op, format!("inputs fill {pos} of {} entries along dimension {dim}", shape[dim])));
     }
     Ok(buf)
 }
@@ -248,7 +250,10 @@ fn scatter_view(op: &str, base: &CpuTensor, src: &CpuTensor, region: Layout, out
     region.check_fits(op, buf.len())?;
     let ss = out_shape(&src.meta)?;
     if ss != region.shape {
-        return Err(kernel_err(op, format!("src of shape {ss:?} does not match the view of shape {:?}", region.shape)));
+        return Err(CpuError::kernel(
+            op,
+            format!("src of shape {ss:?} does not match the view of shape {:?}", region.shape),
+        ));
     }
     scatter_into(op, &mut buf, &region, contiguous_copy(op, src)?)?;
     Ok(buf)
@@ -265,7 +270,7 @@ pub(crate) fn slice_scatter(
     let mut region = Layout::contiguous(&out_shape(&base.meta)?);
     let (start, end) = (concrete(op, start)?, concrete(op, end)?);
     if dim >= region.shape.len() || step < 1 || end > region.shape[dim] {
-        return Err(kernel_err(
+        return Err(CpuError::kernel(
             op,
             format!("invalid slice {start}:{end}:{step} of dimension {dim} of a tensor of shape {:?}", region.shape),
         ));
@@ -289,7 +294,7 @@ pub(crate) fn select_scatter(
     let mut region = Layout::contiguous(&out_shape(&base.meta)?);
     let index = concrete(op, index)?;
     if dim >= region.shape.len() {
-        return Err(kernel_err(
+        return Err(CpuError::kernel(
             op,
             format!("dimension {dim} out of range for a tensor of rank {}", region.shape.len()),
         ));
@@ -317,7 +322,7 @@ pub(crate) fn as_strided_scatter(
         offset: concrete(op, offset)?,
     };
     if region.shape.len() != region.strides.len() {
-        return Err(kernel_err(op, "size and stride must have the same length"));
+        return Err(CpuError::kernel(op, "size and stride must have the same length"));
     }
     scatter_view(op, base, src, region, out)
 }

@@ -6,6 +6,9 @@
 //! 2. Each node's op and metadata get the symbol values substituted; shape inference
 //!    re-derives the metadata from the arguments' concrete metadata and must agree with
 //!    the node's (a mismatch is a bug: [`CpuError::Internal`] naming the node).
+//!    Errors of a node's op (inference, a kernel, a size that overflows i64 for these
+//!    symbol values) come wrapped in [`CpuError::Node`], naming the node, its op and
+//!    the user's source line.
 //! 3. The node runs on the argument tensors themselves, so inputs that share storage
 //!    (aliases, duplicates) see each other's mutations exactly as in eager mode.
 
@@ -128,8 +131,35 @@ pub fn interpret(g: &Graph, inputs: &[CpuTensor]) -> Result<Vec<CpuTensor>> {
         values.insert(gi.id, t.clone());
     }
     for node in &g.nodes {
-        let op = node.op.subst(&lookup);
-        let meta = node.meta.subst(&lookup);
+        let at_node = |e: CpuError| CpuError::Node {
+            value: node.out,
+            op: node.op.name(),
+            loc: node.loc.clone(),
+            source: Box::new(e),
+        };
+        // Every symbol is bound (`bind_inputs` checked the inputs); a dim that does not
+        // substitute is one whose value overflows i64 for these inputs.
+        let overflows = std::cell::Cell::new(None);
+        let subst = |d: &Dim| match d.checked_subst(&lookup) {
+            Some(c) => c,
+            None => {
+                overflows.set(Some(d.to_string()));
+                d.clone()
+            }
+        };
+        let op = node.op.map_dims(&subst);
+        let meta = TensorMeta {
+            shape: node.meta.shape.iter().map(subst).collect(),
+            strides: node.meta.strides.iter().map(subst).collect(),
+            offset: subst(&node.meta.offset),
+            dtype: node.meta.dtype,
+        };
+        if let Some(d) = overflows.take() {
+            return Err(at_node(CpuError::kernel(
+                node.op.name(),
+                format!("{d} overflows i64 for the symbol values of these inputs"),
+            )));
+        }
         if !meta.is_concrete() {
             return Err(CpuError::Internal(format!(
                 "node {} ({}): metadata {meta} mentions a symbol no input determines",
@@ -147,7 +177,7 @@ pub fn interpret(g: &Graph, inputs: &[CpuTensor]) -> Result<Vec<CpuTensor>> {
             })
             .collect::<Result<Vec<&CpuTensor>>>()?;
         let arg_metas: Vec<&TensorMeta> = args.iter().map(|t| &t.meta).collect();
-        let inferred = infer(&op, &arg_metas, &mut StaticOracle)?;
+        let inferred = infer(&op, &arg_metas, &mut StaticOracle).map_err(|e| at_node(e.into()))?;
         if inferred != meta {
             return Err(CpuError::Internal(format!(
                 "node {} ({}): inferred metadata {inferred} differs from the recorded {meta}",
@@ -156,7 +186,7 @@ pub fn interpret(g: &Graph, inputs: &[CpuTensor]) -> Result<Vec<CpuTensor>> {
             )));
         }
         tracing::trace!(node = %node.out, op = %node.op.name(), meta = %meta, "execute");
-        let result = execute(&op, &args, &meta)?;
+        let result = execute(&op, &args, &meta).map_err(at_node)?;
         values.insert(node.out, result);
     }
     g.outputs

@@ -77,16 +77,16 @@ impl Layout {
     /// Fails with a kernel error when the layout reaches past a storage of `len` elements.
     pub fn check_fits(&self, op: &str, len: usize) -> Result<()> {
         if self.numel() > 0 && self.extent() > len {
-            return Err(CpuError::Kernel {
-                op: op.to_string(),
-                msg: format!(
+            return Err(CpuError::kernel(
+                op,
+                format!(
                     "a view with sizes {:?}, strides {:?} and offset {} needs {} storage elements, but the storage has {len}",
                     self.shape,
                     self.strides,
                     self.offset,
                     self.extent()
                 ),
-            });
+            ));
         }
         Ok(())
     }
@@ -112,12 +112,6 @@ impl Layout {
         Ok(Layout { shape: shape.to_vec(), strides, offset: self.offset })
     }
 
-    /// True when two different logical positions map to the same storage element in an
-    /// obvious way (a dim of size > 1 with stride 0), PyTorch's internal-overlap test.
-    pub fn has_internal_overlap(&self) -> bool {
-        self.shape.iter().zip(&self.strides).any(|(&s, &st)| s > 1 && st == 0)
-    }
-
     /// Shape and strides with size-1 dims dropped and mergeable neighbours merged.
     fn collapsed(&self) -> (Vec<usize>, Vec<usize>) {
         let mut shape: Vec<usize> = Vec::with_capacity(self.shape.len());
@@ -127,7 +121,7 @@ impl Layout {
                 continue;
             }
             if let (Some(ls), Some(lst)) = (shape.last_mut(), strides.last_mut()) {
-                if *lst == st * s {
+                if st.checked_mul(s) == Some(*lst) {
                     *ls *= s;
                     *lst = st;
                     continue;
@@ -224,7 +218,7 @@ pub(crate) fn for_each_index(shape: &[usize], mut f: impl FnMut(&[usize])) {
 }
 
 fn broadcast_error(op: &str, from: &[usize], to: &[usize]) -> CpuError {
-    CpuError::Kernel { op: op.to_string(), msg: format!("cannot broadcast a tensor of shape {from:?} to shape {to:?}") }
+    CpuError::kernel(op, format!("cannot broadcast a tensor of shape {from:?} to shape {to:?}"))
 }
 
 #[cfg(test)]
@@ -260,7 +254,6 @@ mod tests {
         let l = Layout { shape: vec![3, 1], strides: vec![1, 1], offset: 2 };
         let b = l.broadcast_to("add", &[2, 3, 4]).unwrap();
         assert_eq!(b.strides, vec![0, 1, 0]);
-        assert!(b.has_internal_overlap());
         assert!(l.broadcast_to("add", &[3, 2]).is_ok());
         assert!(l.broadcast_to("add", &[2, 2]).is_err());
         assert_eq!(l.extent(), 5);

@@ -33,7 +33,7 @@ mod tensor;
 pub use backend::{InterpretedGraph, ReferenceBackend};
 pub use storage::{Buffer, CpuTensor, Storage};
 
-use aotgrad_ir::{Graph, Op, ShapeError, TensorMeta};
+use aotgrad_ir::{Graph, Op, ShapeError, SourceLoc, TensorMeta, ValueId};
 use thiserror::Error;
 
 /// Errors of the CPU backend.
@@ -58,9 +58,42 @@ pub enum CpuError {
         /// What went wrong.
         msg: String,
     },
+    /// A graph node failed while the interpreter ran it: the node, its op and the
+    /// user's source line, around the error of the op (shape inference or kernel).
+    /// Prints like `src/model.rs:12:5: index_select (%3): index_select: index 7 is out of range ...`.
+    #[error("{}{op} ({value}): {source}", loc_prefix(.loc))]
+    Node {
+        /// The value the node defines.
+        value: ValueId,
+        /// The node's op name.
+        op: String,
+        /// Where the user called the op, when the graph recorded it.
+        loc: Option<SourceLoc>,
+        /// What went wrong in the op.
+        #[source]
+        source: Box<CpuError>,
+    },
     /// A failed internal invariant: a bug in aotgrad.
     #[error("internal error (a bug in aotgrad, please report it): {0}")]
     Internal(String),
+}
+
+fn loc_prefix(loc: &Option<SourceLoc>) -> String {
+    loc.as_ref().map_or_else(String::new, |l| format!("{l}: "))
+}
+
+impl CpuError {
+    /// A kernel error of `op`.
+    pub fn kernel(op: impl Into<String>, msg: impl Into<String>) -> CpuError {
+        CpuError::Kernel { op: op.into(), msg: msg.into() }
+    }
+    /// The error itself, with any [`CpuError::Node`] context peeled off.
+    pub fn root(&self) -> &CpuError {
+        match self {
+            CpuError::Node { source, .. } => source.root(),
+            other => other,
+        }
+    }
 }
 
 /// Result of this crate.

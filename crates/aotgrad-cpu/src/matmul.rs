@@ -38,10 +38,7 @@ fn mats(layout: &Layout) -> Mats {
 /// Problem sizes: (batch, n, k, m).
 fn sizes(op: &str, a: &Layout, b: &Layout, out: &[usize], batched: bool) -> Result<(usize, usize, usize, usize)> {
     let rank = if batched { 3 } else { 2 };
-    let bad = || CpuError::Kernel {
-        op: op.to_string(),
-        msg: format!("cannot multiply shapes {:?} and {:?} into {:?}", a.shape, b.shape, out),
-    };
+    let bad = || CpuError::kernel(op, format!("cannot multiply shapes {:?} and {:?} into {:?}", a.shape, b.shape, out));
     if a.shape.len() != rank || b.shape.len() != rank || out.len() != rank {
         return Err(bad());
     }

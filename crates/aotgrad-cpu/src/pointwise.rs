@@ -10,7 +10,7 @@
 use crate::convert::{gather, Elem, Kind, Vals};
 use crate::storage::{Buffer, CpuTensor};
 use crate::{CpuError, Result};
-use aotgrad_ir::{result_type, BinaryOp, CmpOp, DType, Op, Operand, Scalar, TensorMeta, UnaryOp};
+use aotgrad_ir::{result_type, BinaryOp, CmpOp, Operand, Scalar, TensorMeta, UnaryOp};
 use num_traits::Float;
 
 /// Floats with an error function.
@@ -43,29 +43,13 @@ fn zip_map<T: Copy, U>(a: &[T], b: Rhs<'_, T>, f: impl Fn(T, T) -> U) -> Vec<U> 
     }
 }
 
-fn kernel_err(op: &str, msg: impl Into<String>) -> CpuError {
-    CpuError::Kernel { op: op.to_string(), msg: msg.into() }
-}
-
 /// The concrete shape of a meta, checking that its element count fits in `usize`.
 pub(crate) fn out_shape(out: &TensorMeta) -> Result<Vec<usize>> {
     let shape = out.concrete_shape().ok_or_else(|| CpuError::Internal(format!("metadata {out} is not concrete")))?;
     if shape.iter().try_fold(1usize, |acc, &s| acc.checked_mul(s)).is_none() {
-        return Err(CpuError::Kernel {
-            op: "alloc".into(),
-            msg: format!("a tensor of shape {shape:?} has too many elements"),
-        });
+        return Err(CpuError::kernel("alloc", format!("a tensor of shape {shape:?} has too many elements")));
     }
     Ok(shape)
-}
-
-/// The operand a tensor is in a type-promotion decision.
-pub(crate) fn operand(t: &TensorMeta) -> Operand {
-    if t.rank() == 0 {
-        Operand::ZeroDim(t.dtype)
-    } else {
-        Operand::Tensor(t.dtype)
-    }
 }
 
 fn scalar_vals(s: Scalar, kind: Kind) -> Vals {
@@ -139,11 +123,11 @@ pub(crate) fn unary(op: UnaryOp, x: &CpuTensor, out: &TensorMeta) -> Result<Buff
             UnaryOp::Abs => v.iter().map(|x| x.wrapping_abs()).collect(),
             UnaryOp::Relu => v.iter().map(|&x| x.max(0)).collect(),
             UnaryOp::Sign => v.iter().map(|x| x.signum()).collect(),
-            _ => return Err(kernel_err(name, format!("not defined for integer result dtype {}", out.dtype))),
+            _ => return Err(CpuError::kernel(name, format!("not defined for integer result dtype {}", out.dtype))),
         }),
         Vals::Bool(v) => Vals::Bool(match op {
             UnaryOp::Abs | UnaryOp::Relu | UnaryOp::Sign => v,
-            _ => return Err(kernel_err(name, "not defined for bool tensors")),
+            _ => return Err(CpuError::kernel(name, "not defined for bool tensors")),
         }),
     };
     Ok(res.into_buffer(out.dtype))
@@ -189,11 +173,11 @@ fn binary_int(op: BinaryOp, a: &[i64], b: Rhs<'_, i64>) -> Result<Vec<i64>> {
                 Rhs::Scalar(e) => e < 0,
             };
             if negative {
-                return Err(kernel_err("pow", "Integers to negative integer powers are not allowed"));
+                return Err(CpuError::kernel("pow", "Integers to negative integer powers are not allowed"));
             }
             zip_map(a, b, int_pow)
         }
-        BinaryOp::Div => return Err(kernel_err("div", "true division needs a floating result dtype")),
+        BinaryOp::Div => return Err(CpuError::kernel("div", "true division needs a floating result dtype")),
     })
 }
 
@@ -202,13 +186,13 @@ fn binary_bool(op: BinaryOp, a: &[bool], b: Rhs<'_, bool>) -> Result<Vec<bool>> 
         BinaryOp::Add | BinaryOp::Maximum => zip_map(a, b, |x, y| x | y),
         BinaryOp::Mul | BinaryOp::Minimum => zip_map(a, b, |x, y| x & y),
         BinaryOp::Sub => {
-            return Err(kernel_err(
+            return Err(CpuError::kernel(
                 "sub",
                 "subtraction with two bool tensors is not supported; use logical_xor or logical_not",
             ))
         }
         BinaryOp::Div | BinaryOp::Pow => {
-            return Err(kernel_err(op.name(), "needs a numeric result dtype, got bool"));
+            return Err(CpuError::kernel(op.name(), "needs a numeric result dtype, got bool"));
         }
     })
 }
@@ -284,7 +268,7 @@ fn cmp_vals(op: CmpOp, a: Vals, b: Vals, b_scalar: bool) -> Result<Vec<bool>> {
 /// `a cmp b` with broadcasting, compared in the promoted dtype of the inputs.
 pub(crate) fn compare(op: CmpOp, a: &CpuTensor, b: &CpuTensor, out: &TensorMeta) -> Result<Buffer> {
     let shape = out_shape(out)?;
-    let kind = Kind::compute(result_type(&[operand(&a.meta), operand(&b.meta)]));
+    let kind = Kind::compute(result_type(&[Operand::of(&a.meta), Operand::of(&b.meta)]));
     let va = gather(op.name(), a, &shape, kind)?;
     let vb = gather(op.name(), b, &shape, kind)?;
     Ok(Vals::Bool(cmp_vals(op, va, vb, false)?).into_buffer(out.dtype))
@@ -293,7 +277,7 @@ pub(crate) fn compare(op: CmpOp, a: &CpuTensor, b: &CpuTensor, out: &TensorMeta)
 /// `a cmp s`, compared in the promoted dtype of `a` and the (weak) scalar.
 pub(crate) fn compare_scalar(op: CmpOp, a: &CpuTensor, s: Scalar, out: &TensorMeta) -> Result<Buffer> {
     let shape = out_shape(out)?;
-    let kind = Kind::compute(result_type(&[operand(&a.meta), Operand::Scalar(s)]));
+    let kind = Kind::compute(result_type(&[Operand::of(&a.meta), Operand::Scalar(s)]));
     let va = gather(op.name(), a, &shape, kind)?;
     Ok(Vals::Bool(cmp_vals(op, va, scalar_vals(s, kind), true)?).into_buffer(out.dtype))
 }
@@ -356,60 +340,5 @@ pub(crate) fn clamp(x: &CpuTensor, lo: Option<Scalar>, hi: Option<Scalar>, out: 
 /// `src` broadcast to `out`'s shape and converted to `out.dtype` (one rounding).
 pub(crate) fn convert(name: &str, src: &CpuTensor, out: &TensorMeta) -> Result<Buffer> {
     let shape = out_shape(out)?;
-    Ok(gather(name, src, &shape, Kind::exact(src.meta.dtype))?.into_buffer(out.dtype))
-}
-
-/// The dtype an in-place-wrappable (pointwise) op computes its result in, before the
-/// result is cast into the mutated tensor's dtype.
-pub(crate) fn pointwise_result_dtype(op: &Op, args: &[&CpuTensor]) -> Result<DType> {
-    let name = op.name();
-    let arg = |i: usize| -> Result<&TensorMeta> {
-        args.get(i).map(|t| &t.meta).ok_or_else(|| CpuError::Kernel {
-            op: name.clone(),
-            msg: format!("expected at least {} tensor argument(s), got {}", i + 1, args.len()),
-        })
-    };
-    let true_div = |d: DType| if d.is_float() { d } else { DType::DEFAULT_FLOAT };
-    Ok(match op {
-        Op::Unary(UnaryOp::LogicalNot) | Op::Compare(_) | Op::CompareScalar(..) => DType::Bool,
-        Op::Unary(u) => {
-            let d = arg(0)?.dtype;
-            if u.promotes_int_to_float() && !d.is_float() {
-                DType::DEFAULT_FLOAT
-            } else {
-                d
-            }
-        }
-        Op::Binary(b) => {
-            let d = result_type(&[operand(arg(0)?), operand(arg(1)?)]);
-            if *b == BinaryOp::Div {
-                true_div(d)
-            } else {
-                d
-            }
-        }
-        Op::BinaryScalar(b, s) => {
-            let d = result_type(&[operand(arg(0)?), Operand::Scalar(*s)]);
-            if *b == BinaryOp::Div {
-                true_div(d)
-            } else {
-                d
-            }
-        }
-        Op::Where => result_type(&[operand(arg(1)?), operand(arg(2)?)]),
-        Op::Clamp { min, max } => {
-            let mut ops = vec![operand(arg(0)?)];
-            ops.extend(min.iter().chain(max.iter()).map(|s| Operand::Scalar(*s)));
-            result_type(&ops)
-        }
-        Op::Cast(d) => *d,
-        Op::Copy | Op::Bernoulli { .. } => arg(0)?.dtype,
-        Op::FullLike { dtype, .. } => dtype.unwrap_or(arg(0)?.dtype),
-        other => {
-            return Err(CpuError::Kernel {
-                op: format!("{}_", other.name()),
-                msg: "only pointwise ops have an in-place form".into(),
-            })
-        }
-    })
+    Ok(gather(name, src, &shape, Kind::compute(src.meta.dtype))?.into_buffer(out.dtype))
 }

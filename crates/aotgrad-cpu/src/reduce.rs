@@ -14,17 +14,13 @@ use crate::storage::{Buffer, CpuTensor};
 use crate::{CpuError, Result};
 use aotgrad_ir::{ReduceOp, TensorMeta};
 
-fn kernel_err(op: &str, msg: impl Into<String>) -> CpuError {
-    CpuError::Kernel { op: op.to_string(), msg: msg.into() }
-}
-
 /// Gather `x` with the dims in `reduced` moved last; returns the values (f64 for
 /// floating inputs, i64 otherwise) and the chunk length (product of reduced sizes).
 fn gather_grouped(op: &str, x: &CpuTensor, reduced: &[usize]) -> Result<(Vals, usize)> {
     let layout = Layout::from_meta(&x.meta)?;
     let rank = layout.shape.len();
     if let Some(&d) = reduced.iter().find(|&&d| d >= rank) {
-        return Err(kernel_err(op, format!("dimension {d} out of range for a tensor of rank {rank}")));
+        return Err(CpuError::kernel(op, format!("dimension {d} out of range for a tensor of rank {rank}")));
     }
     let mut order: Vec<usize> = (0..rank).filter(|d| !reduced.contains(d)).collect();
     order.extend(reduced.iter().copied());
@@ -80,7 +76,7 @@ pub(crate) fn reduce(op: ReduceOp, x: &CpuTensor, dims: &[usize], out: &TensorMe
         )));
     }
     if group == 0 && matches!(op, ReduceOp::Amax | ReduceOp::Amin) && n_out > 0 {
-        return Err(kernel_err(name, "cannot reduce over a dimension of size 0 (the operation has no identity)"));
+        return Err(CpuError::kernel(name, "cannot reduce over a dimension of size 0 (the operation has no identity)"));
     }
     let res = match vals {
         Vals::F64(v) => Vals::F64(
@@ -95,7 +91,7 @@ pub(crate) fn reduce(op: ReduceOp, x: &CpuTensor, dims: &[usize], out: &TensorMe
         ),
         Vals::I64(v) => {
             if op == ReduceOp::Mean {
-                return Err(kernel_err(name, format!("mean needs a floating input, got {}", x.meta.dtype)));
+                return Err(CpuError::kernel(name, format!("mean needs a floating input, got {}", x.meta.dtype)));
             }
             Vals::I64(
                 chunks(&v, group, n_out)
@@ -118,7 +114,7 @@ pub(crate) fn arg_extreme(max: bool, x: &CpuTensor, dim: usize, out: &TensorMeta
     let n_out: usize = out_shape(out)?.iter().product();
     if x.meta.rank() == 0 {
         if dim > 0 {
-            return Err(kernel_err(name, format!("dimension {dim} out of range for a tensor of rank 0")));
+            return Err(CpuError::kernel(name, format!("dimension {dim} out of range for a tensor of rank 0")));
         }
         return Ok(Vals::I64(vec![0; n_out]).into_buffer(out.dtype));
     }
@@ -127,7 +123,7 @@ pub(crate) fn arg_extreme(max: bool, x: &CpuTensor, dim: usize, out: &TensorMeta
         return Err(CpuError::Internal(format!("{name}: output size does not match the input")));
     }
     if group == 0 && n_out > 0 {
-        return Err(kernel_err(name, format!("cannot take {name} over dimension {dim} of size 0")));
+        return Err(CpuError::kernel(name, format!("cannot take {name} over dimension {dim} of size 0")));
     }
     let better_f = |x: f64, best: f64| if max { x > best } else { x < best };
     let idx: Vec<i64> = match vals {

@@ -7,17 +7,13 @@ use crate::storage::{Buffer, CpuTensor, Storage};
 use crate::{CpuError, Result};
 use aotgrad_ir::{DType, TensorMeta};
 
-fn data_err(op: &str, msg: String) -> CpuError {
-    CpuError::Kernel { op: op.to_string(), msg }
-}
-
 impl CpuTensor {
     /// A contiguous tensor of `shape` over `buf` (its dtype is the buffer's).
     /// Fails when `buf` does not hold exactly `shape.iter().product()` elements.
     pub fn new(buf: Buffer, shape: &[usize]) -> Result<CpuTensor> {
         let n: usize = shape.iter().product();
         if buf.len() != n {
-            return Err(data_err(
+            return Err(CpuError::kernel(
                 "CpuTensor::new",
                 format!("a buffer of {} elements cannot hold a tensor of shape {shape:?} ({n} elements)", buf.len()),
             ));
@@ -64,9 +60,12 @@ impl CpuTensor {
         }
     }
 
-    /// The elements in logical row-major order as f64 (bool is 0/1). Metadata that does
-    /// not fit the storage (possible only by setting the fields by hand) gives an empty
-    /// vector; [`CpuTensor::try_to_vec_f64`] reports it instead.
+    /// The elements in logical row-major order as f64 (bool is 0/1).
+    ///
+    /// **An invalid layout yields an empty vector**: metadata that does not fit the
+    /// storage (possible only by setting the public fields by hand) is not reported.
+    /// Use [`CpuTensor::try_to_vec_f64`] where that must be told apart from an empty
+    /// tensor, and compare lengths (not just `iter().all(..)`) in tests.
     pub fn to_vec_f64(&self) -> Vec<f64> {
         self.try_to_vec_f64().unwrap_or_default()
     }
@@ -80,8 +79,10 @@ impl CpuTensor {
         }
     }
 
-    /// The elements in logical row-major order as i64 (floats truncate toward zero);
-    /// empty when the metadata does not fit the storage (see [`CpuTensor::to_vec_f64`]).
+    /// The elements in logical row-major order as i64 (floats truncate toward zero).
+    ///
+    /// **An invalid layout yields an empty vector** (hand-built metadata that does not
+    /// fit the storage); [`CpuTensor::try_to_vec_i64`] reports it instead.
     pub fn to_vec_i64(&self) -> Vec<i64> {
         self.try_to_vec_i64().unwrap_or_default()
     }
@@ -95,8 +96,10 @@ impl CpuTensor {
         }
     }
 
-    /// The elements in logical row-major order as bool (`!= 0`); empty when the metadata
-    /// does not fit the storage (see [`CpuTensor::to_vec_f64`]).
+    /// The elements in logical row-major order as bool (`!= 0`).
+    ///
+    /// **An invalid layout yields an empty vector** (hand-built metadata that does not
+    /// fit the storage); [`CpuTensor::try_to_vec_bool`] reports it instead.
     pub fn to_vec_bool(&self) -> Vec<bool> {
         self.try_to_vec_bool().unwrap_or_default()
     }
@@ -109,8 +112,10 @@ impl CpuTensor {
         copy_strided("contiguous", &guard, &layout)
     }
 
-    /// A contiguous copy of the elements in their own dtype (logical row-major order);
-    /// an empty buffer when the metadata does not fit the storage.
+    /// A contiguous copy of the elements in their own dtype (logical row-major order).
+    ///
+    /// **An invalid layout yields an empty buffer** (hand-built metadata that does not
+    /// fit the storage); [`CpuTensor::try_contiguous_buffer`] reports it instead.
     pub fn contiguous_buffer(&self) -> Buffer {
         self.try_contiguous_buffer().unwrap_or_else(|_| Buffer::zeros(self.meta.dtype, 0))
     }

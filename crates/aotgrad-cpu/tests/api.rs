@@ -39,8 +39,11 @@ fn constructors_and_accessors() {
     // Hand-made metadata reaching past the storage is reported, not a panic.
     let bad = CpuTensor { storage: t.storage.clone(), meta: meta(&[4], &[2], 0, DType::F32) };
     assert!(matches!(bad.try_to_vec_f64(), Err(CpuError::Kernel { .. })));
-    assert!(bad.to_vec_f64().is_empty());
+    assert!(bad.try_to_vec_i64().is_err() && bad.try_to_vec_bool().is_err());
     assert!(bad.try_contiguous_buffer().is_err());
+    // The non-`try_` accessors document an empty result for such a layout.
+    assert!(bad.to_vec_f64().is_empty() && bad.to_vec_i64().is_empty() && bad.to_vec_bool().is_empty());
+    assert_eq!(bad.contiguous_buffer(), Buffer::F32(vec![]));
 }
 
 #[test]

@@ -5,8 +5,8 @@ mod common;
 use aotgrad_cpu::{interpret, CpuError, CpuTensor};
 use aotgrad_ir::infer::infer;
 use aotgrad_ir::{
-    BinaryOp, CompositeOp, DType, Dim, Graph, Op, ReduceOp, Scalar, StaticOracle, StorageId, SymId, TensorMeta,
-    UnaryOp, ValueId,
+    BinaryOp, CompositeOp, DType, Dim, Graph, Op, ReduceOp, Scalar, SourceLoc, StaticOracle, StorageId, SymId,
+    TensorMeta, UnaryOp, ValueId,
 };
 use common::*;
 
@@ -138,14 +138,65 @@ fn kernel_errors_and_composites_surface_from_the_interpreter() {
     let idx = g.add_input("i", TensorMeta::from_sizes(&[1], DType::I64), StorageId(1));
     let s = node(&mut g, Op::IndexSelect(0), &[x, idx]);
     g.outputs = vec![s];
+    let loc = SourceLoc { file: "src/model.rs".into(), line: 12, col: 5 };
+    g.nodes[0].loc = Some(loc.clone());
     let err = interpret(&g, &[tf(&[1.0, 2.0, 3.0], &[3], DType::F32), ti(&[7], &[1], DType::I64)]).unwrap_err();
-    assert!(matches!(&err, CpuError::Kernel { op, msg } if op == "index_select" && msg.contains("index 7")), "{err}");
+    // The kernel's error, wrapped with the node, its op and the user's source line.
+    match &err {
+        CpuError::Node { value, op, loc: Some(l), source } => {
+            assert_eq!((*value, op.as_str(), l), (s, "index_select", &loc));
+            assert!(
+                matches!(&**source, CpuError::Kernel { op, msg } if op == "index_select" && msg.contains("index 7"))
+            );
+        }
+        other => panic!("expected a node error, got {other:?}"),
+    }
+    assert!(matches!(err.root(), CpuError::Kernel { .. }));
+    assert_eq!(
+        err.to_string(),
+        "src/model.rs:12:5: index_select (%2): index_select: index 7 is out of range for dimension 0 with size 3"
+    );
+    // A node without a source location prints without one.
+    g.nodes[0].loc = None;
+    let err = interpret(&g, &[tf(&[1.0, 2.0, 3.0], &[3], DType::F32), ti(&[7], &[1], DType::I64)]).unwrap_err();
+    assert!(err.to_string().starts_with("index_select (%2): index_select: index 7"), "{err}");
     let mut g = Graph::new();
     let x = g.add_input("x", TensorMeta::from_sizes(&[3], DType::F32), StorageId(0));
     let s = node(&mut g, Op::Composite(CompositeOp::Silu), &[x]);
     g.outputs = vec![s];
     let err = interpret(&g, &[tf(&[1.0, 2.0, 3.0], &[3], DType::F32)]).unwrap_err();
+    assert!(matches!(&err, CpuError::Node { value, op, .. } if *value == s && op == "silu"), "{err:?}");
     assert!(err.to_string().contains("decompose it"), "{err}");
+}
+
+#[test]
+fn shape_errors_and_overflowing_sizes_name_the_node() {
+    // A node recorded for a larger input: inference rejects the concrete arguments.
+    let mut g = Graph::new();
+    let x = g.add_input("x", TensorMeta::from_sizes(&[3], DType::F32), StorageId(0));
+    let y = g.add_input("y", TensorMeta::from_sizes(&[2], DType::F32), StorageId(1));
+    let meta = TensorMeta::from_sizes(&[3], DType::F32);
+    let loc = SourceLoc { file: "m.rs".into(), line: 3, col: 9 };
+    let z = g.add_node(Op::Binary(BinaryOp::Add), vec![x, y], meta, StorageId(2), Some(loc));
+    g.outputs = vec![z];
+    let err = interpret(&g, &[tf(&[1.0, 2.0, 3.0], &[3], DType::F32), tf(&[1.0, 2.0], &[2], DType::F32)]).unwrap_err();
+    assert!(matches!(&err, CpuError::Node { value, .. } if *value == z), "{err:?}");
+    assert!(matches!(err.root(), CpuError::Shape(e) if e.kind() == "broadcast"), "{err:?}");
+    assert!(err.to_string().starts_with("m.rs:3:9: add (%2): add: "), "{err}");
+    // A symbol bound from a huge stride: the node's size s0 * s0 overflows i64.
+    let s0 = Dim::sym(SymId(0));
+    let mut g = Graph::new();
+    let xm =
+        TensorMeta { shape: vec![Dim::Const(1)], strides: vec![s0.clone()], offset: Dim::Const(0), dtype: DType::F32 };
+    let x = g.add_input("x", xm, StorageId(0));
+    let sq = s0.mul(&s0);
+    let op = Op::Full { shape: vec![sq.clone()], value: Scalar::Float(0.0), dtype: DType::F32 };
+    let z = g.add_node(op, vec![], TensorMeta::contiguous(vec![sq], DType::F32), StorageId(1), None);
+    g.outputs = vec![z, x];
+    let base = tf(&[5.0], &[1], DType::F32);
+    let err = interpret(&g, &[strided(&base, &[1], &[1 << 40], 0)]).unwrap_err();
+    assert!(matches!(&err, CpuError::Node { value, .. } if *value == z), "{err:?}");
+    assert_eq!(err.to_string(), "full (%1): full: s0*s0 overflows i64 for the symbol values of these inputs");
 }
 
 fn d(v: usize) -> Dim {

@@ -11,6 +11,19 @@ fn iota(n: usize, shape: &[usize], dtype: DType) -> CpuTensor {
 }
 
 #[test]
+fn unsafe_view_copies_the_logical_elements_into_a_fresh_tensor() {
+    // x.t() is [[0, 3], [1, 4], [2, 5]]; as [2, 3] row-major: [[0, 3, 1], [4, 2, 5]].
+    let x = iota(6, &[2, 3], DType::F64);
+    let xt = exec(&Op::T, &[&x], &meta(&[3, 2], &[1, 3], 0, DType::F64));
+    let op = Op::UnsafeView(vec![Dim::from(2usize), Dim::from(3usize)]);
+    let u = exec(&op, &[&xt], &meta(&[2, 3], &[3, 1], 0, DType::F64));
+    assert!(!u.same_storage(&x));
+    assert_eq!(u.storage.len(), 6);
+    assert_eq!(u.to_vec_f64(), vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
+    assert_eq!(u.shape(), vec![2, 3]);
+}
+
+#[test]
 fn view_ops_share_storage_and_read_through_their_metadata() {
     let x = iota(6, &[2, 3], DType::F32);
     let cases: Vec<(Op, aotgrad_ir::TensorMeta, Vec<f64>)> = vec![
@@ -107,10 +120,23 @@ fn in_place_casts_the_result_into_the_target_dtype() {
     assert_eq!(h.to_vec_f64(), want);
     // An integer target cannot hold a float result.
     let i = ti(&[1, 2], &[2], DType::I32);
+    // The in-place rules are the IR's (the same error as inference gives the tracer).
     let err = execute(&Op::InPlace(Box::new(Op::BinaryScalar(BinaryOp::Mul, Scalar::Float(1.5)))), &[&i], &i.meta);
-    assert!(matches!(err, Err(CpuError::Kernel { .. })));
+    assert!(
+        matches!(&err, Err(CpuError::Shape(e)) if e.kind() == "inplace" && e.to_string().contains("f32")),
+        "{err:?}"
+    );
     let err = execute(&Op::InPlace(Box::new(Op::Unary(UnaryOp::Sqrt))), &[&i], &i.meta);
-    assert!(matches!(err, Err(CpuError::Kernel { .. })));
+    assert!(matches!(&err, Err(CpuError::Shape(e)) if e.kind() == "inplace"), "{err:?}");
+    // Subtracting a bool tensor is rejected for any target dtype, as PyTorch does.
+    let l = ti(&[5, 6], &[2], DType::I64);
+    let flags = CpuTensor::from_bool(&[true, false], &[2]).unwrap();
+    let err = execute(&Op::InPlace(Box::new(Op::Binary(BinaryOp::Sub))), &[&l, &flags], &l.meta);
+    assert!(
+        matches!(&err, Err(CpuError::Shape(e)) if e.kind() == "dtype" && e.to_string().contains("sub_")),
+        "{err:?}"
+    );
+    assert_eq!(l.to_vec_i64(), vec![5, 6]);
     assert_eq!(i.to_vec_i64(), vec![1, 2], "a rejected in-place op leaves the target untouched");
     // i64 target += i32 tensor is fine; lt_ writes 0/1 in the target's dtype.
     let l = ti(&[5, 6], &[2], DType::I64);

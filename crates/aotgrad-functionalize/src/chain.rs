@@ -150,8 +150,10 @@ impl<'o> Builder<'o> {
         self.emit(Op::Clone, vec![x], loc)
     }
 
-    /// Given `x` and the new value `y` of `op(x)`, build the new value of `x`
-    /// (`expand` has no such inverse: writes through it use `as_strided_scatter`).
+    /// Given `x` and the new value `y` of `op(x)`, build the new value of `x`. Chains
+    /// holding `expand` (no such inverse) or `as_strided` (storage-absolute, may repeat
+    /// elements) never get here: the pass writes through them with one
+    /// `as_strided_scatter` into the root.
     pub fn scatter_back(&mut self, op: &Op, x: ValueId, y: ValueId, loc: &Option<SourceLoc>) -> Result<ValueId> {
         let x_shape = self.meta(x)?.shape.clone();
         match op {
@@ -163,11 +165,6 @@ impl<'o> Builder<'o> {
             Op::Select { dim, index } => {
                 self.emit(Op::SelectScatter { dim: *dim, index: index.clone() }, vec![x, y], loc)
             }
-            Op::AsStrided { size, stride, offset } => self.emit(
-                Op::AsStridedScatter { size: size.clone(), stride: stride.clone(), offset: offset.clone() },
-                vec![x, y],
-                loc,
-            ),
             Op::Permute(p) => {
                 let mut inv = vec![0usize; p.len()];
                 for (i, &d) in p.iter().enumerate() {
@@ -178,9 +175,11 @@ impl<'o> Builder<'o> {
             Op::Transpose(a, b) => self.emit(Op::Transpose(*a, *b), vec![y], loc),
             Op::T => self.emit(Op::T, vec![y], loc),
             Op::View(_) | Op::Squeeze(_) | Op::Unsqueeze(_) | Op::Alias => self.view_or_reshape(y, x_shape, loc),
-            other => {
-                Err(FunctionalizeError::Internal(format!("`{}` is not a view op but is in a view chain", other.name())))
-            }
+            // `expand` and `as_strided` chains are scattered back in one step by the caller.
+            other => Err(FunctionalizeError::Internal(format!(
+                "`{}` has no step-by-step inverse (not a view op, or one written back with as_strided_scatter)",
+                other.name()
+            ))),
         }
     }
 }

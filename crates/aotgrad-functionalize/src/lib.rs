@@ -30,6 +30,7 @@ pub mod verify;
 
 use aotgrad_ir::{DimOracle, Graph, ShapeError, SourceLoc, ValueId};
 use aotgrad_meta::{CallingConvention, ViewAndMutationMeta};
+use std::collections::HashSet;
 use thiserror::Error;
 
 pub use verify::verify_functional;
@@ -134,4 +135,22 @@ pub fn functionalize(
         .map_err(|e| FunctionalizeError::Internal(format!("functional graph failed verification: {e}")))?;
     tracing::debug!(target: "aotgrad::functionalize", "functional graph:\n{}", aotgrad_ir::text::print_graph(&out.graph));
     Ok(out)
+}
+
+/// Drop the nodes whose values no output needs, directly or through other nodes. Nodes
+/// that mutate (the trailing `copy_`s into inputs of a functional graph kept in
+/// `keep_input_mutations` mode) are kept, with what they read. Inputs and the outputs
+/// are unchanged; the kept nodes keep their order.
+pub fn eliminate_dead_code(mut g: Graph) -> Graph {
+    let mut live: HashSet<ValueId> = g.outputs.iter().copied().collect();
+    let mut keep = vec![false; g.nodes.len()];
+    for (k, n) in g.nodes.iter().enumerate().rev() {
+        if live.contains(&n.out) || n.op.is_mutation() {
+            keep[k] = true;
+            live.extend(n.args.iter().copied());
+        }
+    }
+    let mut keep = keep.into_iter();
+    g.nodes.retain(|_| keep.next().unwrap_or(true));
+    g
 }

@@ -5,10 +5,10 @@
 //! and renumber.
 
 use crate::pass::Pass;
-use crate::{AutogradFacts, FunctionalizeError, Functionalized, Options, Result};
+use crate::{eliminate_dead_code, AutogradFacts, FunctionalizeError, Functionalized, Options, Result};
 use aotgrad_ir::{Graph, Op, StorageId, ValueId};
 use aotgrad_meta::{CallingConvention, InputInfo, OutputInfo, OutputKind, ViewAndMutationMeta};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 /// Classify the user outputs; returns them and the roots whose values the graph
 /// returns as intermediate bases.
@@ -42,18 +42,16 @@ fn classify(p: &Pass<'_, '_>) -> Result<(Vec<OutputInfo>, Vec<usize>)> {
         outputs.push(OutputInfo { kind, meta, requires_grad });
     }
     let mut base_roots: Vec<usize> = Vec::new();
+    let mut base_of_root: HashMap<usize, usize> = HashMap::new();
     for j in pending {
         let r = p.tval(traced.outputs[j])?.root;
         outputs[j].kind = match nonalias_of_root.get(&r) {
             Some(&k) => OutputKind::AliasOfOutput(k),
             None => {
-                let b = match base_roots.iter().position(|&x| x == r) {
-                    Some(b) => b,
-                    None => {
-                        base_roots.push(r);
-                        base_roots.len() - 1
-                    }
-                };
+                let b = *base_of_root.entry(r).or_insert_with(|| {
+                    base_roots.push(r);
+                    base_roots.len() - 1
+                });
                 OutputKind::AliasOfIntermediate(b)
             }
         };
@@ -125,22 +123,6 @@ pub(crate) fn finish(mut p: Pass<'_, '_>, options: &Options, convention: Calling
         keep_input_mutations: options.keep_input_mutations,
     };
     Ok(Functionalized { graph, meta, convention, autograd })
-}
-
-/// Drop nodes whose values nothing uses (every node of a functional graph is pure,
-/// except trailing `copy_`s into inputs, which are kept).
-fn eliminate_dead_code(mut g: Graph) -> Graph {
-    let mut live: HashSet<ValueId> = g.outputs.iter().copied().collect();
-    let mut keep = vec![false; g.nodes.len()];
-    for (k, n) in g.nodes.iter().enumerate().rev() {
-        if live.contains(&n.out) || n.op.is_mutation() {
-            keep[k] = true;
-            live.extend(n.args.iter().copied());
-        }
-    }
-    let mut it = keep.into_iter();
-    g.nodes.retain(|_| it.next().unwrap_or(true));
-    g
 }
 
 /// Renumber values and storages densely, in definition order; returns the value map.

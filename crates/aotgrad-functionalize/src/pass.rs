@@ -133,8 +133,7 @@ impl Pass<'_, '_> {
     /// that needs it (its members become `as_strided` views of it).
     fn inputs(&mut self, groups: &[Group]) -> Result<CallingConvention> {
         let traced = self.traced;
-        let mut convention =
-            CallingConvention { args: vec![ArgSlot::Constant; traced.inputs.len()], ..Default::default() };
+        let mut convention = CallingConvention { args: Vec::with_capacity(traced.inputs.len()), ..Default::default() };
         let mut group_of: HashMap<usize, usize> = HashMap::new();
         for (gi, g) in groups.iter().enumerate() {
             for &m in &g.members {
@@ -151,24 +150,20 @@ impl Pass<'_, '_> {
                 let r = self.new_root(v, &inp.meta, Some(gidx), vec![i], grad);
                 self.vals
                     .insert(inp.id, TVal { root: r, chain: vec![], fv: v, gen: 0, handle: Some(i), detached: false });
-                convention.args[i] = ArgSlot::Input(gidx);
+                convention.args.push(ArgSlot::Input(gidx));
                 continue;
             };
             let (r, base_idx) = match group_root.get(&gi) {
                 Some(&x) => x,
                 None => {
-                    let meta = TensorMeta {
-                        shape: vec![Dim::from(len)],
-                        strides: vec![Dim::Const(1)],
-                        offset: Dim::from(offset),
-                        dtype: inp.meta.dtype,
-                    };
                     let gidx = self.b.graph.inputs.len();
-                    let v = self.b.add_input(format!("base{}", convention.bases.len()), meta.clone());
                     let members = groups[gi].members.clone();
+                    let base = SyntheticBase { input: gidx, members: members.clone(), offset, len };
+                    let meta = base.meta(inp.meta.dtype);
+                    let v = self.b.add_input(format!("base{}", convention.bases.len()), meta.clone());
                     let grad = members.iter().any(|&m| self.input_grad(m));
-                    let r = self.new_root(v, &meta, Some(gidx), members.clone(), grad);
-                    convention.bases.push(SyntheticBase { input: gidx, members, offset, len });
+                    let r = self.new_root(v, &meta, Some(gidx), members, grad);
+                    convention.bases.push(base);
                     group_root.insert(gi, (r, convention.bases.len() - 1));
                     (r, convention.bases.len() - 1)
                 }
@@ -178,7 +173,7 @@ impl Pass<'_, '_> {
             let cur = self.roots[r].cur;
             let fv = self.b.apply_view(&op, cur, &None)?;
             self.vals.insert(inp.id, TVal { root: r, chain: vec![op], fv, gen: 0, handle: Some(i), detached: false });
-            convention.args[i] = ArgSlot::ViewOfBase { base: base_idx };
+            convention.args.push(ArgSlot::ViewOfBase { base: base_idx });
         }
         convention.num_graph_inputs = self.b.graph.inputs.len();
         Ok(convention)

@@ -17,15 +17,10 @@
 //!   write through a view of it must reach every repetition).
 
 use crate::{FunctionalizeError, Result};
-use aotgrad_ir::{Aliasing, Graph, Op, StorageId, TensorMeta, ValueId};
+use aotgrad_ir::{Aliasing, Graph, Op, SourceLoc, StorageId, TensorMeta, ValueId};
 use aotgrad_meta::convention::{covering_range, needs_synthetic_base};
 use aotgrad_meta::Layout;
 use std::collections::{HashMap, HashSet};
-
-/// A concrete layout of traced metadata (`None` when symbolic).
-pub(crate) fn layout(meta: &TensorMeta) -> Option<Layout> {
-    Some(Layout::new(meta.concrete_shape()?, meta.concrete_strides()?, meta.concrete_offset()?))
-}
 
 /// The `as_strided` op of a view or `as_strided_` node.
 pub(crate) fn as_strided_of(op: &Op) -> Option<&Op> {
@@ -34,22 +29,6 @@ pub(crate) fn as_strided_of(op: &Op) -> Option<&Op> {
         Op::MetaInPlace(inner) if matches!(**inner, Op::AsStrided { .. }) => Some(inner),
         _ => None,
     }
-}
-
-/// Whether a layout may name one storage element twice (conservative: a stride-0 dim,
-/// or strides that do not nest, sorted by stride each exceeding the span of the smaller).
-fn may_repeat(l: &Layout) -> bool {
-    let mut dims: Vec<(usize, usize)> =
-        l.sizes.iter().zip(&l.strides).filter(|(s, _)| **s > 1).map(|(s, st)| (*s, *st)).collect();
-    dims.sort_by_key(|&(_, st)| st);
-    let mut span = 0usize;
-    for (size, stride) in dims {
-        if stride == 0 || stride <= span {
-            return true;
-        }
-        span += (size - 1) * stride;
-    }
-    false
 }
 
 /// One storage shared by traced inputs.
@@ -67,6 +46,8 @@ struct Usage {
     written: HashSet<StorageId>,
     /// Layouts of `as_strided` views per storage (`None`: symbolic).
     strided: HashMap<StorageId, Vec<Option<Layout>>>,
+    /// Where the first `as_strided` view of each storage was taken.
+    strided_loc: HashMap<StorageId, Option<SourceLoc>>,
     /// Storages written through an `expand` view.
     expand_writes: HashSet<StorageId>,
 }
@@ -93,7 +74,8 @@ fn usage(traced: &Graph) -> Usage {
             Aliasing::Fresh => {}
         }
         if as_strided_of(&n.op).is_some() {
-            u.strided.entry(n.storage).or_default().push(layout(&n.meta));
+            u.strided.entry(n.storage).or_default().push(Layout::of(&n.meta));
+            u.strided_loc.entry(n.storage).or_insert_with(|| n.loc.clone());
         }
     }
     u
@@ -102,22 +84,25 @@ fn usage(traced: &Graph) -> Usage {
 /// Group the traced inputs by storage and decide which groups need a synthetic base.
 pub(crate) fn plan(traced: &Graph) -> Result<Vec<Group>> {
     let u = usage(traced);
+    // Storages in order of first appearance.
     let mut by_storage: Vec<(StorageId, Vec<usize>)> = Vec::new();
+    let mut slot_of: HashMap<StorageId, usize> = HashMap::new();
     for (i, inp) in traced.inputs.iter().enumerate() {
-        match by_storage.iter_mut().find(|g| g.0 == inp.storage) {
-            Some(g) => g.1.push(i),
-            None => by_storage.push((inp.storage, vec![i])),
-        }
+        let slot = *slot_of.entry(inp.storage).or_insert_with(|| {
+            by_storage.push((inp.storage, Vec::new()));
+            by_storage.len() - 1
+        });
+        by_storage[slot].1.push(i);
     }
     let mut groups = Vec::with_capacity(by_storage.len());
     for (storage, members) in by_storage {
         let metas: Vec<&TensorMeta> = members.iter().map(|&i| &traced.inputs[i].meta).collect();
-        let layouts: Option<Vec<Layout>> = metas.iter().map(|m| layout(m)).collect();
+        let layouts: Option<Vec<Layout>> = metas.iter().map(|m| Layout::of(m)).collect();
         let strided: &[Option<Layout>] = u.strided.get(&storage).map_or(&[], Vec::as_slice);
         let all_row_major = metas.iter().all(|m| m.is_contiguous());
         let self_overlapping = u.written.contains(&storage)
             && match &layouts {
-                Some(ls) => ls.iter().any(may_repeat),
+                Some(ls) => ls.iter().any(Layout::may_repeat),
                 None => !all_row_major,
             };
         let need = if members.len() > 1 {
@@ -131,12 +116,15 @@ pub(crate) fn plan(traced: &Graph) -> Result<Vec<Group>> {
                 || !strided.is_empty()
                 || (u.expand_writes.contains(&storage) && !all_row_major)
         } else {
-            let outside = match (layouts.as_ref().and_then(|l| l[0].range()), strided.is_empty()) {
+            // An address overflow counts as reaching outside (the base then reports it).
+            let outside = match (layouts.as_ref().map(|l| l[0].range()), strided.is_empty()) {
                 (_, true) => false,
-                (Some((lo, hi)), false) => {
-                    strided.iter().flatten().any(|s| s.range().is_some_and(|(a, b)| a < lo || b > hi))
-                }
-                (None, false) => false,
+                (Some(Ok(Some((lo, hi)))), false) => strided
+                    .iter()
+                    .flatten()
+                    .any(|s| s.range().map_or(true, |r| r.is_some_and(|(a, b)| a < lo || b > hi))),
+                (Some(Err(_)), false) => true,
+                (Some(Ok(None)) | None, false) => false,
             };
             self_overlapping
                 || (!strided.is_empty() && (!all_row_major || outside))
@@ -155,7 +143,15 @@ pub(crate) fn plan(traced: &Graph) -> Result<Vec<Group>> {
                 });
             };
             ls.extend(strided.iter().flatten().cloned());
-            Some(covering_range(&ls))
+            let range = covering_range(&ls).map_err(|e| FunctionalizeError::Unsupported {
+                op: "as_strided".into(),
+                loc: u.strided_loc.get(&storage).cloned().flatten(),
+                msg: format!(
+                    "inputs {members:?} need a synthetic base covering every storage element the program reaches, \
+                     but {e}"
+                ),
+            })?;
+            Some(range)
         } else {
             None
         };

@@ -6,7 +6,7 @@
 
 use aotgrad_functionalize::{functionalize, verify_functional, FunctionalizeError, Options, TraceFacts};
 use aotgrad_ir::text::{parse_graph, print_graph};
-use aotgrad_ir::{Graph, StaticOracle};
+use aotgrad_ir::{Graph, SourceLoc, StaticOracle};
 use expect_test::{expect, Expect};
 
 fn traced(text: &str) -> Graph {
@@ -300,4 +300,51 @@ fn verifier_checks_trailing_input_copies() {
   return (%2)
 }"#;
     assert_eq!(verify_err(returned, true), "output %2 is the result of a trailing input copy");
+}
+
+/// A user `as_strided` whose addresses overflow `usize`: the plan's range arithmetic is
+/// checked, and the program is rejected with an error naming the op and the user's line
+/// (it used to overflow while computing the synthetic base's range).
+#[test]
+fn as_strided_with_overflowing_addresses_is_unsupported() {
+    let mut g = traced(
+        r#"graph(%0: f32[6] #0 "x") {
+  %1: f32[4] strides=[9223372036854775807] #0 = as_strided(%0, size=[4], stride=[9223372036854775807], offset=0)
+  return (%1)
+}"#,
+    );
+    g.nodes[0].loc = Some(SourceLoc { file: "user.rs".into(), line: 7, col: 3 });
+    let (no, out_no, hidden) = (vec![false], vec![false], |_| true);
+    let facts = TraceFacts { input_requires_grad: &no, output_requires_grad: &out_no, hidden_mutation: &hidden };
+    let err = functionalize(&g, &facts, &Options::default(), &mut StaticOracle).expect_err("overflow is refused");
+    assert!(matches!(err, FunctionalizeError::Unsupported { .. }), "{err:?}");
+    expect!["user.rs:7:3: as_strided: inputs [0] need a synthetic base covering every storage element the program reaches, but storage addresses overflow the address range (huge sizes, strides or offset)"].assert_eq(&err.to_string());
+}
+
+/// The shared dead-code elimination: nodes no output needs go (also through chains of
+/// dead nodes), trailing mutations stay with what they read, order is kept.
+#[test]
+fn eliminate_dead_code_keeps_what_outputs_and_mutations_need() {
+    let g = traced(
+        r#"graph(%0: f32[3] #0 "x", %1: f32[3] #1 "y") {
+  %2: f32[3] #2 = mul(%0, 2)
+  %3: f32[3] #3 = exp(%2)
+  %4: f32[3] #4 = neg(%0)
+  %5: f32[3] #5 = add(%4, 1)
+  %6: f32[3] #6 = sin(%1)
+  %7: f32[3] #1 = copy_(%1, %6)
+  return (%5)
+}"#,
+    );
+    let out = aotgrad_functionalize::eliminate_dead_code(g);
+    expect![[r#"
+        graph(%0: f32[3] #0 "x", %1: f32[3] #1 "y") {
+          %4: f32[3] #4 = neg(%0)
+          %5: f32[3] #5 = add(%4, 1)
+          %6: f32[3] #6 = sin(%1)
+          %7: f32[3] #1 = copy_(%1, %6)
+          return (%5)
+        }
+    "#]]
+    .assert_eq(&print_graph(&out));
 }

@@ -214,6 +214,18 @@ pub enum Operand {
     Scalar(Scalar),
 }
 
+impl Operand {
+    /// The participant a tensor argument is: zero-dim tensors are weaker than
+    /// dimensioned ones.
+    pub fn of(meta: &crate::meta::TensorMeta) -> Operand {
+        if meta.rank() == 0 {
+            Operand::ZeroDim(meta.dtype)
+        } else {
+            Operand::Tensor(meta.dtype)
+        }
+    }
+}
+
 /// PyTorch's `result_type`: dimensioned tensors win over zero-dim tensors, which win
 /// over scalars, unless a weaker participant is of a higher category, in which case
 /// the result is the default type of that category at the weaker level.

@@ -4,6 +4,7 @@
 use crate::meta::TensorMeta;
 use crate::op::{Aliasing, Op};
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 use std::fmt;
 
 /// A value in a graph (an input or a node's result), printed `%N`.
@@ -108,24 +109,56 @@ impl Graph {
     pub fn new() -> Graph {
         Graph::default()
     }
-    /// A value id one larger than any used so far.
+    /// A lookup table over every value, built once in O(n): O(1) [`GraphIndex::def`],
+    /// `meta_of`, `storage_of` and the next free ids, for callers that look up many
+    /// values (the methods of the same names on `Graph` scan the graph each time).
+    pub fn index(&self) -> GraphIndex<'_> {
+        let mut defs = HashMap::with_capacity(self.inputs.len() + self.nodes.len());
+        // A repeated id resolves as `def` resolves it: inputs first, then the first node.
+        for n in self.nodes.iter().rev() {
+            defs.insert(n.out, Def::Node(n));
+        }
+        for i in self.inputs.iter().rev() {
+            defs.insert(i.id, Def::Input(i));
+        }
+        GraphIndex { defs, next_value: self.next_value(), next_storage: self.next_storage() }
+    }
+    /// An appender that adds inputs and nodes in O(1) each (the next ids and the
+    /// storage of every value are computed once), unlike [`Graph::add_input`] and
+    /// [`Graph::add_node`], which scan the graph on every call.
+    pub fn appender(&mut self) -> GraphAppender<'_> {
+        // Resolved like `storage_of`: inputs first, then the first node defining an id.
+        let storage = self
+            .nodes
+            .iter()
+            .rev()
+            .map(|n| (n.out, n.storage))
+            .chain(self.inputs.iter().rev().map(|i| (i.id, i.storage)))
+            .collect();
+        let (next_value, next_storage) = (self.next_value(), self.next_storage());
+        GraphAppender { graph: self, storage, next_value, next_storage }
+    }
+    /// A value id one larger than any used so far (O(n): a scan of the graph; see
+    /// [`Graph::index`] and [`Graph::appender`]).
     pub fn next_value(&self) -> ValueId {
         let max = self.inputs.iter().map(|i| i.id.0).chain(self.nodes.iter().map(|n| n.out.0)).max();
         ValueId(max.map_or(0, |m| m + 1))
     }
-    /// A storage id one larger than any used so far.
+    /// A storage id one larger than any used so far (O(n), like [`Graph::next_value`]).
     pub fn next_storage(&self) -> StorageId {
         let max = self.inputs.iter().map(|i| i.storage.0).chain(self.nodes.iter().map(|n| n.storage.0)).max();
         StorageId(max.map_or(0, |m| m + 1))
     }
-    /// Append an input with a fresh value id; returns the id.
+    /// Append an input with a fresh value id; returns the id. O(n) per call (it scans
+    /// for the next id); [`Graph::appender`] appends in O(1).
     pub fn add_input(&mut self, name: impl Into<String>, meta: TensorMeta, storage: StorageId) -> ValueId {
         let id = self.next_value();
         self.inputs.push(Input { id, name: name.into(), meta, storage });
         id
     }
     /// Append a node with a fresh value id. The storage is `args[0]`'s when the op
-    /// aliases it, else `fresh`. Returns the id.
+    /// aliases it, else `fresh`. Returns the id. O(n) per call (it scans for the next
+    /// id and `args[0]`'s storage); [`Graph::appender`] appends in O(1).
     pub fn add_node(
         &mut self,
         op: Op,
@@ -142,25 +175,176 @@ impl Graph {
         self.nodes.push(Node { out, op, args, meta, storage, loc });
         out
     }
-    /// What defines `v`.
+    /// What defines `v` (O(n): a scan; [`Graph::index`] answers in O(1)).
     pub fn def(&self, v: ValueId) -> Option<Def<'_>> {
         if let Some(i) = self.inputs.iter().find(|i| i.id == v) {
             return Some(Def::Input(i));
         }
         self.nodes.iter().find(|n| n.out == v).map(Def::Node)
     }
-    /// Metadata of `v`.
+    /// Metadata of `v` (O(n), see [`Graph::def`]).
     pub fn meta_of(&self, v: ValueId) -> Option<&TensorMeta> {
         self.def(v).map(|d| match d {
             Def::Input(i) => &i.meta,
             Def::Node(n) => &n.meta,
         })
     }
-    /// Storage of `v`.
+    /// Storage of `v` (O(n), see [`Graph::def`]).
     pub fn storage_of(&self, v: ValueId) -> Option<StorageId> {
         self.def(v).map(|d| match d {
             Def::Input(i) => i.storage,
             Def::Node(n) => n.storage,
         })
+    }
+}
+
+fn def_meta<'a>(d: Def<'a>) -> &'a TensorMeta {
+    match d {
+        Def::Input(i) => &i.meta,
+        Def::Node(n) => &n.meta,
+    }
+}
+
+fn def_storage(d: Def<'_>) -> StorageId {
+    match d {
+        Def::Input(i) => i.storage,
+        Def::Node(n) => n.storage,
+    }
+}
+
+/// O(1) lookups over a graph's values (see [`Graph::index`]); it borrows the graph, so
+/// it describes the graph as it was when built.
+#[derive(Clone, Debug)]
+pub struct GraphIndex<'a> {
+    defs: HashMap<ValueId, Def<'a>>,
+    next_value: ValueId,
+    next_storage: StorageId,
+}
+
+impl<'a> GraphIndex<'a> {
+    /// What defines `v` (the same answer as [`Graph::def`]).
+    pub fn def(&self, v: ValueId) -> Option<Def<'a>> {
+        self.defs.get(&v).copied()
+    }
+    /// Metadata of `v`.
+    pub fn meta_of(&self, v: ValueId) -> Option<&'a TensorMeta> {
+        self.def(v).map(def_meta)
+    }
+    /// Storage of `v`.
+    pub fn storage_of(&self, v: ValueId) -> Option<StorageId> {
+        self.def(v).map(def_storage)
+    }
+    /// [`Graph::next_value`] of the indexed graph.
+    pub fn next_value(&self) -> ValueId {
+        self.next_value
+    }
+    /// [`Graph::next_storage`] of the indexed graph.
+    pub fn next_storage(&self) -> StorageId {
+        self.next_storage
+    }
+}
+
+/// Appends inputs and nodes to a graph in O(1) each (see [`Graph::appender`]); the
+/// result is the graph [`Graph::add_input`]/[`Graph::add_node`] would build.
+#[derive(Debug)]
+pub struct GraphAppender<'a> {
+    graph: &'a mut Graph,
+    storage: HashMap<ValueId, StorageId>,
+    next_value: ValueId,
+    next_storage: StorageId,
+}
+
+impl GraphAppender<'_> {
+    /// The graph built so far.
+    pub fn graph(&self) -> &Graph {
+        self.graph
+    }
+    /// [`Graph::add_input`] in O(1).
+    pub fn add_input(&mut self, name: impl Into<String>, meta: TensorMeta, storage: StorageId) -> ValueId {
+        let id = self.fresh_value();
+        self.note_storage(storage);
+        self.storage.insert(id, storage);
+        self.graph.inputs.push(Input { id, name: name.into(), meta, storage });
+        id
+    }
+    /// [`Graph::add_node`] in O(1).
+    pub fn add_node(
+        &mut self,
+        op: Op,
+        args: Vec<ValueId>,
+        meta: TensorMeta,
+        fresh: StorageId,
+        loc: Option<SourceLoc>,
+    ) -> ValueId {
+        let out = self.fresh_value();
+        let storage = match op.aliasing() {
+            Aliasing::Fresh => fresh,
+            _ => args.first().and_then(|a| self.storage.get(a).copied()).unwrap_or(fresh),
+        };
+        self.note_storage(storage);
+        self.storage.insert(out, storage);
+        self.graph.nodes.push(Node { out, op, args, meta, storage, loc });
+        out
+    }
+    /// A storage id one larger than any used so far ([`Graph::next_storage`]).
+    pub fn next_storage(&self) -> StorageId {
+        self.next_storage
+    }
+    fn fresh_value(&mut self) -> ValueId {
+        let id = self.next_value;
+        self.next_value = ValueId(id.0 + 1);
+        id
+    }
+    fn note_storage(&mut self, s: StorageId) {
+        if s.0 >= self.next_storage.0 {
+            self.next_storage = StorageId(s.0 + 1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::DType;
+    use crate::op::UnaryOp;
+
+    #[test]
+    fn index_and_appender_agree_with_the_scanning_methods() {
+        let m = TensorMeta::from_sizes(&[2], DType::F32);
+        let mut slow = Graph::new();
+        let a = slow.add_input("a", m.clone(), StorageId(3));
+        let b = slow.add_input("b", m.clone(), StorageId(0));
+        let e = slow.add_node(Op::Unary(UnaryOp::Exp), vec![a], m.clone(), StorageId(7), None);
+        let v = slow.add_node(Op::Alias, vec![b], m.clone(), StorageId(9), None);
+        let mut fast = Graph::new();
+        {
+            let mut w = fast.appender();
+            assert_eq!(w.add_input("a", m.clone(), StorageId(3)), a);
+            assert_eq!(w.add_input("b", m.clone(), StorageId(0)), b);
+            assert_eq!(w.add_node(Op::Unary(UnaryOp::Exp), vec![a], m.clone(), StorageId(7), None), e);
+            assert_eq!(w.next_storage(), StorageId(8));
+            assert_eq!(w.add_node(Op::Alias, vec![b], m.clone(), StorageId(9), None), v);
+            assert_eq!(w.graph().nodes.len(), 2);
+        }
+        assert_eq!(fast, slow);
+        // The alias took b's storage, not the fresh one offered.
+        let idx = slow.index();
+        assert_eq!(idx.storage_of(v), Some(StorageId(0)));
+        for id in [a, b, e, v] {
+            assert_eq!(idx.storage_of(id), slow.storage_of(id));
+            assert_eq!(idx.meta_of(id), slow.meta_of(id));
+            assert!(
+                matches!((idx.def(id), slow.def(id)), (Some(Def::Input(x)), Some(Def::Input(y))) if std::ptr::eq(x, y))
+                    || matches!((idx.def(id), slow.def(id)), (Some(Def::Node(x)), Some(Def::Node(y))) if std::ptr::eq(x, y))
+            );
+        }
+        assert!(idx.def(ValueId(99)).is_none());
+        assert_eq!((idx.next_value(), idx.next_storage()), (slow.next_value(), slow.next_storage()));
+        assert_eq!((idx.next_value(), idx.next_storage()), (ValueId(4), StorageId(8)));
+        // Appending to a non-empty graph continues after its ids.
+        let mut w = slow.appender();
+        let x = w.add_node(Op::Unary(UnaryOp::Neg), vec![v], m, StorageId(8), None);
+        assert_eq!(x, ValueId(4));
+        assert_eq!(slow.storage_of(x), Some(StorageId(8)));
     }
 }

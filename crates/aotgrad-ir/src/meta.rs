@@ -101,15 +101,22 @@ impl TensorMeta {
         TensorMeta::contiguous(self.shape.clone(), self.dtype)
     }
     /// Index one past the last storage element this tensor can touch (concrete only):
-    /// `offset + sum((size-1)*stride) + 1`, or `offset` for an empty tensor.
+    /// `offset + sum((size-1)*stride) + 1`, or `offset` for an empty tensor. `None`
+    /// when a dim is symbolic or negative, or the extent overflows `usize`.
     pub fn storage_extent(&self) -> Option<usize> {
-        let shape = self.concrete_shape()?;
-        let strides = self.concrete_strides()?;
-        let off = self.concrete_offset()?;
+        let conc = |d: &Dim| d.as_const().and_then(|v| usize::try_from(v).ok());
+        let shape: Vec<usize> = self.shape.iter().map(conc).collect::<Option<_>>()?;
+        let strides: Vec<usize> = self.strides.iter().map(conc).collect::<Option<_>>()?;
+        let off = conc(&self.offset)?;
+        if shape.len() != strides.len() {
+            return None;
+        }
         if shape.contains(&0) {
             return Some(off);
         }
-        Some(off + shape.iter().zip(&strides).map(|(s, st)| (s - 1) * st).sum::<usize>() + 1)
+        let reach =
+            shape.iter().zip(&strides).try_fold(0usize, |acc, (s, st)| acc.checked_add((s - 1).checked_mul(*st)?))?;
+        off.checked_add(reach)?.checked_add(1)
     }
 }
 
@@ -163,5 +170,21 @@ mod tests {
         assert!(!t.is_contiguous());
         assert_eq!(t.to_string(), "i64[3, 2] strides=[1, 3] offset=1");
         assert_eq!(t.storage_extent(), Some(1 + 2 + 3 + 1));
+    }
+
+    #[test]
+    fn storage_extent_is_none_on_overflow_or_negative_dims() {
+        let m = |shape: &[i64], strides: &[i64], offset: i64| TensorMeta {
+            shape: shape.iter().map(|&d| Dim::Const(d)).collect(),
+            strides: strides.iter().map(|&d| Dim::Const(d)).collect(),
+            offset: Dim::Const(offset),
+            dtype: DType::F32,
+        };
+        // 2 * (2^63 - 1) + (2^63 - 1) + 1 > usize::MAX (on any target).
+        assert_eq!(m(&[3], &[i64::MAX], i64::MAX).storage_extent(), None);
+        assert_eq!(m(&[1], &[i64::MAX], 5).storage_extent(), Some(6));
+        assert_eq!(m(&[0, 4], &[i64::MAX, 1], 5).storage_extent(), Some(5));
+        assert_eq!(m(&[2], &[-1], 5).storage_extent(), None);
+        assert_eq!(m(&[2], &[1], -1).storage_extent(), None);
     }
 }

@@ -266,6 +266,13 @@ pub enum Op {
     // ---- copies --------------------------------------------------------------
     /// `[x]`: contiguous copy.
     Clone,
+    /// `[x]`: a fresh tensor holding `x`'s elements with a new shape (PyTorch's
+    /// `_unsafe_view`). Shape rules are those of `view` of a contiguous `x`; the result
+    /// is contiguous with its own storage, so it is not a view of `x`. Decompositions
+    /// use it to reshape an intermediate they just produced (the result of `mm`, a
+    /// copy), so the result does not alias that intermediate. Its gradient is the
+    /// incoming gradient reshaped back to `x`'s shape.
+    UnsafeView(Vec<Dim>),
     /// `[dst, src]`: out-of-place copy: `src` broadcast to `dst`'s shape and cast to its dtype.
     Copy,
 
@@ -534,6 +541,7 @@ impl Op {
             Op::AsStrided { .. } => "as_strided",
             Op::Alias => "alias",
             Op::Clone => "clone",
+            Op::UnsafeView(_) => "_unsafe_view",
             Op::Copy => "copy",
             Op::InPlace(_) | Op::MetaInPlace(_) => "inplace",
             Op::Full { .. } => "full",
@@ -609,6 +617,7 @@ impl Op {
         let v = |xs: &Vec<Dim>| xs.iter().map(f).collect::<Vec<_>>();
         match self {
             Op::View(s) => Op::View(v(s)),
+            Op::UnsafeView(s) => Op::UnsafeView(v(s)),
             Op::Expand(s) => Op::Expand(v(s)),
             Op::Slice { dim, start, end, step } => Op::Slice { dim: *dim, start: f(start), end: f(end), step: *step },
             Op::Select { dim, index } => Op::Select { dim: *dim, index: f(index) },

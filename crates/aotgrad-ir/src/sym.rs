@@ -135,6 +135,11 @@ impl Dim {
         v
     }
     /// `self + other`.
+    ///
+    /// Coefficients are plain `i64`s: an overflow panics in debug builds and wraps in
+    /// release builds. Arithmetic on values that come from user input goes through the
+    /// `checked_*` forms instead ([`Dim::checked_add`], [`Dim::checked_sub`],
+    /// [`Dim::checked_mul`], [`Dim::checked_scale`]).
     pub fn add(&self, other: &Dim) -> Dim {
         if let (Dim::Const(a), Dim::Const(b)) = (self, other) {
             return Dim::Const(a + b);
@@ -145,18 +150,18 @@ impl Dim {
         }
         from_map(m)
     }
-    /// `self - other`.
+    /// `self - other` (overflow as in [`Dim::add`]).
     pub fn sub(&self, other: &Dim) -> Dim {
         self.add(&other.scale(-1))
     }
-    /// `self * c` for an integer constant.
+    /// `self * c` for an integer constant (overflow as in [`Dim::add`]).
     pub fn scale(&self, c: i64) -> Dim {
         match self {
             Dim::Const(a) => Dim::Const(a * c),
             Dim::Sym(_) => from_map(to_map(self).into_iter().map(|(k, v)| (k, v * c)).collect()),
         }
     }
-    /// `self * other`.
+    /// `self * other` (overflow as in [`Dim::add`]).
     pub fn mul(&self, other: &Dim) -> Dim {
         if let (Dim::Const(a), Dim::Const(b)) = (self, other) {
             return Dim::Const(a * b);
@@ -184,6 +189,27 @@ impl Dim {
         }
         Some(from_map(m))
     }
+    /// [`Dim::sub`], or `None` when a coefficient overflows i64.
+    pub fn checked_sub(&self, other: &Dim) -> Option<Dim> {
+        if let (Dim::Const(a), Dim::Const(b)) = (self, other) {
+            return a.checked_sub(*b).map(Dim::Const);
+        }
+        self.checked_add(&other.checked_scale(-1)?)
+    }
+    /// [`Dim::scale`], or `None` when a coefficient overflows i64.
+    pub fn checked_scale(&self, c: i64) -> Option<Dim> {
+        match self {
+            Dim::Const(a) => a.checked_mul(c).map(Dim::Const),
+            Dim::Sym(_) => {
+                let m = to_map(self).into_iter().map(|(k, v)| Some((k, v.checked_mul(c)?))).collect::<Option<_>>()?;
+                Some(from_map(m))
+            }
+        }
+    }
+    /// [`Dim::product`], or `None` when a coefficient overflows i64.
+    pub fn checked_product<'a>(dims: impl IntoIterator<Item = &'a Dim>) -> Option<Dim> {
+        dims.into_iter().try_fold(Dim::Const(1), |acc, d| acc.checked_mul(d))
+    }
     /// [`Dim::mul`], or `None` when a coefficient overflows i64 (the same steps as
     /// `mul`, so `Some` here means `mul` cannot overflow).
     pub fn checked_mul(&self, other: &Dim) -> Option<Dim> {
@@ -203,11 +229,14 @@ impl Dim {
         Some(from_map(m))
     }
     /// Exact quotient `self / other`, when `other` divides `self` as a polynomial
-    /// (other being a constant or a single term); `None` otherwise.
+    /// (other being a constant or a single term); `None` otherwise (also when the
+    /// quotient overflows i64: `i64::MIN / -1`).
     pub fn exact_div(&self, other: &Dim) -> Option<Dim> {
         match (self, other) {
             (_, Dim::Const(0)) => None,
-            (Dim::Const(a), Dim::Const(b)) => (a % b == 0).then(|| Dim::Const(a / b)),
+            (Dim::Const(a), Dim::Const(b)) => {
+                (a.checked_rem(*b)? == 0).then(|| a.checked_div(*b)).flatten().map(Dim::Const)
+            }
             (_, _) => {
                 let den = to_map(other);
                 if den.len() != 1 {
@@ -216,7 +245,7 @@ impl Dim {
                 let (dk, dv) = den.into_iter().next()?;
                 let mut out = BTreeMap::new();
                 for (k, v) in to_map(self) {
-                    if v % dv != 0 {
+                    if v.checked_rem(dv)? != 0 {
                         return None;
                     }
                     let mut rest = k.clone();
@@ -224,7 +253,7 @@ impl Dim {
                         let pos = rest.iter().position(|x| x == s)?;
                         rest.remove(pos);
                     }
-                    out.insert(rest, v / dv);
+                    out.insert(rest, v.checked_div(dv)?);
                 }
                 Some(from_map(out))
             }
@@ -252,9 +281,17 @@ impl Dim {
         }
     }
     /// Replace bound symbols by their values, leaving unbound ones symbolic.
+    ///
+    /// When the substituted polynomial would overflow i64, the dim is returned
+    /// unchanged (still symbolic), so callers that need a concrete result see a
+    /// non-concrete one; see [`Dim::checked_subst`] to tell the two apart.
     pub fn subst(&self, env: &dyn Fn(SymId) -> Option<i64>) -> Dim {
+        self.checked_subst(env).unwrap_or_else(|| self.clone())
+    }
+    /// [`Dim::subst`], or `None` when the result overflows i64.
+    pub fn checked_subst(&self, env: &dyn Fn(SymId) -> Option<i64>) -> Option<Dim> {
         match self {
-            Dim::Const(_) => self.clone(),
+            Dim::Const(_) => Some(self.clone()),
             Dim::Sym(p) => {
                 let mut acc = Dim::Const(0);
                 for (k, c) in &p.terms {
@@ -264,11 +301,11 @@ impl Dim {
                             Some(v) => Dim::Const(v),
                             None => Dim::sym(*s),
                         };
-                        t = t.mul(&f);
+                        t = t.checked_mul(&f)?;
                     }
-                    acc = acc.add(&t);
+                    acc = acc.checked_add(&t)?;
                 }
-                acc
+                Some(acc)
             }
         }
     }
@@ -412,10 +449,14 @@ pub struct StaticOracle;
 
 impl DimOracle for StaticOracle {
     fn decide(&mut self, lhs: &Dim, rel: Rel, rhs: &Dim) -> bool {
-        match rhs.sub(lhs) {
+        if let (Dim::Const(a), Dim::Const(b)) = (lhs, rhs) {
+            return rel.holds(*a, *b);
+        }
+        match rhs.checked_sub(lhs) {
             // rhs - lhs = d
-            Dim::Const(d) => rel.holds(0, d),
-            Dim::Sym(_) => rel == Rel::Ne,
+            Some(Dim::Const(d)) => rel.holds(0, d),
+            // Symbolic, or a difference whose coefficients overflow: not provable.
+            Some(Dim::Sym(_)) | None => rel == Rel::Ne,
         }
     }
 }
@@ -438,6 +479,35 @@ mod tests {
         let env = |s: SymId| Some(if s.0 == 0 { 5 } else { 7 });
         assert_eq!(a.eval(&env), Some(15 + 35 + 2));
         assert_eq!(s0.sub(&Dim::Const(1)).scale(-1).to_string(), "-s0 + 1");
+    }
+
+    #[test]
+    fn checked_arithmetic_reports_overflow() {
+        let s0 = Dim::sym(SymId(0));
+        let max = Dim::Const(i64::MAX);
+        assert_eq!(max.checked_sub(&Dim::Const(-1)), None);
+        assert_eq!(Dim::Const(i64::MIN).checked_scale(-1), None);
+        assert_eq!(s0.scale(i64::MAX).checked_scale(2), None);
+        assert_eq!(s0.checked_scale(-3), Some(s0.scale(-3)));
+        assert_eq!(s0.checked_sub(&s0.scale(i64::MIN)), None);
+        assert_eq!(s0.checked_sub(&Dim::Const(1)), Some(s0.sub(&Dim::Const(1))));
+        assert_eq!(Dim::checked_product(&[max.clone(), Dim::Const(2)]), None);
+        assert_eq!(Dim::checked_product(&[s0.clone(), Dim::Const(2)]), Some(s0.scale(2)));
+        // i64::MIN / -1 does not exist.
+        assert_eq!(Dim::Const(i64::MIN).exact_div(&Dim::Const(-1)), None);
+        assert_eq!(s0.scale(i64::MIN).exact_div(&Dim::Const(-1)), None);
+        // Substituting a value that overflows leaves the dim symbolic.
+        let sq = s0.mul(&s0);
+        let big = |_| Some(1i64 << 40);
+        assert_eq!(sq.checked_subst(&big), None);
+        assert_eq!(sq.subst(&big), sq);
+        assert_eq!(sq.subst(&|_| Some(3)), Dim::Const(9));
+        // The static oracle compares constants directly and gives up on overflowing
+        // differences ("not provably equal").
+        let mut o = StaticOracle;
+        assert!(o.decide(&Dim::Const(i64::MIN), Rel::Lt, &max));
+        assert!(!o.decide(&s0.scale(i64::MIN), Rel::Eq, &s0.scale(i64::MAX)));
+        assert!(o.decide(&s0.scale(i64::MIN), Rel::Ne, &s0.scale(i64::MAX)));
     }
 
     #[test]

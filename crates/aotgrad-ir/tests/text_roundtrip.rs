@@ -205,6 +205,7 @@ fn other_op(nan: bool) -> BoxedStrategy<Op> {
         Just(Op::Mm),
         Just(Op::Bmm),
         Just(Op::Clone),
+        dims().prop_map(Op::UnsafeView),
         (dims(), scalar(nan), dtype()).prop_map(|(shape, value, dtype)| Op::Full { shape, value, dtype }),
         (scalar(nan), scalar(nan), scalar(nan), dtype()).prop_map(|(start, end, step, dtype)| Op::Arange {
             start,

@@ -1,39 +1,42 @@
-//! The calling convention: how the user's arguments become graph inputs.
+//! The calling convention: how the traced inputs become graph inputs.
 //!
-//! Three rewrites happen between what the user passes and what the graph takes:
-//! - **dedupe**: the same tensor object passed twice is traced as one input;
-//! - **synthetic base**: tensors that share a storage, overlap, and of which one is
-//!   mutated are merged into one input — a 1-D view of the storage range they cover —
-//!   and each is regenerated inside the graph as a view of it, so a write through one
-//!   is seen by the others exactly as in eager mode;
-//! - non-tensor arguments are specialized into the trace (they are part of the
-//!   compiled function's cache key) and take no graph input.
+//! [`CallingConvention::args`] is indexed by *traced input*, not by user argument: the
+//! runtime (`aotgrad`'s `runtime` module) folds the user's arguments into traced inputs
+//! before tracing — the same tensor object passed twice is traced once (*dedupe*),
+//! and non-tensor arguments are specialized into the trace (part of the compiled
+//! entry's key) with no traced input — and keeps that map itself. What this crate
+//! describes is the one rewrite functionalization makes between traced inputs and graph
+//! inputs:
+//! - **synthetic base**: traced inputs that share a storage, overlap, and of which one
+//!   is mutated (or that `as_strided` views address storage-absolutely, or that repeat
+//!   elements and are written) are merged into one graph input — a 1-D view of the
+//!   storage range they cover — and each is regenerated inside the graph as a view of
+//!   it, so a write through one is seen by the others exactly as in eager mode. A
+//!   single traced input can get a synthetic base of its own, too (an `as_strided`
+//!   view reaching outside it, or of it when it is not row-major).
 
-use crate::overlap::{overlap, Layout, Overlap};
+use crate::overlap::{overlap, AddressOverflow, Layout, Overlap};
+use aotgrad_ir::{DType, Dim, TensorMeta};
 use serde::{Deserialize, Serialize};
 
-/// Where one user argument goes.
+/// Where one traced input goes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ArgSlot {
     /// Graph input `0`.
     Input(usize),
-    /// The same tensor object as user argument `0`; no graph input of its own.
-    Duplicate(usize),
     /// Merged into synthetic base `base` (an index into [`CallingConvention::bases`]).
     ViewOfBase {
         /// The synthetic base.
         base: usize,
     },
-    /// A non-tensor argument, specialized into the graph.
-    Constant,
 }
 
-/// A graph input that stands for a storage range shared by several user arguments.
+/// A graph input that stands for a storage range shared by one or more traced inputs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SyntheticBase {
     /// Its graph input index.
     pub input: usize,
-    /// The user arguments it replaces.
+    /// The traced inputs it replaces.
     pub members: Vec<usize>,
     /// First storage element covered.
     pub offset: usize,
@@ -41,10 +44,22 @@ pub struct SyntheticBase {
     pub len: usize,
 }
 
-/// The mapping from user arguments to graph inputs.
+impl SyntheticBase {
+    /// The base's metadata: `[len]`, stride 1, at storage offset `offset`.
+    pub fn meta(&self, dtype: DType) -> TensorMeta {
+        TensorMeta {
+            shape: vec![Dim::from(self.len)],
+            strides: vec![Dim::Const(1)],
+            offset: Dim::from(self.offset),
+            dtype,
+        }
+    }
+}
+
+/// The mapping from traced inputs to graph inputs.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CallingConvention {
-    /// One slot per user argument.
+    /// One slot per traced input.
     pub args: Vec<ArgSlot>,
     /// The synthetic bases.
     pub bases: Vec<SyntheticBase>,
@@ -66,12 +81,21 @@ pub fn needs_synthetic_base(layouts: &[Layout], mutated: &[bool]) -> bool {
 }
 
 /// The storage range `(offset, len)` covered by a set of layouts (empty layouts ignored;
-/// `(0, 0)` if all are empty).
-pub fn covering_range(layouts: &[Layout]) -> (usize, usize) {
-    let ranges: Vec<(usize, usize)> = layouts.iter().filter_map(Layout::range).collect();
-    match (ranges.iter().map(|r| r.0).min(), ranges.iter().map(|r| r.1).max()) {
-        (Some(lo), Some(hi)) => (lo, hi - lo + 1),
-        _ => (0, 0),
+/// `(0, 0)` if all are empty); an error when an address, or the length, overflows
+/// `usize`.
+pub fn covering_range(layouts: &[Layout]) -> Result<(usize, usize), AddressOverflow> {
+    let mut cover: Option<(usize, usize)> = None;
+    for l in layouts {
+        if let Some((a, b)) = l.range()? {
+            cover = Some(match cover {
+                None => (a, b),
+                Some((lo, hi)) => (lo.min(a), hi.max(b)),
+            });
+        }
+    }
+    match cover {
+        Some((lo, hi)) => Ok((lo, (hi - lo).checked_add(1).ok_or(AddressOverflow)?)),
+        None => Ok((0, 0)),
     }
 }
 
@@ -88,6 +112,26 @@ mod tests {
         let even = Layout::new(vec![3], vec![2], 0);
         let odd = Layout::new(vec![3], vec![2], 1);
         assert!(!needs_synthetic_base(&[even.clone(), odd.clone()], &[true, true]));
-        assert_eq!(covering_range(&[even, odd]), (0, 6));
+        assert_eq!(covering_range(&[even, odd]), Ok((0, 6)));
+        assert_eq!(covering_range(&[Layout::new(vec![0], vec![1], 3)]), Ok((0, 0)));
+    }
+
+    #[test]
+    fn covering_range_overflow_is_an_error() {
+        let huge = Layout::new(vec![2], vec![usize::MAX], 1);
+        assert_eq!(covering_range(&[huge]), Err(AddressOverflow));
+        // The addresses fit, their count does not.
+        let all = Layout::new(vec![2], vec![usize::MAX], 0);
+        assert_eq!(covering_range(&[all]), Err(AddressOverflow));
+    }
+
+    #[test]
+    fn synthetic_base_meta_is_a_flat_window() {
+        let b = SyntheticBase { input: 0, members: vec![0, 1], offset: 2, len: 5 };
+        let m = b.meta(DType::F32);
+        assert_eq!(m.shape, vec![Dim::Const(5)]);
+        assert_eq!(m.strides, vec![Dim::Const(1)]);
+        assert_eq!(m.offset, Dim::Const(2));
+        assert_eq!(m.dtype, DType::F32);
     }
 }

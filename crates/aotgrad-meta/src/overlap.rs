@@ -3,15 +3,21 @@
 //! A layout is `offset + sum(i_k * stride_k)` for `0 <= i_k < size_k`. Two layouts
 //! overlap when some storage index is reachable from both. The answer must never be a
 //! false "disjoint" (that would corrupt data); a false "overlap" only costs a synthetic
-//! base, so past the enumeration budget the test answers [`Overlap::Unknown`], which
-//! callers treat as overlapping.
+//! base, so past the enumeration budget (or when a layout's addresses overflow
+//! `usize`, as a user `as_strided` with huge strides can make them) the test answers
+//! [`Overlap::Unknown`], which callers treat as overlapping. Every address computation
+//! is checked: [`Layout::range`] reports an overflow as [`AddressOverflow`].
 //!
 //! The test, cheapest first: empty layouts; disjoint index ranges; a residue argument
 //! (every index of a layout is `offset` modulo the gcd of its strides); then exact
 //! membership: a layout whose dims nest (sorted by stride, each stride exceeds the
 //! span of all smaller ones) decides membership of one index greedily in
 //! `O(rank)`, so the smaller layout is enumerated against it; when neither nests, both
-//! are enumerated, sorted and merged.
+//! are enumerated, sorted and merged. [`Layout::may_repeat`] asks the same of one
+//! layout: whether two of its indices name one storage element.
+
+use aotgrad_ir::{Dim, TensorMeta};
+use thiserror::Error;
 
 /// A concrete strided layout: sizes, strides and offset in elements.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -31,9 +37,16 @@ pub enum Overlap {
     Yes,
     /// No storage index is shared (proved).
     No,
-    /// Too large to decide exactly within the budget; treat as [`Overlap::Yes`].
+    /// Too large to decide exactly within the budget (or the addresses overflow
+    /// `usize`); treat as [`Overlap::Yes`].
     Unknown,
 }
+
+/// The storage addresses of a layout do not fit in `usize` (a user `as_strided` with
+/// huge strides or offset).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Error)]
+#[error("storage addresses overflow the address range (huge sizes, strides or offset)")]
+pub struct AddressOverflow;
 
 /// How many element addresses the exact test may enumerate.
 pub const ENUMERATION_BUDGET: usize = 1 << 22;
@@ -46,14 +59,23 @@ fn gcd(a: usize, b: usize) -> usize {
     }
 }
 
+fn concrete(dims: &[Dim]) -> Option<Vec<usize>> {
+    dims.iter().map(|d| d.as_const().and_then(|v| usize::try_from(v).ok())).collect()
+}
+
 impl Layout {
     /// Build a layout (sizes and strides must have equal length).
     pub fn new(sizes: Vec<usize>, strides: Vec<usize>, offset: usize) -> Layout {
         Layout { sizes, strides, offset }
     }
-    /// Number of elements.
-    pub fn numel(&self) -> usize {
-        self.sizes.iter().product()
+    /// The layout of concrete metadata (`None` when a dim is symbolic or negative).
+    pub fn of(meta: &TensorMeta) -> Option<Layout> {
+        let offset = meta.offset.as_const().and_then(|v| usize::try_from(v).ok())?;
+        Some(Layout::new(concrete(&meta.shape)?, concrete(&meta.strides)?, offset))
+    }
+    /// Number of elements (`None` when it overflows `usize`).
+    pub fn numel(&self) -> Option<usize> {
+        self.sizes.iter().try_fold(1usize, |n, &s| n.checked_mul(s))
     }
     /// Dims that matter: size > 1 and stride > 0 (size-1 dims add nothing, stride-0
     /// dims repeat addresses).
@@ -68,25 +90,58 @@ impl Layout {
         d.sort_by_key(|&(_, st)| st);
         d
     }
-    /// Smallest and largest index touched (`None` when empty).
-    pub fn range(&self) -> Option<(usize, usize)> {
+    /// Smallest and largest index touched (`Ok(None)` when empty); an error when the
+    /// largest does not fit in `usize`.
+    pub fn range(&self) -> Result<Option<(usize, usize)>, AddressOverflow> {
         if self.sizes.contains(&0) {
-            return None;
+            return Ok(None);
         }
-        let span: usize = self.sizes.iter().zip(&self.strides).map(|(s, st)| (s - 1) * st).sum();
-        Some((self.offset, self.offset + span))
+        let mut hi = self.offset;
+        for (s, st) in self.sizes.iter().zip(&self.strides) {
+            hi = (s - 1).checked_mul(*st).and_then(|d| hi.checked_add(d)).ok_or(AddressOverflow)?;
+        }
+        Ok(Some((self.offset, hi)))
     }
     /// True when, sorted by stride, every stride is larger than the span of the smaller
     /// dims: then each index has at most one coordinate and membership is greedy.
+    /// (False when the span overflows `usize`.)
     fn nests(&self) -> bool {
         let mut span = 0usize;
         for (s, st) in self.live_dims() {
             if st <= span {
                 return false;
             }
-            span += (s - 1) * st;
+            match (s - 1).checked_mul(st).and_then(|d| span.checked_add(d)) {
+                Some(next) => span = next,
+                None => return false,
+            }
         }
         true
+    }
+    /// Whether two different indices of the layout may name one storage element: a
+    /// stride-0 dim of size > 1, or dims that do not nest and, enumerated, do repeat an
+    /// address. Exact up to [`ENUMERATION_BUDGET`] elements; past it, or when the
+    /// addresses overflow `usize`, the answer is a conservative `true`. An empty layout
+    /// repeats nothing.
+    pub fn may_repeat(&self) -> bool {
+        if self.sizes.contains(&0) {
+            return false;
+        }
+        if self.sizes.iter().zip(&self.strides).any(|(&s, &st)| s > 1 && st == 0) {
+            return true;
+        }
+        if self.range().is_err() {
+            return true;
+        }
+        if self.nests() {
+            return false;
+        }
+        if self.live_numel() > ENUMERATION_BUDGET {
+            return true;
+        }
+        let mut a = self.addresses();
+        a.sort_unstable();
+        a.windows(2).any(|w| w[0] == w[1])
     }
     /// Exact membership for a nesting layout.
     fn contains_nested(&self, x: usize) -> bool {
@@ -100,7 +155,8 @@ impl Layout {
         }
         rem == 0
     }
-    /// Every index, in iteration order (duplicates possible for stride-0 dims).
+    /// Every index, in iteration order (duplicates possible for non-nesting dims).
+    /// Callers check [`Layout::range`] first, so no address overflows.
     fn addresses(&self) -> Vec<usize> {
         let dims = self.live_dims();
         let mut out = vec![self.offset];
@@ -113,15 +169,19 @@ impl Layout {
         }
         out
     }
+    /// Number of elements over the live dims (saturating).
     fn live_numel(&self) -> usize {
-        self.live_dims().iter().map(|(s, _)| *s).product()
+        self.live_dims().iter().fold(1usize, |n, (s, _)| n.saturating_mul(*s))
     }
 }
 
 /// Decide whether two layouts over one storage share an element.
 pub fn overlap(a: &Layout, b: &Layout) -> Overlap {
-    let (Some((a0, a1)), Some((b0, b1))) = (a.range(), b.range()) else {
-        return Overlap::No;
+    let ((a0, a1), (b0, b1)) = match (a.range(), b.range()) {
+        (Ok(None), _) | (_, Ok(None)) => return Overlap::No,
+        (Ok(Some(ra)), Ok(Some(rb))) => (ra, rb),
+        // Addresses past `usize`: no exact answer (and no enumeration).
+        _ => return Overlap::Unknown,
     };
     if a1 < b0 || b1 < a0 {
         return Overlap::No;
@@ -198,6 +258,53 @@ mod tests {
         assert_eq!(overlap(&Layout::new(vec![0, 3], vec![3, 1], 0), &row), Overlap::No);
     }
 
+    /// Huge user strides: every address computation is checked, and the answers are
+    /// conservative instead of a panic (or, in release builds, a wrapped address).
+    #[test]
+    fn address_overflow_is_unknown_not_a_panic() {
+        let huge = Layout::new(vec![3, 3], vec![usize::MAX / 2 + 1, 1], 5);
+        assert_eq!(huge.range(), Err(AddressOverflow));
+        let small = Layout::new(vec![4], vec![1], 0);
+        assert_eq!(overlap(&huge, &small), Overlap::Unknown);
+        assert_eq!(overlap(&small, &huge), Overlap::Unknown);
+        assert!(huge.may_repeat());
+        // An empty layout stays empty, whatever its strides.
+        let empty = Layout::new(vec![0, 2], vec![1, usize::MAX], usize::MAX);
+        assert_eq!(empty.range(), Ok(None));
+        assert_eq!(overlap(&empty, &huge), Overlap::No);
+        assert!(!empty.may_repeat());
+        // Large but representable: exact answers.
+        let wide = Layout::new(vec![2], vec![usize::MAX - 1], 0);
+        assert_eq!(wide.range(), Ok(Some((0, usize::MAX - 1))));
+        assert_eq!(overlap(&wide, &Layout::new(vec![1], vec![1], usize::MAX - 1)), Overlap::Yes);
+        assert_eq!(overlap(&wide, &Layout::new(vec![2], vec![1], 1)), Overlap::No);
+        assert!(!wide.may_repeat());
+        assert_eq!(Layout::new(vec![usize::MAX, 3], vec![1, 1], 0).numel(), None);
+    }
+
+    #[test]
+    fn repeats_hand_checked() {
+        // expanded: stride 0
+        assert!(Layout::new(vec![3, 2], vec![0, 1], 0).may_repeat());
+        // size-1 dim with stride 0 repeats nothing
+        assert!(!Layout::new(vec![1, 2], vec![0, 1], 0).may_repeat());
+        // transposed: nests
+        assert!(!Layout::new(vec![3, 2], vec![1, 3], 0).may_repeat());
+        // overlapping windows: strides 1 and 2 over sizes 3, 2 name 2 twice
+        assert!(Layout::new(vec![3, 2], vec![1, 2], 0).may_repeat());
+        // does not nest, yet names nine distinct elements
+        assert!(!Layout::new(vec![3, 3], vec![3, 2], 0).may_repeat());
+    }
+
+    /// Every storage index of a layout, stride-0 dims included.
+    fn all_addresses(l: &Layout) -> Vec<usize> {
+        let mut out = vec![l.offset];
+        for (&s, &st) in l.sizes.iter().zip(&l.strides) {
+            out = (0..s).flat_map(|i| out.iter().map(move |a| a + i * st)).collect();
+        }
+        out
+    }
+
     fn layout() -> impl Strategy<Value = Layout> {
         (1usize..4).prop_flat_map(|rank| {
             (proptest::collection::vec(0usize..5, rank), proptest::collection::vec(0usize..7, rank), 0usize..12)
@@ -211,6 +318,15 @@ mod tests {
             let want = brute(&a, &b);
             let got = overlap(&a, &b);
             prop_assert_eq!(got, if want { Overlap::Yes } else { Overlap::No }, "a={:?} b={:?}", a, b);
+        }
+
+        #[test]
+        fn repeats_agree_with_brute_force(a in layout()) {
+            let mut xs = all_addresses(&a);
+            let n = xs.len();
+            xs.sort_unstable();
+            xs.dedup();
+            prop_assert_eq!(a.may_repeat(), xs.len() != n, "a={:?}", a);
         }
     }
 }

@@ -1,9 +1,15 @@
 //! `ViewAndMutationMeta`: the side effects and aliasing a compiled graph must replay.
+//!
+//! Inputs are described per *traced input* (the user's tensor arguments after the
+//! runtime's dedupe, plus any input the trace adds itself, such as the RNG state), not
+//! per graph input: several traced inputs can share one graph input (a synthetic base,
+//! see [`crate::CallingConvention`]), and graph-input positions appear only where
+//! named so ([`ViewAndMutationMeta::mutated_inputs`]).
 
 use aotgrad_ir::TensorMeta;
 use serde::{Deserialize, Serialize};
 
-/// What happened to one graph input.
+/// What happened to one traced input.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct InputInfo {
     /// Its elements were written (through it or any alias of its storage).
@@ -25,10 +31,11 @@ pub struct InputInfo {
 pub enum OutputKind {
     /// Fresh memory: returned as computed by the graph.
     NonAlias,
-    /// The caller's input handle itself (after any mutation), returned as the same object.
+    /// The caller's handle of traced input `0` itself (after any mutation), returned as
+    /// the same object.
     IsInput(usize),
-    /// A view of graph input `input`'s storage; regenerated as a real view with the
-    /// output's metadata.
+    /// A view of traced input `0`'s storage; regenerated as a real view of the caller's
+    /// tensor for that traced input, with the output's (storage-absolute) metadata.
     AliasOfInput(usize),
     /// A view of an intermediate: the graph also returns the intermediate's storage base
     /// as intermediate output `base`, and the output is regenerated as a view of it.
@@ -52,12 +59,12 @@ pub struct OutputInfo {
 
 /// Everything the runtime wrapper needs to reproduce eager side effects and aliasing.
 ///
-/// The functional graph returns, in order: the updated value of every input listed in
-/// `mutated_inputs` (data mutations, unless kept in the graph), then one value per user
+/// The functional graph returns, in order: the updated value of every graph input listed
+/// in `mutated_inputs` (data mutations, unless kept in the graph), then one value per user
 /// output (aliases included, so backends see the view ops), then the intermediate bases.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ViewAndMutationMeta {
-    /// One entry per graph input.
+    /// One entry per traced input.
     pub inputs: Vec<InputInfo>,
     /// One entry per user output.
     pub outputs: Vec<OutputInfo>,

@@ -152,6 +152,7 @@ proptest! {
         let xs = random_inputs(&g, seed);
         let before = run(&g, &xs);
         let after = run(&s, &xs);
+        prop_assert_eq!(before.len(), after.len(), "number of outputs\n{}\n{}", g, s);
         for (k, (p, q)) in before.iter().zip(&after).enumerate() {
             prop_assert_eq!(&p.meta, &q.meta, "output {} metadata\n{}\n{}", k, g, s);
             let (vp, vq) = (vals(p), vals(q));

@@ -80,24 +80,25 @@ fn differentiable(op: &Op) -> bool {
     }
 }
 
-/// PyTorch's check before an in-place op while grad mode is on.
+/// PyTorch's check before an in-place op while grad mode is on (the view rule first,
+/// as in PyTorch's `check_inplace`).
 fn check_inplace(op: &str, s0: &TState, loc: &SourceLoc) -> Result<()> {
-    if s0.is_leaf && s0.requires_grad {
-        return Err(Error::autograd(
-            op,
-            loc,
-            "a leaf Variable that requires grad is being used in an in-place operation.",
-        ));
-    }
     if let Some(base) = &s0.base {
         let b = base.snapshot();
-        if s0.requires_grad && b.is_leaf && b.requires_grad {
+        if s0.requires_grad() && b.is_leaf() && b.requires_grad() {
             return Err(Error::autograd(
                 op,
                 loc,
                 "a view of a leaf Variable that requires grad is being used in an in-place operation.",
             ));
         }
+    }
+    if s0.is_leaf() && s0.requires_grad() {
+        return Err(Error::autograd(
+            op,
+            loc,
+            "a leaf Variable that requires grad is being used in an in-place operation.",
+        ));
     }
     Ok(())
 }
@@ -115,7 +116,7 @@ pub(crate) fn dispatch(op: Op, args: &[&Tensor], loc: &SourceLoc) -> Result<Tens
         check_inplace(&name, first()?, loc)?;
     }
     // Does the result take part in autograd? (dtype checked once the meta is known)
-    let grad_inputs = grad && differentiable(&op) && states.iter().any(|s| s.requires_grad);
+    let grad_inputs = grad && differentiable(&op) && states.iter().any(TState::requires_grad);
     let metas: Vec<&TensorMeta> = states.iter().map(TState::meta).collect();
     let (repr, out_float) = match mode {
         Mode::Eager => {
@@ -152,8 +153,8 @@ pub(crate) fn dispatch(op: Op, args: &[&Tensor], loc: &SourceLoc) -> Result<Tens
             // mutation under no-grad is hidden from it even when the tensor keeps
             // requiring grad.
             let rg = match aliasing {
-                Aliasing::MutatesData => grad && (first()?.requires_grad || (grad_inputs && float)),
-                Aliasing::MutatesMeta => first()?.requires_grad || (grad_inputs && float),
+                Aliasing::MutatesData => grad && (first()?.requires_grad() || (grad_inputs && float)),
+                Aliasing::MutatesMeta => first()?.requires_grad() || (grad_inputs && float),
                 _ => grad_inputs && float,
             };
             let value = st.add_node(op, values, out.clone(), storage, loc.clone(), rg);
@@ -163,11 +164,11 @@ pub(crate) fn dispatch(op: Op, args: &[&Tensor], loc: &SourceLoc) -> Result<Tens
     };
     let rg = grad_inputs && out_float;
     match aliasing {
-        Aliasing::Fresh => Ok(Tensor::from_state(TState { repr, requires_grad: rg, is_leaf: !rg, base: None })),
+        Aliasing::Fresh => Ok(Tensor::from_state(TState::new(repr, rg, !rg))),
         Aliasing::View => {
             let s0 = first()?;
             let base = s0.base.clone().or_else(|| args.first().map(|t| (*t).clone()));
-            Ok(Tensor::from_state(TState { repr, requires_grad: rg, is_leaf: !rg, base }))
+            Ok(Tensor::from_state(TState { repr, own_requires_grad: rg, own_is_leaf: !rg, base, grad_view: grad }))
         }
         Aliasing::MutatesData | Aliasing::MutatesMeta => {
             let target = args.first().ok_or_else(|| Error::Internal(format!("{name}: no self argument")))?;
@@ -175,8 +176,8 @@ pub(crate) fn dispatch(op: Op, args: &[&Tensor], loc: &SourceLoc) -> Result<Tens
                 let mut st = target.lock();
                 st.repr = repr;
                 if rg {
-                    st.requires_grad = true;
-                    st.is_leaf = false;
+                    st.own_requires_grad = true;
+                    st.own_is_leaf = false;
                 }
                 st.base.clone()
             };
@@ -184,8 +185,8 @@ pub(crate) fn dispatch(op: Op, args: &[&Tensor], loc: &SourceLoc) -> Result<Tens
             if rg {
                 if let Some(b) = base {
                     let mut bs = b.lock();
-                    bs.requires_grad = true;
-                    bs.is_leaf = false;
+                    bs.own_requires_grad = true;
+                    bs.own_is_leaf = false;
                 }
             }
             Ok((*target).clone())

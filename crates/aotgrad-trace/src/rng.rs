@@ -67,6 +67,47 @@ pub fn take_rng(ops: u64) -> (u64, u64) {
     })
 }
 
+/// The stream one random op draws from, as [`RngSeed`] says.
+pub(crate) struct Draw {
+    /// Seed parameter of the op.
+    pub(crate) seed: u64,
+    /// Counter offset parameter of the op (relative to `rng_base` while tracing).
+    pub(crate) offset: u64,
+    /// While tracing a global draw: the trace's `(rng_seed, rng_base)` inputs, which
+    /// the op takes as its two trailing arguments.
+    pub(crate) state: Option<(crate::Tensor, crate::Tensor)>,
+}
+
+impl Draw {
+    /// `args` followed by the RNG-state tensors, if any.
+    pub(crate) fn args<'a>(&'a self, args: &[&'a crate::Tensor]) -> Vec<&'a crate::Tensor> {
+        let mut all = args.to_vec();
+        if let Some((s, b)) = &self.state {
+            all.extend([s, b]);
+        }
+        all
+    }
+}
+
+/// Draw the stream of one random op: a fixed seed's stream `(seed, 0)`; while tracing,
+/// the next slot of the trace's RNG-state inputs; otherwise the thread's generator
+/// (advanced by one op).
+pub(crate) fn draw(seed: RngSeed) -> Draw {
+    match seed {
+        RngSeed::Fixed(seed) => Draw { seed, offset: 0, state: None },
+        RngSeed::Global => match crate::trace::active_trace() {
+            Some(ctx) => {
+                let (seed_t, base_t, rel) = ctx.next_rng();
+                Draw { seed: 0, offset: rel, state: Some((seed_t, base_t)) }
+            }
+            None => {
+                let (seed, offset) = take_rng(1);
+                Draw { seed, offset, state: None }
+            }
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

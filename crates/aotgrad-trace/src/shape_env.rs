@@ -54,19 +54,26 @@ impl Default for ShapeEnv {
 /// Lower and upper bound of a dim over all symbol values `>= 2` (`None`: unbounded or
 /// unknown). Each symbol `s` is rewritten as `2 + t` with `t >= 0`; when every
 /// non-constant coefficient of the result has one sign, the constant term is a bound.
+/// (A rewrite whose coefficients overflow i64 gives no bound.)
 fn bounds(d: &Dim) -> (Option<i64>, Option<i64>) {
     let Dim::Sym(p) = d else {
         let c = d.as_const();
         return (c, c);
     };
-    let mut shifted = Dim::Const(0);
-    for (mono, c) in p.terms() {
-        let mut t = Dim::Const(*c);
-        for s in mono {
-            t = t.mul(&Dim::sym(*s).add(&Dim::Const(2)));
+    let shift = || -> Option<Dim> {
+        let mut shifted = Dim::Const(0);
+        for (mono, c) in p.terms() {
+            let mut t = Dim::Const(*c);
+            for s in mono {
+                t = t.checked_mul(&Dim::sym(*s).checked_add(&Dim::Const(2))?)?;
+            }
+            shifted = shifted.checked_add(&t)?;
         }
-        shifted = shifted.add(&t);
-    }
+        Some(shifted)
+    };
+    let Some(shifted) = shift() else {
+        return (None, None);
+    };
     let q = match &shifted {
         Dim::Const(c) => return (Some(*c), Some(*c)),
         Dim::Sym(q) => q,
@@ -90,8 +97,12 @@ fn bounds(d: &Dim) -> (Option<i64>, Option<i64>) {
 
 /// Decide `lhs rel rhs` if it holds (or fails) for every value of the symbols `>= 2`.
 pub fn statically_known(lhs: &Dim, rel: Rel, rhs: &Dim) -> Option<bool> {
-    // diff = rhs - lhs; the relation is about diff compared with 0.
-    let diff = rhs.sub(lhs);
+    if let (Dim::Const(a), Dim::Const(b)) = (lhs, rhs) {
+        return Some(rel.holds(*a, *b));
+    }
+    // diff = rhs - lhs; the relation is about diff compared with 0 (unknown when the
+    // difference overflows i64).
+    let diff = rhs.checked_sub(lhs)?;
     let (lo, hi) = bounds(&diff);
     let gt0 = |v: Option<i64>| v.is_some_and(|v| v > 0);
     let ge0 = |v: Option<i64>| v.is_some_and(|v| v >= 0);

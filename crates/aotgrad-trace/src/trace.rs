@@ -166,12 +166,11 @@ impl TraceCtx {
         st.rng_ops += 1;
         drop(st);
         let handle = |(value, storage): (ValueId, StorageId)| {
-            Tensor::from_state(TState {
-                repr: Repr::Fake(Fake { meta: meta.clone(), storage, value, ctx: self.clone() }),
-                requires_grad: false,
-                is_leaf: true,
-                base: None,
-            })
+            Tensor::from_state(TState::new(
+                Repr::Fake(Fake { meta: meta.clone(), storage, value, ctx: self.clone() }),
+                false,
+                true,
+            ))
         };
         (handle(pair[0]), handle(pair[1]), rel)
     }
@@ -248,7 +247,7 @@ fn fake_input(
             id
         }
     };
-    Ok((meta, storage, s.requires_grad, s.is_leaf))
+    Ok((meta, storage, s.own_requires_grad, s.own_is_leaf))
 }
 
 /// What a fake input that is a view keeps of its example's base: a stand-in with the
@@ -256,7 +255,7 @@ fn fake_input(
 /// the in-place checks on views of leaves requiring grad hold while tracing too.
 fn autograd_base(base: &Tensor) -> Tensor {
     let b = base.snapshot();
-    Tensor::from_state(TState { repr: b.repr, requires_grad: b.requires_grad, is_leaf: b.is_leaf, base: None })
+    Tensor::from_state(TState::new(b.repr, b.own_requires_grad, b.own_is_leaf))
 }
 
 /// Trace `f` over fake tensors shaped like `example_inputs` (which must be eager).
@@ -292,18 +291,23 @@ where
     {
         // Snapshot the examples before locking the trace (locks go tensor, then trace).
         let examples: Vec<TState> = example_inputs.iter().map(Tensor::snapshot).collect();
+        // What autograd sees of each (a differentiable view's flag includes its base's).
+        let effective: Vec<bool> = examples.iter().map(TState::requires_grad).collect();
         let mut st = ctx.lock();
         let mut storages = Vec::new();
         for (i, x) in examples.iter().enumerate() {
-            let (meta, storage, requires_grad, is_leaf) = fake_input(i, x, config, &mut st, &mut storages, &loc)?;
+            let (meta, storage, own_requires_grad, own_is_leaf) =
+                fake_input(i, x, config, &mut st, &mut storages, &loc)?;
             let name = config.input_names.as_ref().map_or_else(|| format!("arg{i}"), |n| n[i].clone());
+            let requires_grad = effective[i];
             let value = st.add_input(name, meta.clone(), storage, requires_grad);
             input_requires_grad.push(requires_grad);
             fakes.push(Tensor::from_state(TState {
                 repr: Repr::Fake(Fake { meta, storage, value, ctx: ctx.clone() }),
-                requires_grad,
-                is_leaf,
+                own_requires_grad,
+                own_is_leaf,
                 base: x.base.as_ref().map(autograd_base),
+                grad_view: x.grad_view,
             }));
         }
     }
@@ -325,7 +329,7 @@ where
                 ))
             }
         }
-        output_requires_grad.push(s.requires_grad);
+        output_requires_grad.push(s.requires_grad());
     }
     let mut st = ctx.lock();
     st.graph.outputs = outputs;

@@ -2,7 +2,7 @@
 //! in-place ops, detach, grad mode, requires_grad propagation, `contiguous`/`reshape`
 //! identity rules. Expected values are derived by hand.
 
-use aotgrad_trace::{is_grad_enabled, no_grad, DType, Dim, Error, NoGradGuard, Result, Tensor};
+use aotgrad_trace::{is_grad_enabled, no_grad, trace, DType, Dim, Error, NoGradGuard, Result, Tensor, TraceConfig};
 
 fn arange(n: usize, shape: &[usize]) -> Result<Tensor> {
     let data: Vec<f64> = (0..n).map(|i| i as f64).collect();
@@ -120,6 +120,79 @@ fn grad_mode_and_requires_grad_propagation() -> Result<()> {
 }
 
 #[test]
+fn views_taken_before_their_base_is_mutated_with_grad_follow_the_base() -> Result<()> {
+    let w = arange(3, &[3])?.requires_grad(true)?;
+    let b = arange(6, &[2, 3])?;
+    let v = b.select(0, 1)?; // created in grad mode, before b requires grad
+    let u = no_grad(|| b.select(0, 0))?; // created in no-grad mode: not a differentiable view
+    assert!(!v.is_requires_grad() && v.is_leaf());
+    b.select(0, 0)?.mul_(&w)?;
+    // PyTorch: the base and every differentiable view of it now require grad.
+    assert!(b.is_requires_grad() && !b.is_leaf());
+    assert!(v.is_requires_grad() && !v.is_leaf(), "{v:?}");
+    assert_eq!(format!("{v:?}"), "Tensor(eager f32[3] offset=3, requires_grad, non-leaf)");
+    assert!(!u.is_requires_grad() && u.is_leaf());
+    // Ops on the view see it as requiring grad.
+    assert!(v.mul(2.0)?.is_requires_grad());
+    assert!(v.unsqueeze(0)?.is_requires_grad());
+    // It is no longer a leaf whose flag may be turned off.
+    assert!(v.set_requires_grad(false).is_err());
+    // A base that starts requiring grad (a leaf) makes its views require grad, leaves still.
+    let c = arange(3, &[3])?;
+    let cv = c.view(&[3, 1])?;
+    c.set_requires_grad(true)?;
+    assert!(cv.is_requires_grad() && cv.is_leaf());
+    // ... and in-place ops on such a view are rejected like PyTorch's.
+    let e = cv.add_(1.0).unwrap_err();
+    assert!(e.to_string().contains("a view of a leaf Variable that requires grad"), "{e}");
+    // The same while tracing: the recorded flags include the base's.
+    let traced = trace(
+        |a| {
+            let b = a[0].clone_tensor()?;
+            let v = b.select(0, 1)?;
+            b.select(0, 0)?.mul_(&a[1])?;
+            Ok(vec![v.clone(), v.mul(2.0)?])
+        },
+        &[arange(6, &[2, 3])?, w.clone()],
+        &TraceConfig::default(),
+    )?;
+    assert_eq!(traced.output_requires_grad, vec![true, true]);
+    let mul = traced.graph.nodes.last().expect("nodes").out;
+    assert!(traced.value_requires_grad[mul.0 as usize]);
+    // An example input that is such a view is an input requiring grad.
+    let traced = trace(|a| Ok(vec![a[0].mul(2.0)?]), &[v.clone(), u], &TraceConfig::default())?;
+    assert_eq!(traced.input_requires_grad, vec![true, false]);
+    assert_eq!(traced.output_requires_grad, vec![true]);
+    Ok(())
+}
+
+#[test]
+fn decomposed_composites_return_fresh_tensors_not_views_of_intermediates() -> Result<()> {
+    // PyTorch: matmul/linear/embedding reshape their `mm`/`bmm`/`index_select` result
+    // with `_unsafe_view`, so the result has no `_base`.
+    let x3 = arange(12, &[2, 2, 3])?;
+    let w = arange(6, &[3, 2])?;
+    let m = x3.matmul(&w)?;
+    assert!(!m.is_view() && m.is_contiguous(), "{m:?}");
+    // x3[0][1] = [3, 4, 5]; w columns [0, 2, 4] and [1, 3, 5]: 3*0+4*2+5*4 = 28, 3+12+25 = 40.
+    assert_eq!(m.to_vec_f64()?[2..4], [28., 40.]);
+    assert!(!x3.linear(&w.t()?, None)?.is_view());
+    assert!(!arange(3, &[3])?.matmul(&arange(3, &[3])?)?.is_view());
+    assert!(!arange(3, &[3])?.matmul(&arange(12, &[2, 3, 2])?)?.is_view());
+    let idx = Tensor::from_i64(&[2, 0, 1, 2], &[2, 2])?;
+    let e = Tensor::embedding(&idx, &w)?;
+    assert!(!e.is_view());
+    assert_eq!(e.to_vec_f64()?, vec![4., 5., 0., 1., 2., 3., 4., 5.]);
+    // The traced graphs end in `_unsafe_view` (a fresh storage), not in `view`.
+    let t = trace(|a| Ok(vec![a[0].matmul(&a[1])?]), &[x3, w], &TraceConfig::default())?;
+    let last = t.graph.nodes.last().expect("nodes");
+    assert_eq!(last.op.name(), "_unsafe_view");
+    assert_eq!(t.graph.storage_of(last.out), Some(last.storage));
+    assert!(t.graph.nodes.iter().all(|n| n.storage != last.storage || n.out == last.out));
+    Ok(())
+}
+
+#[test]
 fn in_place_on_a_leaf_that_requires_grad_is_an_error() -> Result<()> {
     let w = arange(4, &[2, 2])?.requires_grad(true)?;
     let (e, line) = (w.mul_(2.0).unwrap_err(), line!());
@@ -157,9 +230,14 @@ fn contiguous_reshape_and_to_follow_pytorch_identity_rules() -> Result<()> {
     let r = x.reshape(&[3, -1])?;
     assert!(r.shares_storage_with(&x));
     assert_eq!(r.shape(), dims(&[3, 2]));
+    assert!(r.is_view());
     let r = xt.reshape(&[-1])?;
     assert!(!r.shares_storage_with(&x));
     assert_eq!(r.to_vec_f64()?, vec![0., 3., 1., 4., 2., 5.]);
+    // The copy is a fresh tensor (`_unsafe_view` of a clone), not a view of the clone.
+    assert!(!r.is_view() && r.is_contiguous());
+    assert!(!xt.flatten()?.is_view());
+    assert!(x.flatten()?.is_view());
     // clone_tensor always copies.
     let k = x.clone_tensor()?;
     k.fill_(7)?;

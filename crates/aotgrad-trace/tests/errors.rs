@@ -138,12 +138,57 @@ fn active_trace_is_restored_after_an_error() {
 fn trace_configuration_errors() {
     let x = t(&[2, 3], DType::F32);
     let cfg = TraceConfig { dynamic: vec![(1, 0)], ..TraceConfig::default() };
-    assert!(trace(|a| Ok(a.to_vec()), std::slice::from_ref(&x), &cfg).is_err());
+    let (e, line) = (trace(|a| Ok(a.to_vec()), std::slice::from_ref(&x), &cfg).unwrap_err(), line!());
+    assert!(matches!(&e, Error::Invalid { op, .. } if op == "trace"), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        format!("{}:{line}:22: trace: dynamic dim given for input 1, but there are 1 inputs", file!())
+    );
     let cfg = TraceConfig { dynamic: vec![(0, 2)], ..TraceConfig::default() };
-    assert!(trace(|a| Ok(a.to_vec()), std::slice::from_ref(&x), &cfg).is_err());
+    let (e, line) = (trace(|a| Ok(a.to_vec()), std::slice::from_ref(&x), &cfg).unwrap_err(), line!());
+    assert!(matches!(&e, Error::Invalid { op, .. } if op == "trace"), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        format!("{}:{line}:22: trace: dynamic dim 2 is out of range for input 0 (f32[2, 3])", file!())
+    );
     let cfg = TraceConfig { dynamic: vec![(0, 0)], ..TraceConfig::default() };
     let e = trace(|a| Ok(a.to_vec()), &[x.t().unwrap()], &cfg).unwrap_err();
     assert!(e.to_string().contains("not contiguous"), "{e}");
     let e = trace(|_| Ok(vec![t(&[1], DType::F32)]), &[x], &TraceConfig::default()).unwrap_err();
     assert!(matches!(e, Error::Mode { .. }), "{e}");
+}
+
+#[test]
+fn huge_steps_lengths_and_strides_are_errors_not_overflow_panics() {
+    let x = t(&[3, 2], DType::F32);
+    // x[::MAX] along dim 1 has one element, with stride 1 * MAX.
+    let s = x.slice(1, None, None, i64::MAX).unwrap();
+    assert_eq!(s.sizes().unwrap(), vec![3, 1]);
+    assert_eq!(s.to_vec_f64().unwrap(), vec![0., 2., 4.]);
+    // Along dim 0 (stride 2) the new stride 2 * MAX does not fit in i64.
+    let line = line!() + 1;
+    let (e, f) = both(std::slice::from_ref(&x), |a| a[0].slice(0, None, None, i64::MAX));
+    for e in [&e, &f] {
+        check(e, "invalid", line, &["slice", "slice stride overflows i64"]);
+    }
+    let line = line!() + 1;
+    let (e, f) = both(std::slice::from_ref(&x), |a| a[0].narrow(0, 1, i64::MAX));
+    for e in [&e, &f] {
+        check(e, "invalid", line, &["narrow", "start (1) + length (9223372036854775807) exceeds dimension size (3)"]);
+    }
+    let line = line!() + 1;
+    let (e, f) = both(std::slice::from_ref(&x), |a| a[0].narrow(0, -1, i64::MAX));
+    for e in [&e, &f] {
+        check(e, "invalid", line, &["narrow", "exceeds dimension size"]);
+    }
+    // A huge stride on a size-1 dim reaches one element; views that multiply it fail.
+    let huge = usize::try_from(i64::MAX).unwrap();
+    let line = line!() + 1;
+    let (e, f) = both(std::slice::from_ref(&x), |a| a[0].as_strided(&[1, 2], &[huge, 1], 0)?.slice(0, None, None, 2));
+    for e in [&e, &f] {
+        check(e, "invalid", line, &["slice", "slice stride overflows i64"]);
+    }
+    let line = line!() + 1;
+    let f = trace(|a| Ok(vec![a[0].as_strided(&[3], &[huge / 2 + 1], 0)?]), &[x], &TraceConfig::default()).unwrap_err();
+    check(&f, "invalid", line, &["as_strided", "the last element reached overflows i64"]);
 }

@@ -9,6 +9,7 @@ fn mlp(x: &Tensor, w1: &Tensor, b1: &Tensor, w2: &Tensor, b2: &Tensor) -> aotgra
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    aotgrad::init_logging();
     let x = Tensor::randn(&[8, 16], DType::F32, 0)?;
     let w1 = Tensor::randn(&[32, 16], DType::F32, 1)?.mul(0.25)?;
     let b1 = Tensor::zeros(&[32], DType::F32)?;

@@ -57,6 +57,7 @@ fn generated_data() -> aotgrad::Result<(Tensor, Tensor)> {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    aotgrad::init_logging();
     let model = Arc::new(Regressor::new(0)?);
     let (x, y) = generated_data()?;
     let config = AotConfig { name: "train".into(), ..AotConfig::default() };

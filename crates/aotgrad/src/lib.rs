@@ -27,6 +27,7 @@
 pub mod config;
 pub mod error;
 pub mod export;
+mod logging;
 pub mod module;
 pub mod nn;
 pub mod runtime;
@@ -34,6 +35,7 @@ pub mod runtime;
 pub use config::AotConfig;
 pub use error::{Error, Result};
 pub use export::{aot_export_joint_simple, aot_export_module};
+pub use logging::init_logging;
 pub use module::{aot_module, aot_module_simplified, AotModule, ModuleBackward, ModuleGrads};
 pub use runtime::{aot_function, aot_function_args, AotFunction, Arg};
 

@@ -18,7 +18,7 @@
 use crate::config::AotConfig;
 use crate::error::{Error, Result};
 use crate::nn::{Module, Params};
-use crate::runtime::{aot_function_args, AotFunction, Arg, PendingBackward};
+use crate::runtime::{aot_function_args, AotFunction, Arg, ArgSig, CallSig, Leafness, PendingBackward};
 use aotgrad_ir::TensorMeta;
 use aotgrad_trace::Tensor;
 use std::sync::Arc;
@@ -31,7 +31,7 @@ pub struct AotModule {
     num_params: usize,
     name: String,
     /// Set by `aot_module_simplified`: the only call signature accepted.
-    frozen: Option<Vec<ArgKey>>,
+    frozen: Option<Frozen>,
 }
 
 /// Gradients of one backward, by parameter name and by user input.
@@ -148,7 +148,7 @@ pub fn aot_module_simplified(
     let mut m = aot_module(module, config)?;
     let args = m.args(example_inputs);
     m.f.compile_for(&args)?;
-    m.frozen = Some(call_keys(&args));
+    m.frozen = Some(Frozen::of(&args));
     Ok(m)
 }
 
@@ -204,8 +204,7 @@ impl AotModule {
     fn checked_args(&self, inputs: &[Tensor]) -> Result<Vec<Arg>> {
         let args = self.args(inputs);
         if let Some(expected) = &self.frozen {
-            let got = call_keys(&args);
-            if let Some(msg) = describe_mismatch(expected, &got, self.names.len()) {
+            if let Some(msg) = expected.mismatch(&Frozen::of(&args), self.names.len()) {
                 return Err(Error::Call {
                     name: self.name.clone(),
                     msg: format!(
@@ -226,68 +225,90 @@ impl AotModule {
     }
 }
 
-/// What a call's compiled entry depends on, per argument.
-#[derive(Clone, Debug, PartialEq)]
-struct ArgKey {
-    meta: TensorMeta,
-    requires_grad: bool,
-    same_object_as: usize,
-    storage_class: usize,
-    grad_enabled: bool,
+/// What the one entry of an `aot_module_simplified` module was compiled for: the call
+/// signature `aot_function` keys its entries on (kinds, dtypes, autograd flags and
+/// leafness, aliasing, grad mode) and the exact metadata of every argument.
+struct Frozen {
+    sig: CallSig,
+    metas: Vec<Option<TensorMeta>>,
 }
 
-fn call_keys(args: &[Arg]) -> Vec<ArgKey> {
-    let tensors: Vec<&Tensor> = args.iter().filter_map(Arg::tensor).collect();
-    let grad_enabled = aotgrad_trace::is_grad_enabled();
-    tensors
-        .iter()
-        .enumerate()
-        .map(|(i, t)| ArgKey {
-            meta: t.meta(),
-            requires_grad: t.is_requires_grad(),
-            same_object_as: tensors[..i].iter().position(|u| u.same_object(t)).unwrap_or(i),
-            storage_class: tensors[..i].iter().position(|u| u.shares_storage_with(t)).unwrap_or(i),
-            grad_enabled,
-        })
-        .collect()
-}
-
-fn describe_mismatch(expected: &[ArgKey], got: &[ArgKey], num_lifted: usize) -> Option<String> {
-    let what = |i: usize| {
-        if i < num_lifted {
-            format!("parameter/buffer {i}")
-        } else {
-            format!("input {}", i - num_lifted)
-        }
-    };
-    if expected.len() != got.len() {
-        return Some(format!(
-            "expected {} input(s), got {}",
-            expected.len().saturating_sub(num_lifted),
-            got.len().saturating_sub(num_lifted)
-        ));
+impl Frozen {
+    fn of(args: &[Arg]) -> Frozen {
+        Frozen { sig: CallSig::of(args), metas: args.iter().map(|a| a.tensor().map(Tensor::meta)).collect() }
     }
-    for (i, (e, g)) in expected.iter().zip(got).enumerate() {
+
+    /// What differs between this (the compiled-for call) and `got`, if anything.
+    fn mismatch(&self, got: &Frozen, num_lifted: usize) -> Option<String> {
+        let what = |i: usize| {
+            if i < num_lifted {
+                format!("parameter/buffer {i}")
+            } else {
+                format!("input {}", i - num_lifted)
+            }
+        };
+        let (e, g) = (&self.sig, &got.sig);
+        if e.args.len() != g.args.len() {
+            return Some(format!(
+                "expected {} input(s), got {}",
+                e.args.len().saturating_sub(num_lifted),
+                g.args.len().saturating_sub(num_lifted)
+            ));
+        }
         if e.grad_enabled != g.grad_enabled {
             return Some(format!(
                 "compiled with grad mode {}, called with grad mode {}",
                 e.grad_enabled, g.grad_enabled
             ));
         }
-        if e.meta != g.meta {
-            return Some(format!("{} has metadata {}, compiled for {}", what(i), g.meta, e.meta));
+        for (i, ((ea, ga), (em, gm))) in e.args.iter().zip(&g.args).zip(self.metas.iter().zip(&got.metas)).enumerate() {
+            if let (Some(em), Some(gm)) = (em, gm) {
+                if em != gm {
+                    return Some(format!("{} has metadata {gm}, compiled for {em}", what(i)));
+                }
+            }
+            let (
+                ArgSig::Tensor { requires_grad: er, leafness: el, same_object_as: eo, storage_class: es, .. },
+                ArgSig::Tensor { requires_grad: gr, leafness: gl, same_object_as: go, storage_class: gs, .. },
+            ) = (ea, ga)
+            else {
+                if ea != ga {
+                    return Some(format!("{} differs in kind or value from the example", what(i)));
+                }
+                continue;
+            };
+            if er != gr {
+                return Some(format!("{} has requires_grad={gr}, compiled for {er}", what(i)));
+            }
+            if el != gl {
+                return Some(format!(
+                    "{} differs in leafness (or in its base's autograd flags) from the example: {}, compiled for {}",
+                    what(i),
+                    describe_leafness(gl),
+                    describe_leafness(el)
+                ));
+            }
+            if eo != go || es != gs {
+                return Some(format!("{} aliases other arguments differently than the example inputs", what(i)));
+            }
         }
-        if e.requires_grad != g.requires_grad {
-            return Some(format!(
-                "{} has requires_grad={}, compiled for {}",
-                what(i),
-                g.requires_grad,
-                e.requires_grad
-            ));
-        }
-        if e.same_object_as != g.same_object_as || e.storage_class != g.storage_class {
-            return Some(format!("{} aliases other arguments differently than the example inputs", what(i)));
+        None
+    }
+}
+
+fn describe_leafness(l: &Option<Leafness>) -> String {
+    match l {
+        None => "-".into(),
+        Some(l) => {
+            let leaf = if l.is_leaf { "a leaf" } else { "a non-leaf" };
+            match l.base {
+                None => leaf.into(),
+                Some((base_leaf, base_rg)) => format!(
+                    "{leaf} view of a {}{}",
+                    if base_leaf { "leaf" } else { "non-leaf" },
+                    if base_rg { " that requires grad" } else { "" }
+                ),
+            }
         }
     }
-    None
 }

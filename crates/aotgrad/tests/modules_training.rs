@@ -190,6 +190,31 @@ fn simplified_training_path() {
     assert_close("loss", &vals(&outs[0]), &[diff.iter().map(|d| d * d).sum::<f64>() / 32.0], 1e-12, 1e-12);
     let err = back.backward(&[Tensor::ones(&[], DType::F64).unwrap()]).unwrap_err();
     assert!(err.to_string().contains("backward was already run"), "{err}");
-    let err = compiled.forward(&[x.slice(0, Some(0), Some(16), 1).unwrap(), y]).err().expect("refused");
+    let err = compiled.forward(&[x.slice(0, Some(0), Some(16), 1).unwrap(), y.clone()]).err().expect("refused");
     assert!(err.to_string().contains("does not recompile"), "{err}");
+    // Same metadata, but a non-leaf requiring grad where the example was a plain leaf:
+    // the key `aot_function` selects entries by (leafness included) refuses it too.
+    let x_rg = x.clone_tensor().unwrap().requires_grad(true).unwrap().mul(1.0).unwrap();
+    let err = compiled.forward(&[x_rg, y]).err().expect("refused");
+    assert!(err.to_string().contains("input 0 has requires_grad=true, compiled for false"), "{err}");
+}
+
+/// With grad mode on, leafness is part of what `aot_module_simplified` compiled for:
+/// a view of a leaf that requires grad is not a view of a non-leaf (eager refuses to
+/// write the former in place).
+#[test]
+fn simplified_refuses_other_leafness() {
+    let m = Arc::new(Linear::new(3, 2, true, DType::F64, 0).unwrap());
+    let example = data(&[4, 3], DType::F64, 1, 1.0).requires_grad(true).unwrap().mul(1.0).unwrap();
+    let compiled = aot_module_simplified(m.clone(), &[example.view(&[4, 3]).unwrap()], AotConfig::default()).unwrap();
+    let leaf = data(&[4, 3], DType::F64, 1, 1.0).requires_grad(true).unwrap();
+    let err = compiled.forward(&[leaf.view(&[4, 3]).unwrap()]).err().expect("refused");
+    assert_eq!(
+        err.to_string(),
+        "compiled function `aot_fn`: input 0 differs in leafness (or in its base's autograd flags) from the example: \
+         a non-leaf view of a leaf that requires grad, compiled for a non-leaf view of a non-leaf that requires grad; \
+         aot_module_simplified compiled for its example inputs and does not recompile (use aot_module for inputs \
+         whose metadata changes)"
+    );
+    compiled.forward(&[example.view(&[4, 3]).unwrap()]).expect("the example's pattern is accepted");
 }

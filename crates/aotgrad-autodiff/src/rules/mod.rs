@@ -26,7 +26,7 @@ pub(crate) fn grad_flows(op: &Op, i: usize) -> bool {
     match op {
         // sign's derivative is zero almost everywhere; logical_not's result is bool.
         Op::Unary(u) => !matches!(u, UnaryOp::Sign | UnaryOp::LogicalNot),
-        Op::Binary(_) | Op::BinaryScalar(..) | Op::Clamp { .. } | Op::Cast(_) | Op::Clone => true,
+        Op::Binary(_) | Op::BinaryScalar(..) | Op::Clamp { .. } | Op::Cast(_) | Op::Clone | Op::UnsafeView(_) => true,
         // Constants with respect to their inputs.
         Op::Compare(_)
         | Op::CompareScalar(..)
@@ -86,6 +86,12 @@ pub(crate) fn vjp(b: &mut Builder, node: &Node, g: ValueId, needs: &[bool]) -> R
         | Op::Bernoulli { .. } => pointwise::vjp(b, node, g, needs)?,
         Op::Reduce { .. } | Op::ArgMax { .. } | Op::ArgMin { .. } => reduce::vjp(b, node, g, needs)?,
         Op::Mm | Op::Bmm => linalg::vjp(b, node, g, needs)?,
+        // `_unsafe_view` (a reshaped fresh copy): the gradient reshaped back to the input's shape.
+        Op::UnsafeView(_) if needs[0] => {
+            let shape = b.meta(arg(node, 0)?)?.shape.clone();
+            vec![Some(b.reshape(g, shape)?)]
+        }
+        Op::UnsafeView(_) => vec![None],
         Op::View(_)
         | Op::Permute(_)
         | Op::Transpose(..)

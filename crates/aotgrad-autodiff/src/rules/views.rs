@@ -15,14 +15,16 @@
 //!   `as_strided` whose input is itself a view, since the view may reach elements of
 //!   the root its input does not hold.)
 //!   Views whose elements overlap (detectably: a stride-0 dim, or concrete strides
-//!   that cannot be proven disjoint) are rejected, as is an input that overlaps itself:
-//!   a scatter would drop the repeated contributions.
+//!   that repeat an address, by `aotgrad_meta::Layout::may_repeat`) are rejected, as
+//!   is an input that overlaps itself: a scatter would drop the repeated
+//!   contributions.
 
 use super::arg;
 use crate::builder::Builder;
 use crate::{AutodiffError, Result};
 use aotgrad_ir::infer::has_internal_overlap;
 use aotgrad_ir::{contiguous_strides, Dim, Node, Op, TensorMeta, ValueId};
+use aotgrad_meta::Layout;
 
 /// The rule of a view node (see the module docs).
 pub(crate) fn vjp(b: &mut Builder, node: &Node, g: ValueId, needs: &[bool]) -> Result<Vec<Option<ValueId>>> {
@@ -91,8 +93,10 @@ fn extent_dim(size: &[Dim], stride: &[Dim], offset: &Dim) -> Dim {
 }
 
 /// False when two elements of the layout provably or possibly share a storage
-/// element: a stride-0 dim of size > 1, or concrete strides that do not nest (each
-/// stride, in increasing order, must step over everything the smaller ones reach).
+/// element: a stride-0 dim of size > 1 (symbolic sizes included), or concrete dims
+/// that repeat an address ([`Layout::may_repeat`]: exact within its enumeration
+/// budget, conservative past it or on address overflow). Other symbolic layouts count
+/// as disjoint.
 pub(crate) fn disjoint(size: &[Dim], stride: &[Dim]) -> bool {
     let probe = TensorMeta {
         shape: size.to_vec(),
@@ -103,28 +107,12 @@ pub(crate) fn disjoint(size: &[Dim], stride: &[Dim]) -> bool {
     if has_internal_overlap(&probe) {
         return false;
     }
-    let mut dims: Vec<(i64, i64)> = Vec::with_capacity(size.len());
-    for (s, st) in size.iter().zip(stride) {
-        match (s.as_const(), st.as_const()) {
-            (Some(0), _) => return true,
-            (Some(1), _) => {}
-            (Some(s), Some(st)) => dims.push((st, s)),
-            // Symbolic: only stride-0 overlap is detected.
-            _ => return true,
-        }
+    if !probe.is_concrete() {
+        // Symbolic: only stride-0 overlap is detected.
+        return true;
     }
-    dims.sort_unstable();
-    let mut reach = 0i64;
-    for (st, s) in dims {
-        if st <= reach {
-            return false;
-        }
-        reach = match (s - 1).checked_mul(st).and_then(|r| r.checked_add(reach)) {
-            Some(r) => r,
-            None => return false,
-        };
-    }
-    true
+    // Concrete: negative dims (no layout) count as overlapping.
+    Layout::of(&probe).is_some_and(|l| !l.may_repeat())
 }
 
 /// The gradient of `as_strided(size, stride, offset)` of an input with meta `xm`.

@@ -3,8 +3,8 @@
 
 use super::linalg::{linear, matmul_shape, same_dtype};
 use super::pointwise::check_probability;
-use super::{arity, arity_error, broadcast_shapes, check_dim, dense, dim_eq, operand, shape_str, Result};
-use crate::dtype::{result_type, DType};
+use super::{arity, arity_error, broadcast_shapes, check_dim, dense, dim_eq, shape_str, Result};
+use crate::dtype::{result_type, DType, Operand};
 use crate::error::ShapeError;
 use crate::meta::TensorMeta;
 use crate::op::CompositeOp;
@@ -66,7 +66,7 @@ pub(crate) fn infer_composite(
         CompositeOp::MseLoss => {
             arity(name, args, 2)?;
             broadcast_shapes(name, &args[0].shape, &args[1].shape, oracle)?;
-            let dtype = result_type(&[operand(args[0]), operand(args[1])]);
+            let dtype = result_type(&[Operand::of(args[0]), Operand::of(args[1])]);
             float_input(name, "input and target", dtype)?;
             dense(name, Vec::new(), dtype)
         }

@@ -2,8 +2,8 @@
 //! of the views (`slice_scatter`, `select_scatter`, `as_strided_scatter`).
 
 use super::views::infer_view;
-use super::{arity, arity_error, check_dim, dense, dim_eq, dim_le, operand, shape_str, Result};
-use crate::dtype::{result_type, DType};
+use super::{arity, arity_error, check_dim, dense, dim_eq, dim_le, shape_str, Result};
+use crate::dtype::{result_type, DType, Operand};
 use crate::error::ShapeError;
 use crate::meta::TensorMeta;
 use crate::op::Op;
@@ -161,7 +161,7 @@ fn cat(name: &str, args: &[&TensorMeta], dim: usize, oracle: &mut dyn DimOracle)
     if args.is_empty() {
         return Err(arity_error(name, "at least 1", 0));
     }
-    let dtype = result_type(&args.iter().map(|m| operand(m)).collect::<Vec<_>>());
+    let dtype = result_type(&args.iter().map(|m| Operand::of(m)).collect::<Vec<_>>());
     let skip = |m: &TensorMeta| m.rank() == 1 && m.shape[0] == Dim::Const(0);
     let kept: Vec<(usize, &TensorMeta)> = args.iter().copied().enumerate().filter(|(_, m)| !skip(m)).collect();
     if let Some((i, _)) = args.iter().enumerate().find(|(_, m)| m.rank() == 0) {
@@ -189,7 +189,7 @@ fn cat(name: &str, args: &[&TensorMeta], dim: usize, oracle: &mut dyn DimOracle)
                 ),
             });
         }
-        shape[dim] = shape[dim].add(&m.shape[dim]);
+        shape[dim] = super::add_dims(name, "concatenated size", &shape[dim], &m.shape[dim])?;
     }
     dense(name, shape, dtype)
 }

@@ -41,7 +41,7 @@ mod tests_ops;
 #[cfg(test)]
 mod tests_views;
 
-use crate::dtype::{DType, Operand};
+use crate::dtype::DType;
 use crate::error::ShapeError;
 use crate::meta::{DimList, TensorMeta};
 use crate::op::Op;
@@ -104,6 +104,10 @@ pub(crate) fn infer_named(op: &Op, name: &str, args: &[&TensorMeta], oracle: &mu
         Op::Clone => {
             arity(name, args, 1)?;
             Ok(args[0].to_contiguous())
+        }
+        Op::UnsafeView(shape) => {
+            arity(name, args, 1)?;
+            views::unsafe_view(name, args[0], shape, oracle)
         }
         Op::InPlace(inner) => infer_inplace(inner, name, args, oracle),
         Op::MetaInPlace(inner) => match inner.as_ref() {
@@ -173,10 +177,7 @@ fn infer_inplace(inner: &Op, name: &str, args: &[&TensorMeta], oracle: &mut dyn 
 
 /// [`has_internal_overlap`] deciding `size > 1` of symbolic dims through the oracle.
 pub(crate) fn overlaps_internally(meta: &TensorMeta, oracle: &mut dyn DimOracle) -> bool {
-    meta.shape
-        .iter()
-        .zip(&meta.strides)
-        .any(|(size, stride)| *stride == Dim::Const(0) && dim_lt(oracle, &Dim::Const(1), size))
+    shapes::overlap_where(meta, |size| dim_lt(oracle, &Dim::Const(1), size))
 }
 
 /// Broadcast two shapes (right-aligned; size-1 dims stretch).
@@ -228,12 +229,41 @@ pub(crate) fn shape_str(shape: &[Dim]) -> String {
     DimList(shape).to_string()
 }
 
-/// `a rel b`, decided directly when `b - a` is a constant, else by the oracle.
+/// `a rel b`, decided directly when both are constants or `b - a` is a constant, else
+/// by the oracle (also when the difference overflows i64).
 pub(crate) fn decide(oracle: &mut dyn DimOracle, a: &Dim, rel: Rel, b: &Dim) -> bool {
-    match b.sub(a) {
-        Dim::Const(d) => rel.holds(0, d),
-        Dim::Sym(_) => oracle.decide(a, rel, b),
+    if let (Dim::Const(x), Dim::Const(y)) = (a, b) {
+        return rel.holds(*x, *y);
     }
+    match b.checked_sub(a) {
+        Some(Dim::Const(d)) => rel.holds(0, d),
+        Some(Dim::Sym(_)) | None => oracle.decide(a, rel, b),
+    }
+}
+
+/// The error for size/stride/offset arithmetic that does not fit in i64.
+pub(crate) fn overflow(op: &str, what: &str, expr: String) -> ShapeError {
+    ShapeError::Invalid { op: op.into(), msg: format!("{what} overflows i64: {expr}") }
+}
+
+/// `a + b`, or an `Invalid` error saying `what` overflows.
+pub(crate) fn add_dims(op: &str, what: &str, a: &Dim, b: &Dim) -> Result<Dim> {
+    a.checked_add(b).ok_or_else(|| overflow(op, what, format!("{a} + {b}")))
+}
+
+/// `a - b`, or an `Invalid` error saying `what` overflows.
+pub(crate) fn sub_dims(op: &str, what: &str, a: &Dim, b: &Dim) -> Result<Dim> {
+    a.checked_sub(b).ok_or_else(|| overflow(op, what, format!("{a} - ({b})")))
+}
+
+/// `a * b`, or an `Invalid` error saying `what` overflows.
+pub(crate) fn mul_dims(op: &str, what: &str, a: &Dim, b: &Dim) -> Result<Dim> {
+    a.checked_mul(b).ok_or_else(|| overflow(op, what, format!("({a}) * ({b})")))
+}
+
+/// The product of `dims`, or an `Invalid` error saying `what` overflows.
+pub(crate) fn product_dims(op: &str, what: &str, dims: &[Dim]) -> Result<Dim> {
+    Dim::checked_product(dims).ok_or_else(|| overflow(op, what, format!("product of {}", shape_str(dims))))
 }
 
 /// `a == b` (see [`decide`]).
@@ -283,15 +313,6 @@ pub(crate) fn rng_arity(op: &str, args: &[&TensorMeta], n: usize) -> Result<()> 
         }
     }
     Ok(())
-}
-
-/// The promotion participant a tensor argument is (zero-dim tensors are weaker).
-pub(crate) fn operand(m: &TensorMeta) -> Operand {
-    if m.rank() == 0 {
-        Operand::ZeroDim(m.dtype)
-    } else {
-        Operand::Tensor(m.dtype)
-    }
 }
 
 /// Reject a constant negative size (symbolic sizes are non-negative by construction),

@@ -2,7 +2,7 @@
 //! Results are dense row-major at offset 0.
 
 use super::shapes::expand_geometry;
-use super::{arity, broadcast_shapes, dense, operand, rng_arity, Result};
+use super::{arity, broadcast_shapes, dense, rng_arity, Result};
 use crate::dtype::{result_type, DType, Operand, Scalar};
 use crate::error::ShapeError;
 use crate::meta::TensorMeta;
@@ -26,12 +26,12 @@ pub(crate) fn infer_pointwise(
         Op::Binary(b) => {
             arity(name, args, 2)?;
             let shape = broadcast_shapes(name, &args[0].shape, &args[1].shape, oracle)?;
-            let dtype = binary_dtype(name, *b, &[operand(args[0]), operand(args[1])])?;
+            let dtype = binary_dtype(name, *b, &[Operand::of(args[0]), Operand::of(args[1])])?;
             dense(name, shape, dtype)
         }
         Op::BinaryScalar(b, s) => {
             arity(name, args, 1)?;
-            let dtype = binary_dtype(name, *b, &[operand(args[0]), Operand::Scalar(*s)])?;
+            let dtype = binary_dtype(name, *b, &[Operand::of(args[0]), Operand::Scalar(*s)])?;
             dense(name, args[0].shape.clone(), dtype)
         }
         Op::Compare(_) => {
@@ -55,7 +55,7 @@ pub(crate) fn infer_pointwise(
             }
             let ab = broadcast_shapes(name, &a.shape, &b.shape, oracle)?;
             let shape = broadcast_shapes(name, &cond.shape, &ab, oracle)?;
-            dense(name, shape, result_type(&[operand(a), operand(b)]))
+            dense(name, shape, result_type(&[Operand::of(a), Operand::of(b)]))
         }
         Op::Clamp { min, max } => {
             arity(name, args, 1)?;
@@ -66,7 +66,7 @@ pub(crate) fn infer_pointwise(
                     msg: "at least one of 'min' or 'max' must not be None".into(),
                 });
             }
-            let mut ops = vec![operand(x)];
+            let mut ops = vec![Operand::of(x)];
             ops.extend(min.iter().chain(max.iter()).map(|s| Operand::Scalar(*s)));
             // Bool inputs are promoted by integer/float bounds; a bool result has no kernel.
             let dtype = result_type(&ops);

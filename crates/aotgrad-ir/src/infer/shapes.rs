@@ -2,7 +2,10 @@
 //! in `view`/`expand` sizes, Python slice bounds, `squeeze` dims, PyTorch's
 //! `computeStride` for views of strided tensors, and the internal-overlap test.
 
-use super::{check_sizes_non_negative, dim_eq, dim_le, dim_lt, shape_str, wrap_dim, Result};
+use super::{
+    add_dims, check_sizes_non_negative, dim_eq, dim_le, dim_lt, mul_dims, product_dims, shape_str, sub_dims, wrap_dim,
+    Result,
+};
 use crate::error::ShapeError;
 use crate::meta::TensorMeta;
 use crate::sym::{Dim, DimOracle};
@@ -34,8 +37,8 @@ pub fn resolve_view_shape(
         return Err(ShapeError::Invalid { op: op.into(), msg: format!("invalid shape dimension {d} in {to}") });
     }
     check_sizes_non_negative(op, &shape.iter().flatten().cloned().collect::<Vec<_>>())?;
-    let numel = Dim::product(from);
-    let known = Dim::product(shape.iter().flatten());
+    let numel = product_dims(op, "number of elements", from)?;
+    let known = product_dims(op, "number of elements", &shape.iter().flatten().cloned().collect::<Vec<_>>())?;
     let view_err = |why: String| ShapeError::View { op: op.into(), from: shape_str(from), to: to.clone(), why };
     let invalid = || format!("shape '{to}' is invalid for input of size {numel}");
     if inferred == 0 {
@@ -76,24 +79,24 @@ pub fn normalize_slice(
     if step < 1 {
         return Err(ShapeError::Invalid { op: op.into(), msg: format!("slice step must be positive, got {step}") });
     }
-    let start = clamp_bound(start.unwrap_or(0), size, oracle);
+    let start = clamp_bound(op, start.unwrap_or(0), size, oracle)?;
     let end = match end {
         None => size.clone(),
-        Some(e) => clamp_bound(e, size, oracle),
+        Some(e) => clamp_bound(op, e, size, oracle)?,
     };
     let end = if dim_lt(oracle, &end, &start) { start.clone() } else { end };
     Ok((start, end))
 }
 
 /// One Python slice bound clamped into `[0, size]`.
-fn clamp_bound(b: i64, size: &Dim, oracle: &mut dyn DimOracle) -> Dim {
+fn clamp_bound(op: &str, b: i64, size: &Dim, oracle: &mut dyn DimOracle) -> Result<Dim> {
     let zero = Dim::Const(0);
     if let Some(n) = size.as_const() {
-        return Dim::Const(if b < 0 { b.saturating_add(n).max(0) } else { b.min(n) });
+        return Ok(Dim::Const(if b < 0 { b.saturating_add(n).max(0) } else { b.min(n) }));
     }
-    if b < 0 {
-        // Bounded so that polynomial arithmetic on `size + b` cannot overflow.
-        let v = size.add(&Dim::Const(b.max(-(1 << 62))));
+    Ok(if b < 0 {
+        // Bounded so that `size + b` only overflows for absurd polynomial sizes.
+        let v = add_dims(op, "slice bound", size, &Dim::Const(b.max(-(1 << 62))))?;
         if dim_lt(oracle, &v, &zero) {
             zero
         } else {
@@ -108,33 +111,43 @@ fn clamp_bound(b: i64, size: &Dim, oracle: &mut dyn DimOracle) -> Dim {
         } else {
             size.clone()
         }
-    }
+    })
 }
 
 /// Number of elements of `x[start:end:step]` along one dim: `ceil((end - start) / step)`
 /// for `end >= start`.
 ///
 /// With a symbolic length and `step > 1`, the result must be a polynomial: the
-/// non-constant part of `end - start + step - 1` must be divisible by `step` (else
-/// `Invalid`, "symbolic slice length not divisible by step").
+/// non-constant part of `end - start` must be divisible by `step` (else `Invalid`,
+/// "symbolic slice length not divisible by step"). Any `step` up to `i64::MAX` is
+/// accepted (no intermediate overflows); only `end - start` itself may overflow
+/// (`Invalid`).
 pub fn slice_len(op: &str, start: &Dim, end: &Dim, step: i64) -> Result<Dim> {
     if step < 1 {
         return Err(ShapeError::Invalid { op: op.into(), msg: format!("slice step must be positive, got {step}") });
     }
-    let len = end.sub(start);
+    let len = sub_dims(op, "slice length", end, start)?;
     if step == 1 {
         return Ok(len);
     }
-    let padded = len.add(&Dim::Const(step - 1));
-    let c = const_term(&padded);
-    let rest = padded.sub(&Dim::Const(c));
-    match rest.exact_div(&Dim::Const(step)) {
-        Some(q) => Ok(q.add(&Dim::Const(c.div_euclid(step)))),
-        None => Err(ShapeError::Invalid {
+    if let Some(l) = len.as_const() {
+        // ceil(l / step) without forming `l + step - 1`.
+        return Ok(Dim::Const(if l <= 0 { 0 } else { (l - 1) / step + 1 }));
+    }
+    // len = rest + c with `rest` divisible by `step`: ceil(len / step) is
+    // rest / step + floor((c + step - 1) / step), the latter computed in i128.
+    let c = const_term(&len);
+    let rest = sub_dims(op, "slice length", &len, &Dim::Const(c))?;
+    let Some(q) = rest.exact_div(&Dim::Const(step)) else {
+        return Err(ShapeError::Invalid {
             op: op.into(),
             msg: format!("symbolic slice length not divisible by step: ({len}) / {step}"),
-        }),
-    }
+        });
+    };
+    let (c, st) = (i128::from(c), i128::from(step));
+    let tail = i64::try_from((c + st - 1).div_euclid(st))
+        .map_err(|_| super::overflow(op, "slice length", format!("ceil(({len}) / {step})")))?;
+    add_dims(op, "slice length", &q, &Dim::Const(tail))
 }
 
 /// The constant term of a dim.
@@ -195,7 +208,7 @@ pub fn expand_geometry(
         let (size, stride) = match existing {
             Some(d) => (sizes[d].clone(), strides[d].clone()),
             None if r == 0 => (Dim::Const(1), Dim::Const(0)),
-            None => (Dim::Const(1), out_sizes[i + 1].mul(&out_strides[i + 1])),
+            None => (Dim::Const(1), mul_dims(op, "expanded stride", &out_sizes[i + 1], &out_strides[i + 1])?),
         };
         let t = match (&shape[i], existing) {
             (Some(t), _) => t.clone(),
@@ -255,13 +268,16 @@ pub fn squeeze_dims(op: &str, shape: &[Dim], dim: Option<i64>, oracle: &mut dyn 
 /// Symbolic sizes are taken to be at least 2 (the shape environment specializes 0
 /// and 1); [`super::infer`] decides them through its oracle instead.
 pub fn has_internal_overlap(meta: &TensorMeta) -> bool {
-    meta.shape.iter().zip(&meta.strides).any(|(size, stride)| {
-        *stride == Dim::Const(0)
-            && match size {
-                Dim::Const(c) => *c > 1,
-                Dim::Sym(_) => true,
-            }
+    overlap_where(meta, |size| match size {
+        Dim::Const(c) => *c > 1,
+        Dim::Sym(_) => true,
     })
+}
+
+/// The one internal-overlap test: a stride-0 dim whose size `more_than_one` says
+/// exceeds 1 (the callers differ only in how they decide that for symbolic sizes).
+pub(crate) fn overlap_where(meta: &TensorMeta, mut more_than_one: impl FnMut(&Dim) -> bool) -> bool {
+    meta.shape.iter().zip(&meta.strides).any(|(size, stride)| *stride == Dim::Const(0) && more_than_one(size))
 }
 
 /// PyTorch's `computeStride`: the strides that let a tensor of `old_shape` /
@@ -270,7 +286,9 @@ pub fn has_internal_overlap(meta: &TensorMeta) -> bool {
 ///
 /// Old dims are split into chunks that are contiguous among themselves; each chunk
 /// must be covered exactly by a run of new dims, which then get strides that walk the
-/// chunk row-major. Size comparisons go through the oracle.
+/// chunk row-major. Size comparisons go through the oracle. Arithmetic that would
+/// overflow i64 means no such strides (`None`): a stride product that does not fit
+/// cannot equal an existing stride.
 pub fn view_strides(
     old_shape: &[Dim],
     old_strides: &[Dim],
@@ -286,7 +304,7 @@ pub fn view_strides(
     if old_shape.is_empty() {
         return Some(new_strides);
     }
-    let numel = Dim::product(old_shape);
+    let numel = Dim::checked_product(old_shape)?;
     if old_shape.contains(&zero) || dim_eq(oracle, &numel, &zero) {
         if old_shape == new_shape {
             return Some(old_strides.to_vec());
@@ -297,7 +315,7 @@ pub fn view_strides(
                 Dim::Const(c) => Dim::Const((*c).max(1)),
                 s => s.clone(),
             };
-            new_strides[d] = next.mul(&new_strides[d + 1]);
+            new_strides[d] = next.checked_mul(&new_strides[d + 1])?;
         }
         return Some(new_strides);
     }
@@ -306,13 +324,15 @@ pub fn view_strides(
     let mut tensor_numel = one.clone();
     let mut view_numel = one.clone();
     for tensor_d in (0..old_shape.len()).rev() {
-        tensor_numel = tensor_numel.mul(&old_shape[tensor_d]);
+        tensor_numel = tensor_numel.checked_mul(&old_shape[tensor_d])?;
         // A chunk ends at dim 0, or where the next-outer dim is not laid out right
         // after this chunk (size-1 dims never end a chunk).
         let chunk_ends = tensor_d == 0 || {
             let outer_stride = &old_strides[tensor_d - 1];
-            !dim_eq(oracle, outer_stride, &tensor_numel.mul(&chunk_base_stride))
-                && !dim_eq(oracle, &old_shape[tensor_d - 1], &one)
+            // A product that overflows is larger than any stride: the chunk ends.
+            let contiguous =
+                tensor_numel.checked_mul(&chunk_base_stride).is_some_and(|want| dim_eq(oracle, outer_stride, &want));
+            !contiguous && !dim_eq(oracle, &old_shape[tensor_d - 1], &one)
         };
         if !chunk_ends {
             continue;
@@ -322,8 +342,8 @@ pub fn view_strides(
             if !(dim_lt(oracle, &view_numel, &tensor_numel) || dim_eq(oracle, nd, &one)) {
                 break;
             }
-            new_strides[view_d as usize] = view_numel.mul(&chunk_base_stride);
-            view_numel = view_numel.mul(nd);
+            new_strides[view_d as usize] = view_numel.checked_mul(&chunk_base_stride)?;
+            view_numel = view_numel.checked_mul(nd)?;
             view_d -= 1;
         }
         if !dim_eq(oracle, &view_numel, &tensor_numel) {

@@ -228,3 +228,71 @@ fn view_strides_symbolic() {
     let t = view_strides(&[s(1), s(0)], &[Dim::Const(1), s(1)], &[s(0).mul(&s(1))], &mut o);
     assert_eq!(t, None);
 }
+
+#[test]
+fn huge_steps_strides_and_offsets_are_errors_not_overflows() {
+    let x = f(&[3]);
+    // x[::i64::MAX] has one element (ceil(3 / MAX)); the stride MAX * 1 still fits.
+    assert_eq!(slice_len("slice", &Dim::Const(0), &Dim::Const(3), i64::MAX).unwrap(), Dim::Const(1));
+    assert_eq!(slice_len("slice", &Dim::Const(3), &Dim::Const(3), i64::MAX).unwrap(), Dim::Const(0));
+    assert_eq!(ok(&slice(0, 0, 3, i64::MAX), &[&x]), strided(&[1], &[i64::MAX], 0, DType::F32));
+    // With stride 2 the new stride 2 * MAX does not fit.
+    let wide = strided(&[2, 3], &[1, 2], 0, DType::F32);
+    err(&slice(1, 0, 3, i64::MAX), &[&wide], "invalid", &["slice stride overflows i64"]);
+    // A symbolic slice with a huge step: exact symbolic part, constant tail in i128.
+    // len = 4*s0 + 3, step 2 -> 2*s0 + 2.
+    let len_end = s(0).scale(4).add(&Dim::Const(3));
+    assert_eq!(slice_len("slice", &Dim::Const(0), &len_end, 2).unwrap(), s(0).scale(2).add(&Dim::Const(2)));
+    let e = slice_len("slice", &Dim::Const(0), &s(0), i64::MAX).unwrap_err();
+    check_err(&e, "invalid", &["symbolic slice length not divisible by step"]);
+    let e = slice_len("slice", &Dim::Const(i64::MIN), &s(0), 2).unwrap_err();
+    check_err(&e, "invalid", &["slice length overflows i64"]);
+    // as_strided whose last element does not fit in i64.
+    let big = Op::AsStrided { size: dims(&[3]), stride: dims(&[i64::MAX / 2 + 1]), offset: Dim::Const(0) };
+    err(&big, &[&x], "invalid", &["as_strided", "the last element reached overflows i64"]);
+    let off = Op::AsStrided { size: dims(&[2]), stride: dims(&[1]), offset: Dim::Const(i64::MAX) };
+    err(&off, &[&x], "invalid", &["as_strided", "overflows i64"]);
+    // ... but a size-1 dim with a huge stride reaches only its first element.
+    let tall = ok(&Op::AsStrided { size: dims(&[1, 2]), stride: dims(&[i64::MAX, 1]), offset: Dim::Const(0) }, &[&x]);
+    // Views of it whose stride arithmetic overflows are rejected, not wrapped.
+    err(&slice(0, 0, 1, 2), &[&tall], "invalid", &["slice stride overflows i64"]);
+    let h = strided(&[2, 2], &[1, i64::MAX / 2 + 1], 0, DType::F32);
+    err(&Op::Unsqueeze(1), &[&h], "invalid", &["unsqueeze", "unsqueezed stride overflows i64"]);
+    err(&slice(1, 0, 2, 3), &[&h], "invalid", &["slice stride overflows i64"]);
+    let o = strided(&[2, 2], &[1, i64::MAX / 2 + 1], i64::MAX / 2 + 1, DType::F32);
+    err(&select(1, 1), &[&o], "invalid", &["select", "storage offset overflows i64"]);
+    err(&slice(1, 1, 2, 1), &[&o], "invalid", &["slice", "storage offset overflows i64"]);
+    // view: the contiguity product 2 * (MAX/2 + 1) overflows, so the chunk ends there.
+    assert_eq!(view_strides(&h.shape, &h.strides, &dims(&[4]), &mut StaticOracle), None);
+    assert_eq!(
+        view_strides(&h.shape, &h.strides, &dims(&[1, 2, 2]), &mut StaticOracle),
+        Some(dims(&[2, 1, i64::MAX / 2 + 1]))
+    );
+    // expand of a new leading size-1 dim multiplies size and stride of the next dim.
+    err(
+        &Op::Expand(dims(&[1, 2, 2])),
+        &[&strided(&[2, 2], &[i64::MAX / 2 + 1, 1], 0, DType::F32)],
+        "invalid",
+        &["expand", "expanded stride overflows i64"],
+    );
+    // Select at an index far outside a symbolic size is decided, not overflowed.
+    let sym = TensorMeta::contiguous(vec![s(0)], DType::F32);
+    err(&Op::Select { dim: 0, index: Dim::Const(i64::MIN) }, &[&sym], "index", &["select"]);
+}
+
+#[test]
+fn unsafe_view_is_a_fresh_contiguous_reshape() {
+    // Any input layout: the result is contiguous at offset 0 (fresh storage).
+    let t = strided(&[3, 2], &[1, 3], 4, DType::F16);
+    assert_eq!(ok(&Op::UnsafeView(dims(&[2, 3])), &[&t]), c(&[2, 3], DType::F16));
+    assert_eq!(ok(&Op::UnsafeView(dims(&[6, 1])), &[&t]), c(&[6, 1], DType::F16));
+    assert_eq!(ok(&Op::UnsafeView(vec![]), &[&f(&[1, 1])]), f(&[]));
+    // `view`'s size rules, under its own name.
+    err(&Op::UnsafeView(dims(&[4])), &[&t], "view", &["_unsafe_view", "[3, 2]", "[4]"]);
+    err(&Op::UnsafeView(dims(&[-1, 6])), &[&t], "invalid", &["_unsafe_view", "-1"]);
+    assert_eq!(Op::UnsafeView(dims(&[2])).aliasing(), crate::op::Aliasing::Fresh);
+    // Symbolic sizes: s0 * 3 elements as [3, s0].
+    let x = TensorMeta::contiguous(vec![s(0), Dim::Const(3)], DType::F32);
+    let want = TensorMeta::contiguous(vec![Dim::Const(3), s(0)], DType::F32);
+    assert_eq!(ok(&Op::UnsafeView(vec![Dim::Const(3), s(0)]), &[&x]), want);
+}

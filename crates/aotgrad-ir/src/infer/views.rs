@@ -2,7 +2,10 @@
 //! are computed exactly as PyTorch does, dtype is kept.
 
 use super::shapes::{expand_geometry, slice_len, view_strides};
-use super::{arity, check_dim, check_sizes_non_negative, dim_eq, dim_le, dim_lt, shape_str, Result};
+use super::{
+    add_dims, arity, check_dim, check_sizes_non_negative, dim_eq, dim_le, dim_lt, mul_dims, overflow, product_dims,
+    shape_str, Result,
+};
 use crate::error::ShapeError;
 use crate::meta::TensorMeta;
 use crate::op::Op;
@@ -41,7 +44,11 @@ pub(crate) fn infer_view(op: &Op, name: &str, args: &[&TensorMeta], oracle: &mut
             if dim > x.rank() {
                 return Err(ShapeError::DimOutOfRange { op: name.into(), dim: dim as i64, rank: x.rank() });
             }
-            let stride = if dim < x.rank() { x.shape[dim].mul(&x.strides[dim]) } else { Dim::Const(1) };
+            let stride = if dim < x.rank() {
+                mul_dims(name, "unsqueezed stride", &x.shape[dim], &x.strides[dim])?
+            } else {
+                Dim::Const(1)
+            };
             let mut m = x.clone();
             m.shape.insert(dim, Dim::Const(1));
             m.strides.insert(dim, stride);
@@ -57,12 +64,8 @@ pub(crate) fn infer_view(op: &Op, name: &str, args: &[&TensorMeta], oracle: &mut
 
 /// `view(shape)`: same numel, strides from PyTorch's `computeStride`.
 fn view(name: &str, x: &TensorMeta, shape: &[Dim], oracle: &mut dyn DimOracle) -> Result<TensorMeta> {
-    check_sizes_non_negative(name, shape)?;
+    check_view_numel(name, x, shape, oracle)?;
     let err = |why: String| ShapeError::View { op: name.into(), from: shape_str(&x.shape), to: shape_str(shape), why };
-    let numel = x.numel();
-    if !dim_eq(oracle, &numel, &Dim::product(shape)) {
-        return Err(err(format!("shape '{}' is invalid for input of size {numel}", shape_str(shape))));
-    }
     let Some(strides) = view_strides(&x.shape, &x.strides, shape, oracle) else {
         return Err(err(format!(
             "size is not compatible with the input's size and stride (strides {}); use reshape",
@@ -70,6 +73,28 @@ fn view(name: &str, x: &TensorMeta, shape: &[Dim], oracle: &mut dyn DimOracle) -
         )));
     };
     Ok(TensorMeta { shape: shape.to_vec(), strides, offset: x.offset.clone(), dtype: x.dtype })
+}
+
+/// The sizes of a `view`/`_unsafe_view` of `x`: non-negative, with `x`'s numel.
+fn check_view_numel(name: &str, x: &TensorMeta, shape: &[Dim], oracle: &mut dyn DimOracle) -> Result<()> {
+    check_sizes_non_negative(name, shape)?;
+    let numel = product_dims(name, "number of elements", &x.shape)?;
+    if !dim_eq(oracle, &numel, &product_dims(name, "number of elements", shape)?) {
+        return Err(ShapeError::View {
+            op: name.into(),
+            from: shape_str(&x.shape),
+            to: shape_str(shape),
+            why: format!("shape '{}' is invalid for input of size {numel}", shape_str(shape)),
+        });
+    }
+    Ok(())
+}
+
+/// `_unsafe_view(shape)`: `view`'s size rules; any layout works since the result is a
+/// fresh contiguous tensor (the elements in row-major order).
+pub(crate) fn unsafe_view(name: &str, x: &TensorMeta, shape: &[Dim], oracle: &mut dyn DimOracle) -> Result<TensorMeta> {
+    check_view_numel(name, x, shape, oracle)?;
+    Ok(TensorMeta::contiguous(shape.to_vec(), x.dtype))
 }
 
 /// `permute(perm)`: `perm` must be a permutation of `0..rank`.
@@ -179,9 +204,9 @@ fn slice(
     }
     let len = slice_len(name, start, end, step)?;
     let mut m = x.clone();
-    m.offset = x.offset.add(&start.mul(&x.strides[dim]));
+    m.offset = add_dims(name, "storage offset", &x.offset, &mul_dims(name, "storage offset", start, &x.strides[dim])?)?;
     m.shape[dim] = len;
-    m.strides[dim] = x.strides[dim].scale(step);
+    m.strides[dim] = mul_dims(name, "slice stride", &x.strides[dim], &Dim::Const(step))?;
     Ok(m)
 }
 
@@ -204,14 +229,15 @@ fn select(name: &str, x: &TensorMeta, dim: usize, index: &Dim, oracle: &mut dyn 
         });
     }
     let mut m = x.clone();
-    m.offset = x.offset.add(&index.mul(&x.strides[dim]));
+    m.offset = add_dims(name, "storage offset", &x.offset, &mul_dims(name, "storage offset", index, &x.strides[dim])?)?;
     m.shape.remove(dim);
     m.strides.remove(dim);
     Ok(m)
 }
 
 /// `as_strided(size, stride, offset)`: taken as given (sizes, strides and offset must
-/// be non-negative and the lists of equal length).
+/// be non-negative and the lists of equal length), provided the last element it
+/// reaches, `offset + sum((size - 1) * stride)`, fits in i64.
 fn as_strided(name: &str, x: &TensorMeta, size: &[Dim], stride: &[Dim], offset: &Dim) -> Result<TensorMeta> {
     if size.len() != stride.len() {
         return Err(ShapeError::Invalid {
@@ -228,6 +254,24 @@ fn as_strided(name: &str, x: &TensorMeta, size: &[Dim], stride: &[Dim], offset: 
     }
     if offset.as_const().is_some_and(|c| c < 0) {
         return Err(ShapeError::Invalid { op: name.into(), msg: format!("negative storage offset {offset}") });
+    }
+    // An empty view reaches nothing; otherwise its extent must be representable.
+    if !size.contains(&Dim::Const(0)) {
+        let mut reach = offset.clone();
+        for (s, st) in size.iter().zip(stride) {
+            let last = s.checked_sub(&Dim::Const(1)).and_then(|l| l.checked_mul(st));
+            reach = last.and_then(|l| reach.checked_add(&l)).ok_or_else(|| {
+                overflow(
+                    name,
+                    "the last element reached",
+                    format!(
+                        "offset {offset} + sum((size - 1) * stride) of sizes {} and strides {}",
+                        shape_str(size),
+                        shape_str(stride)
+                    ),
+                )
+            })?;
+        }
     }
     Ok(TensorMeta { shape: size.to_vec(), strides: stride.to_vec(), offset: offset.clone(), dtype: x.dtype })
 }

@@ -44,7 +44,8 @@
 //! Op spellings (`name` is [`Op::name`](crate::Op::name)): `neg(%0)`, `add(%0, %1)`
 //! (Binary), `add(%0, 2.0)` (BinaryScalar), `eq(%0, %1)` / `eq(%0, 2)`, `where(%0, %1, %2)`,
 //! `clamp(%0, min=0.0, max=None)`, `to(%0, dtype=f16)`, `sum(%0, dims=[0], keepdim=false)`,
-//! `argmax(%0, dim=1, keepdim=true)`, `mm`, `bmm`, `view(%0, [12])`, `expand(%0, [4, s0])`,
+//! `argmax(%0, dim=1, keepdim=true)`, `mm`, `bmm`, `view(%0, [12])`, `_unsafe_view(%0, [12])`,
+//! `expand(%0, [4, s0])`,
 //! `permute(%0, [1, 0])`, `transpose(%0, 0, 1)`, `t(%0)`, `squeeze(%0, dims=[0])`,
 //! `unsqueeze(%0, dim=1)`, `slice(%0, dim=0, start=0, end=s0, step=2)`,
 //! `select(%0, dim=0, index=1)`, `as_strided(%0, size=[..], stride=[..], offset=0)`,

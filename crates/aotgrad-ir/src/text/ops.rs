@@ -37,6 +37,7 @@ pub(super) enum Base {
     AsStrided,
     Alias,
     Clone,
+    UnsafeView,
     Copy,
     Full,
     FullLike,
@@ -65,7 +66,7 @@ pub(super) enum Base {
 }
 
 /// Every base other than the families with their own `ALL` lists.
-const OTHER_BASES: [Base; 44] = [
+const OTHER_BASES: [Base; 45] = [
     Base::Where,
     Base::Clamp,
     Base::Cast,
@@ -85,6 +86,7 @@ const OTHER_BASES: [Base; 44] = [
     Base::AsStrided,
     Base::Alias,
     Base::Clone,
+    Base::UnsafeView,
     Base::Copy,
     Base::Full,
     Base::FullLike,
@@ -152,6 +154,7 @@ impl Base {
             Base::AsStrided => "as_strided",
             Base::Alias => "alias",
             Base::Clone => "clone",
+            Base::UnsafeView => "_unsafe_view",
             Base::Copy => "copy",
             Base::Full => "full",
             Base::FullLike => "full_like",
@@ -322,13 +325,13 @@ fn parse_params(p: &mut Parser<'_>, base: Base, st: &mut Params<'_>) -> PResult<
         }
         Base::Mm => Op::Mm,
         Base::Bmm => Op::Bmm,
-        Base::View | Base::Expand => {
+        Base::View | Base::UnsafeView | Base::Expand => {
             p.positional(st, "a shape `[..]`")?;
             let shape = p.dim_list(cx("shape"))?;
-            if base == Base::View {
-                Op::View(shape)
-            } else {
-                Op::Expand(shape)
+            match base {
+                Base::View => Op::View(shape),
+                Base::UnsafeView => Op::UnsafeView(shape),
+                _ => Op::Expand(shape),
             }
         }
         Base::Permute => {

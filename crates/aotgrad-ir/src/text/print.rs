@@ -179,7 +179,7 @@ fn write_params(w: &mut ParamWriter<'_>, op: &Op) {
             w.named("dim", dim);
             w.named("keepdim", keepdim);
         }
-        Op::View(shape) | Op::Expand(shape) => w.pos(DimList(shape)),
+        Op::View(shape) | Op::UnsafeView(shape) | Op::Expand(shape) => w.pos(DimList(shape)),
         Op::Permute(p) => w.pos(UsizeList(p)),
         Op::Transpose(a, b) => {
             w.pos(a);

@@ -425,6 +425,7 @@ fn proto(b: Base) -> Op {
         Base::AsStrided => Op::AsStrided { size: d(), stride: d(), offset: Dim::Const(0) },
         Base::Alias => Op::Alias,
         Base::Clone => Op::Clone,
+        Base::UnsafeView => Op::UnsafeView(d()),
         Base::Copy => Op::Copy,
         Base::Full => Op::Full { shape: d(), value: Scalar::Int(0), dtype: crate::DType::F32 },
         Base::FullLike => Op::FullLike { value: Scalar::Int(0), dtype: None },
@@ -458,7 +459,7 @@ fn proto(b: Base) -> Op {
 #[test]
 fn text_base_names_agree_with_op_name_and_are_unambiguous() {
     let all: Vec<Base> = Base::all().collect();
-    assert_eq!(all.len(), 15 + 7 + 6 + 4 + 44);
+    assert_eq!(all.len(), 15 + 7 + 6 + 4 + 45);
     for &b in &all {
         assert_eq!(b.name(), proto(b).name(), "{b:?}");
         assert_eq!(Base::lookup(b.name()), Some(b), "name {} is used twice", b.name());

@@ -53,7 +53,7 @@ use super::joint::JointInfo;
 use crate::cost::bytes_of;
 use crate::error::{PartitionError, Result};
 use pathfinding::directed::edmonds_karp::edmonds_karp_sparse;
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeSet, HashSet, VecDeque};
 
 const SCALE: i64 = 1 << 16;
 const MAX_BYTES: u64 = 1 << 40;
@@ -163,53 +163,57 @@ pub(crate) fn activation_bytes(info: &JointInfo<'_>, saved: &BTreeSet<usize>) ->
     saved.iter().filter(|&&s| !info.is_primal(s)).map(|&s| bytes_of(info.meta(s))).sum()
 }
 
-/// The saved set after moving `v` (see the module docs), and the FLOPs it recomputes.
-fn after_move(info: &JointInfo<'_>, saved: &BTreeSet<usize>, v: usize) -> (BTreeSet<usize>, u64) {
-    let mut next = saved.clone();
-    next.remove(&v);
+/// Moving `v` (see the module docs): the values it newly saves (its recompute
+/// frontier minus what is saved already) and the FLOPs it recomputes.
+fn move_of(info: &JointInfo<'_>, saved: &BTreeSet<usize>, v: usize) -> (Vec<usize>, u64) {
+    let mut added = Vec::new();
     let mut flops = info.flops(v);
-    let mut seen: BTreeSet<usize> = BTreeSet::new();
+    let mut seen: HashSet<usize> = HashSet::new();
     let mut stack: Vec<usize> = info.args[v].clone();
     while let Some(a) = stack.pop() {
         if !seen.insert(a) {
             continue;
         }
-        if saved.contains(&a) || info.is_primal(a) || info.is_banned(a) {
-            next.insert(a);
+        if saved.contains(&a) {
+            continue;
+        }
+        if info.is_primal(a) || info.is_banned(a) {
+            added.push(a);
         } else {
             flops = flops.saturating_add(info.flops(a));
             stack.extend(info.args[a].iter().copied());
         }
     }
-    (next, flops)
+    (added, flops)
 }
 
 /// Greedily trade activation memory for recomputation, from `start` down to `target`
-/// activation bytes (see the module docs).
+/// activation bytes (see the module docs). Each candidate move is scored from the bytes
+/// it removes and adds, without building the saved set it would give.
 pub(crate) fn shrink_to_budget(info: &JointInfo<'_>, start: &[usize], target: f64) -> Vec<usize> {
     let mut saved: BTreeSet<usize> = start.iter().copied().collect();
-    loop {
-        let now = activation_bytes(info, &saved);
-        if now as f64 <= target {
-            break;
-        }
-        let mut best: Option<(f64, BTreeSet<usize>)> = None;
+    let mut now = activation_bytes(info, &saved);
+    let act = |s: usize| if info.is_primal(s) { 0 } else { bytes_of(info.meta(s)) };
+    while now as f64 > target {
+        let mut best: Option<(f64, usize, Vec<usize>, u64)> = None;
         for &v in &saved {
             if info.is_primal(v) || info.is_banned(v) || v < info.n_inputs() {
                 continue;
             }
-            let (next, flops) = after_move(info, &saved, v);
-            let after = activation_bytes(info, &next);
+            let (added, flops) = move_of(info, &saved, v);
+            let after = (now - act(v)).saturating_add(added.iter().map(|&a| act(a)).sum());
             if after >= now {
                 continue;
             }
             let score = (now - after) as f64 / flops.max(1) as f64;
-            if best.as_ref().is_none_or(|(b, _)| score > *b) {
-                best = Some((score, next));
+            if best.as_ref().is_none_or(|(b, ..)| score > *b) {
+                best = Some((score, v, added, after));
             }
         }
-        let Some((_, next)) = best else { break };
-        saved = next;
+        let Some((_, v, added, after)) = best else { break };
+        saved.remove(&v);
+        saved.extend(added);
+        now = after;
     }
     saved.into_iter().collect()
 }

@@ -313,18 +313,26 @@ fn storages(g: &Graph) -> HashMap<ValueId, StorageId> {
     g.inputs.iter().map(|i| (i.id, i.storage)).chain(g.nodes.iter().map(|n| (n.out, n.storage))).collect()
 }
 
+/// Input positions per storage.
+fn inputs_by_storage(g: &Graph) -> HashMap<StorageId, Vec<usize>> {
+    let mut ins: HashMap<StorageId, Vec<usize>> = HashMap::new();
+    for (p, i) in g.inputs.iter().enumerate() {
+        ins.entry(i.storage).or_default().push(p);
+    }
+    ins
+}
+
 fn relation(g: &Graph, st: &HashMap<ValueId, StorageId>) -> Option<Relation> {
-    let outs = g.outputs.iter().map(|o| st.get(o).copied()).collect::<Option<Vec<_>>>()?;
-    Some(
-        outs.iter()
-            .enumerate()
-            .map(|(k, s)| {
-                let ins = g.inputs.iter().enumerate().filter(|(_, i)| i.storage == *s).map(|(p, _)| p).collect();
-                let earlier = (0..k).filter(|&l| outs[l] == *s).collect();
-                (ins, earlier)
-            })
-            .collect(),
-    )
+    let ins = inputs_by_storage(g);
+    let mut outs: HashMap<StorageId, Vec<usize>> = HashMap::new();
+    let mut rel = Vec::with_capacity(g.outputs.len());
+    for (k, o) in g.outputs.iter().enumerate() {
+        let s = *st.get(o)?;
+        let earlier = outs.get(&s).cloned().unwrap_or_default();
+        rel.push((ins.get(&s).cloned().unwrap_or_default(), earlier));
+        outs.entry(s).or_default().push(k);
+    }
+    Some(rel)
 }
 
 /// Make `new` (rebuilt from `orig`) share storage between outputs and inputs exactly as
@@ -345,33 +353,39 @@ pub(crate) fn preserve_aliasing(orig: &Graph, mut new: Graph) -> Option<Graph> {
         .map(|i| (i.id, i.meta.clone()))
         .chain(new.nodes.iter().map(|n| (n.out, n.meta.clone())))
         .collect();
-    for (k, row) in want.iter().enumerate() {
-        let (ins, earlier) = row;
+    let ins_of = inputs_by_storage(&new);
+    // Earlier outputs of `new` (as fixed so far) per storage: output `k`'s row of the
+    // relation only depends on outputs before it.
+    let mut outs_of: HashMap<StorageId, Vec<usize>> = HashMap::new();
+    let empty: &[usize] = &[];
+    for (k, (ins, earlier)) in want.iter().enumerate() {
         let o = orig.outputs[k];
         // Only an output that owns its storage (no input, no other output value) can be copied.
         let owns = ins.is_empty() && earlier.iter().all(|&l| orig.outputs[l] == o);
-        // Outputs after `k` do not matter for output `k`'s row of the relation.
-        let prefix = Graph { inputs: new.inputs.clone(), nodes: Vec::new(), outputs: new.outputs[..=k].to_vec() };
-        if !owns || relation(&prefix, &st)?.get(k) == Some(row) {
-            continue;
+        let s = *st.get(&new.outputs[k])?;
+        let row_ok = ins_of.get(&s).map_or(empty, Vec::as_slice) == ins.as_slice()
+            && outs_of.get(&s).map_or(empty, Vec::as_slice) == earlier.as_slice();
+        if owns && !row_ok {
+            if let Some(c) = copies.get(&o) {
+                new.outputs[k] = *c;
+            } else {
+                let v = new.outputs[k];
+                let meta = metas.get(&v)?.clone();
+                if meta.to_contiguous() != meta {
+                    return None;
+                }
+                let id = ValueId(next_value);
+                next_value += 1;
+                let storage = StorageId(next_storage);
+                next_storage += 1;
+                new.nodes.push(Node { out: id, op: aotgrad_ir::Op::Clone, args: vec![v], meta, storage, loc: None });
+                st.insert(id, storage);
+                copies.insert(o, id);
+                new.outputs[k] = id;
+            }
         }
-        if let Some(c) = copies.get(&o) {
-            new.outputs[k] = *c;
-            continue;
-        }
-        let v = new.outputs[k];
-        let meta = metas.get(&v)?.clone();
-        if meta.to_contiguous() != meta {
-            return None;
-        }
-        let id = ValueId(next_value);
-        next_value += 1;
-        let storage = StorageId(next_storage);
-        next_storage += 1;
-        new.nodes.push(Node { out: id, op: aotgrad_ir::Op::Clone, args: vec![v], meta, storage, loc: None });
-        st.insert(id, storage);
-        copies.insert(o, id);
-        new.outputs[k] = id;
+        let s = *st.get(&new.outputs[k])?;
+        outs_of.entry(s).or_default().push(k);
     }
     (relation(&new, &st)? == want).then_some(new)
 }

@@ -143,19 +143,8 @@ impl Tensor {
         if !train || p == 0.0 {
             return Ok(self.clone());
         }
-        match seed.into() {
-            RngSeed::Fixed(seed) => apply_composite(CompositeOp::Dropout { p, seed, offset: 0 }, &[self], &loc),
-            RngSeed::Global => match crate::trace::active_trace() {
-                Some(ctx) => {
-                    let (seed_t, base_t, rel) = ctx.next_rng();
-                    apply_composite(CompositeOp::Dropout { p, seed: 0, offset: rel }, &[self, &seed_t, &base_t], &loc)
-                }
-                None => {
-                    let (seed, offset) = crate::rng::take_rng(1);
-                    apply_composite(CompositeOp::Dropout { p, seed, offset }, &[self], &loc)
-                }
-            },
-        }
+        let d = crate::rng::draw(seed.into());
+        apply_composite(CompositeOp::Dropout { p, seed: d.seed, offset: d.offset }, &d.args(&[self]), &loc)
     }
 
     /// `torch.nn.functional.embedding(indices, weight)`: the rows of the 2-D `weight`

@@ -6,7 +6,7 @@
 use crate::dispatch::dispatch;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
-use aotgrad_ir::infer::{broadcast_shapes, view_strides};
+use aotgrad_ir::infer::broadcast_shapes;
 use aotgrad_ir::{BinaryOp, DType, Dim, Op, ReduceOp, Scalar, SourceLoc, UnaryOp};
 
 /// Records (or runs) core ops at one source location on behalf of one composite op.
@@ -85,24 +85,22 @@ impl Emit<'_> {
 
     // ---- views ---------------------------------------------------------------------------
 
-    /// A view with exactly these sizes.
-    pub(crate) fn view(&self, x: &Tensor, shape: Vec<Dim>) -> Result<Tensor> {
-        self.op(Op::View(shape), &[x])
-    }
-    /// A view with these sizes when the strides allow it, else a view of a contiguous copy.
-    pub(crate) fn reshape(&self, x: &Tensor, shape: Vec<Dim>) -> Result<Tensor> {
-        let (from, strides) = (x.shape(), x.strides());
-        if from == shape {
+    /// `_unsafe_view`: a fresh tensor with `x`'s elements in these sizes. For reshaping
+    /// an intermediate the decomposition produced itself, so the composite's result is
+    /// not a view of it (as in PyTorch's `matmul`). The same handle when the sizes do
+    /// not change (`x` is then already the fresh result).
+    pub(crate) fn unsafe_view(&self, x: &Tensor, shape: Vec<Dim>) -> Result<Tensor> {
+        if x.shape() == shape {
             return Ok(x.clone());
         }
-        let viewable =
-            x.with_oracle(self.name, self.loc, |o| Ok(view_strides(&from, &strides, &shape, o).is_some()))?;
-        if viewable {
-            self.view(x, shape)
-        } else {
-            let c = self.op(Op::Clone, &[x])?;
-            self.view(&c, shape)
+        self.op(Op::UnsafeView(shape), &[x])
+    }
+    /// PyTorch's `reshape` ([`Tensor::reshape_to`]); the same handle when nothing changes.
+    pub(crate) fn reshape(&self, x: &Tensor, shape: Vec<Dim>) -> Result<Tensor> {
+        if x.shape() == shape {
+            return Ok(x.clone());
         }
+        x.reshape_to(self.name, shape, self.loc)
     }
     /// Broadcast to `shape` (new leading dims allowed); the same handle when nothing changes.
     pub(crate) fn expand(&self, x: &Tensor, shape: Vec<Dim>) -> Result<Tensor> {

@@ -69,15 +69,15 @@ pub(crate) fn matmul(e: &Emit, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         (0, _) | (_, 0) => Err(e.internal("0-d operand reached the matmul decomposition")),
         (1, 1) => {
             let r = e.mm(&e.unsqueeze(a, 0)?, &e.unsqueeze(b, 1)?)?;
-            e.view(&r, Vec::new())
+            e.unsafe_view(&r, Vec::new())
         }
         (2, 1) => {
             let r = e.mm(a, &e.unsqueeze(b, 1)?)?;
-            e.view(&r, vec![sa[0].clone()])
+            e.unsafe_view(&r, vec![sa[0].clone()])
         }
         (1, 2) => {
             let r = e.mm(&e.unsqueeze(a, 0)?, b)?;
-            e.view(&r, vec![sb[1].clone()])
+            e.unsafe_view(&r, vec![sb[1].clone()])
         }
         (2, 2) => e.mm(a, b),
         (_, 1 | 2) => {
@@ -90,14 +90,14 @@ pub(crate) fn matmul(e: &Emit, a: &Tensor, b: &Tensor) -> Result<Tensor> {
             if rb == 2 {
                 shape.push(sb[1].clone());
             }
-            e.view(&r, shape)
+            e.unsafe_view(&r, shape)
         }
         _ => batched_matmul(e, a, b),
     }
 }
 
 /// The general case of [`matmul`]: expand both operands to the broadcast batch dims,
-/// flatten those into one, `bmm`, and view the result with PyTorch's shape.
+/// flatten those into one, `bmm`, and reshape the result (`_unsafe_view`) to PyTorch's shape.
 fn batched_matmul(e: &Emit, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let (ra, rb) = (a.dim(), b.dim());
     let a3 = if ra == 1 { e.unsqueeze(a, 0)? } else { a.clone() };
@@ -121,7 +121,7 @@ fn batched_matmul(e: &Emit, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     if rb >= 2 {
         shape.push(m.clone());
     }
-    e.view(&r, shape)
+    e.unsafe_view(&r, shape)
 }
 
 /// `x @ w.T (+ b)`.
@@ -200,8 +200,8 @@ fn dropout(e: &Emit, x: &Tensor, p: f64, seed: u64, offset: u64, rng: Option<(&T
     e.binary(x, BinaryOp::Mul, &noise)
 }
 
-/// `weight[indices]`: `index_select` of the flattened indices, viewed back to
-/// `indices.shape + [embedding_dim]`.
+/// `weight[indices]`: `index_select` of the flattened indices, reshaped (a fresh
+/// tensor, `_unsafe_view`) to `indices.shape + [embedding_dim]`.
 fn embedding(e: &Emit, weight: &Tensor, indices: &Tensor) -> Result<Tensor> {
     let ishape = indices.shape();
     let flat = e.reshape(indices, vec![Dim::product(&ishape)])?;
@@ -209,7 +209,7 @@ fn embedding(e: &Emit, weight: &Tensor, indices: &Tensor) -> Result<Tensor> {
     let mut shape = ishape;
     let d = weight.shape().get(1).cloned().ok_or_else(|| e.internal("weight is not 2-D"))?;
     shape.push(d);
-    e.view(&rows, shape)
+    e.unsafe_view(&rows, shape)
 }
 
 /// `-mean(gather(log_softmax(logits, c), c, target.unsqueeze(c)))` with the class dim

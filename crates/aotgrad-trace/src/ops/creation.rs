@@ -148,20 +148,6 @@ pub(crate) fn random(
     seed: RngSeed,
     loc: &SourceLoc,
 ) -> Result<Tensor> {
-    match seed {
-        RngSeed::Fixed(s) => dispatch(make(s, 0), args, loc),
-        RngSeed::Global => match crate::trace::active_trace() {
-            Some(ctx) => {
-                let (seed_t, base_t, rel) = ctx.next_rng();
-                let mut all: Vec<&Tensor> = args.to_vec();
-                all.push(&seed_t);
-                all.push(&base_t);
-                dispatch(make(0, rel), &all, loc)
-            }
-            None => {
-                let (s, o) = crate::rng::take_rng(1);
-                dispatch(make(s, o), args, loc)
-            }
-        },
-    }
+    let d = crate::rng::draw(seed);
+    dispatch(make(d.seed, d.offset), &d.args(args), loc)
 }

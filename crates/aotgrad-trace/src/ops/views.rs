@@ -69,20 +69,24 @@ impl Tensor {
     }
     fn reshape_at(&self, spec: &[Option<Dim>], loc: &SourceLoc) -> Result<Tensor> {
         let from = self.shape();
-        let strides = self.strides();
-        let (shape, viewable) = self.with_oracle("reshape", loc, |o| {
-            let shape = resolve_view_shape("reshape", &from, spec, o)?;
-            let viewable = view_strides(&from, &strides, &shape, o).is_some();
-            Ok((shape, viewable))
-        })?;
+        let shape = self.with_oracle("reshape", loc, |o| resolve_view_shape("reshape", &from, spec, o))?;
+        self.reshape_to("reshape", shape, loc)
+    }
+    /// PyTorch's `reshape` to resolved sizes (the numel already checked): a view when
+    /// the strides allow it, else `_unsafe_view` of a contiguous copy, a fresh tensor
+    /// that is not a view of anything. `op` names the oracle's questions and errors.
+    pub(crate) fn reshape_to(&self, op: &str, shape: Vec<Dim>, loc: &SourceLoc) -> Result<Tensor> {
+        let (from, strides) = (self.shape(), self.strides());
+        let viewable = self.with_oracle(op, loc, |o| Ok(view_strides(&from, &strides, &shape, o).is_some()))?;
         if viewable {
             dispatch(Op::View(shape), &[self], loc)
         } else {
             let c = dispatch(Op::Clone, &[self], loc)?;
-            dispatch(Op::View(shape), &[&c], loc)
+            dispatch(Op::UnsafeView(shape), &[&c], loc)
         }
     }
-    /// A view with a new shape when strides allow it, else a view of a contiguous copy.
+    /// A view with a new shape when strides allow it, else a fresh contiguous copy
+    /// with that shape (not a view; PyTorch's `_unsafe_view` of a clone).
     #[track_caller]
     pub fn reshape(&self, shape: &[i64]) -> Result<Tensor> {
         self.reshape_at(&spec_i64(shape), &SourceLoc::caller())
@@ -92,7 +96,7 @@ impl Tensor {
     pub fn reshape_dims(&self, shape: &[Dim]) -> Result<Tensor> {
         self.reshape_at(&spec_dims(shape), &SourceLoc::caller())
     }
-    /// `self.reshape(-1)`.
+    /// `self.reshape(-1)` (a view when the strides allow it, else a fresh copy).
     #[track_caller]
     pub fn flatten(&self) -> Result<Tensor> {
         self.reshape_at(&[None], &SourceLoc::caller())
@@ -201,14 +205,18 @@ impl Tensor {
         let loc = SourceLoc::caller();
         let d = wrap("narrow", dim, self.dim(), &loc)?;
         let size = self.size_of("narrow", d, &loc)?;
-        let start_d = if start < 0 { size.add(&Dim::Const(start)) } else { Dim::Const(start) };
-        let end_d = start_d.add(&Dim::Const(length));
-        let ok = self.with_oracle("narrow", &loc, |o| {
-            Ok(length >= 0
-                && o.decide(&Dim::Const(0), aotgrad_ir::Rel::Le, &start_d)
-                && o.decide(&end_d, aotgrad_ir::Rel::Le, &size))
-        })?;
-        if !ok {
+        // `None` when `start + length` overflows i64 (so it exceeds any size).
+        let start_d = if start < 0 { size.checked_add(&Dim::Const(start)) } else { Some(Dim::Const(start)) };
+        let bounds = start_d.and_then(|s| Some((s.checked_add(&Dim::Const(length))?, s)));
+        let ok = match &bounds {
+            Some((end_d, start_d)) => self.with_oracle("narrow", &loc, |o| {
+                Ok(length >= 0
+                    && o.decide(&Dim::Const(0), aotgrad_ir::Rel::Le, start_d)
+                    && o.decide(end_d, aotgrad_ir::Rel::Le, &size))
+            })?,
+            None => false,
+        };
+        let Some((end_d, start_d)) = bounds.filter(|_| ok) else {
             return Err(Error::shape(
                 "narrow",
                 &loc,
@@ -217,7 +225,7 @@ impl Tensor {
                     msg: format!("start ({start}) + length ({length}) exceeds dimension size ({size}) of dim {d}"),
                 },
             ));
-        }
+        };
         dispatch(Op::Slice { dim: d, start: start_d, end: end_d, step: 1 }, &[self], &loc)
     }
     pub(crate) fn select_index(&self, op: &str, dim: i64, index: i64, loc: &SourceLoc) -> Result<(usize, Dim)> {
@@ -226,15 +234,18 @@ impl Tensor {
         if index >= 0 {
             return Ok((d, Dim::Const(index)));
         }
-        let wrapped = size.add(&Dim::Const(index));
-        let ok = self.with_oracle(op, loc, |o| Ok(o.decide(&Dim::Const(0), aotgrad_ir::Rel::Le, &wrapped)))?;
-        if !ok {
+        let wrapped = size.checked_add(&Dim::Const(index));
+        let ok = match &wrapped {
+            Some(w) => self.with_oracle(op, loc, |o| Ok(o.decide(&Dim::Const(0), aotgrad_ir::Rel::Le, w)))?,
+            None => false,
+        };
+        let Some(wrapped) = wrapped.filter(|_| ok) else {
             return Err(Error::shape(
                 op,
                 loc,
                 ShapeError::IndexOutOfRange { op: op.into(), index: index.to_string(), dim: d, size: size.to_string() },
             ));
-        }
+        };
         Ok((d, wrapped))
     }
     /// `self[..., index, ...]` at `dim`, dropping the dim (negative index counts from the end).
@@ -276,8 +287,9 @@ impl Tensor {
         {
             let mut st = t.lock();
             st.base = None;
-            st.requires_grad = false;
-            st.is_leaf = true;
+            st.grad_view = false;
+            st.own_requires_grad = false;
+            st.own_is_leaf = true;
         }
         Ok(t)
     }

@@ -28,10 +28,15 @@ struct Inner {
 #[derive(Clone)]
 pub(crate) struct TState {
     pub(crate) repr: Repr,
-    pub(crate) requires_grad: bool,
-    pub(crate) is_leaf: bool,
+    /// This object's own flag; see [`TState::requires_grad`] for what autograd sees.
+    pub(crate) own_requires_grad: bool,
+    /// This object's own flag; see [`TState::is_leaf`] for what autograd sees.
+    pub(crate) own_is_leaf: bool,
     /// For views: the tensor (itself not a view) whose storage this one views.
     pub(crate) base: Option<Tensor>,
+    /// A view created while grad mode was on (PyTorch's differentiable view): its
+    /// `requires_grad` follows its base's (see [`TState::requires_grad`]).
+    pub(crate) grad_view: bool,
 }
 
 /// Eager data or fake metadata.
@@ -51,6 +56,29 @@ pub(crate) struct Fake {
 }
 
 impl TState {
+    /// A tensor that is not a view.
+    pub(crate) fn new(repr: Repr, requires_grad: bool, is_leaf: bool) -> TState {
+        TState { repr, own_requires_grad: requires_grad, own_is_leaf: is_leaf, base: None, grad_view: false }
+    }
+    /// The base's flags `(requires_grad, is_leaf)` when this is a differentiable view.
+    fn grad_base(&self) -> Option<(bool, bool)> {
+        let base = self.base.as_ref().filter(|_| self.grad_view)?;
+        let b = base.lock();
+        Some((b.own_requires_grad, b.own_is_leaf))
+    }
+    /// Whether autograd tracks this tensor: its own flag, or, for a view created in
+    /// grad mode, its base's (PyTorch's `DifferentiableViewMeta::requires_grad`), so a
+    /// view taken before its base was mutated in place with a value requiring grad
+    /// requires grad too.
+    pub(crate) fn requires_grad(&self) -> bool {
+        self.own_requires_grad || self.grad_base().is_some_and(|(rg, _)| rg)
+    }
+    /// Whether this is an autograd leaf: not when it is a differentiable view whose
+    /// base is a non-leaf requiring grad (PyTorch regenerates the view's `grad_fn`
+    /// after its base is mutated in place).
+    pub(crate) fn is_leaf(&self) -> bool {
+        self.own_is_leaf && !self.grad_base().is_some_and(|(rg, leaf)| rg && !leaf)
+    }
     pub(crate) fn meta(&self) -> &TensorMeta {
         match &self.repr {
             Repr::Eager(t) => &t.meta,
@@ -77,7 +105,7 @@ impl Tensor {
 
     /// Wrap a concrete CPU tensor as an eager leaf that does not require grad.
     pub fn from_cpu(t: CpuTensor) -> Tensor {
-        Tensor::from_state(TState { repr: Repr::Eager(t), requires_grad: false, is_leaf: true, base: None })
+        Tensor::from_state(TState::new(Repr::Eager(t), false, true))
     }
     /// The concrete CPU tensor behind an eager tensor (sharing its storage).
     #[track_caller]
@@ -203,7 +231,7 @@ impl Tensor {
                 format!("only tensors of floating point dtype can require gradients, got {dtype}"),
             ));
         }
-        if !st.is_leaf && !requires_grad {
+        if !st.is_leaf() && !requires_grad {
             return Err(Error::autograd(
                 "requires_grad",
                 loc,
@@ -211,9 +239,9 @@ impl Tensor {
                  outside of autograd",
             ));
         }
-        st.requires_grad = requires_grad;
+        st.own_requires_grad = requires_grad;
         if let Repr::Fake(f) = &st.repr {
-            f.ctx.set_value_requires_grad(f.value, requires_grad);
+            f.ctx.set_value_requires_grad(f.value, st.requires_grad());
         }
         Ok(())
     }
@@ -231,20 +259,23 @@ impl Tensor {
                 format!("only tensors of floating point dtype can require gradients, got {dtype}"),
             ));
         }
-        st.requires_grad = true;
-        st.is_leaf = false;
+        st.own_requires_grad = true;
+        st.own_is_leaf = false;
         if let Repr::Fake(f) = &st.repr {
             f.ctx.set_value_requires_grad(f.value, true);
         }
         Ok(())
     }
     /// Whether gradients are tracked for this tensor.
+    /// For a view created in grad mode this includes its base's flag (like PyTorch),
+    /// so a view taken before its base was mutated in place with a value requiring
+    /// grad requires grad too.
     pub fn is_requires_grad(&self) -> bool {
-        self.lock().requires_grad
+        self.snapshot().requires_grad()
     }
     /// Whether this is a leaf of autograd (created by the user, or not requiring grad).
     pub fn is_leaf(&self) -> bool {
-        self.lock().is_leaf
+        self.snapshot().is_leaf()
     }
     /// Whether this tensor is a view of another tensor (its `_base` in PyTorch).
     pub fn is_view(&self) -> bool {
@@ -263,10 +294,10 @@ impl fmt::Debug for Tensor {
             Repr::Eager(t) => write!(f, "Tensor(eager {}", t.meta)?,
             Repr::Fake(x) => write!(f, "Tensor(fake {} {} {}", x.value, x.storage, x.meta)?,
         }
-        if st.requires_grad {
+        if st.requires_grad() {
             f.write_str(", requires_grad")?;
         }
-        if !st.is_leaf {
+        if !st.is_leaf() {
             f.write_str(", non-leaf")?;
         }
         f.write_str(")")

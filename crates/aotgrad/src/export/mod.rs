@@ -34,12 +34,11 @@ mod checks;
 use crate::error::{Error, Result};
 use crate::nn::{Module, Params};
 use aotgrad_autodiff::{build_joint_with_cuts, GradCuts, JointGraph};
-use aotgrad_functionalize::{functionalize, Functionalized, Options, TraceFacts};
+use aotgrad_functionalize::{eliminate_dead_code, functionalize, Functionalized, Options, TraceFacts};
 use aotgrad_ir::{Graph, Node, Op, Scalar, ValueId};
 use aotgrad_meta::{GraphSignature, InputSpec, InputSpecKind, OutputSpec, OutputSpecKind};
 use aotgrad_trace::{trace, NoGradGuard, ShapeEnv, Tensor, TraceConfig, Traced};
 use checks::{err, Roles};
-use std::collections::HashSet;
 
 const EXPORT_MODULE: &str = "aot_export_module";
 const EXPORT_SIMPLE: &str = "aot_export_joint_simple";
@@ -248,18 +247,5 @@ fn keep_outputs(mut g: Graph, head: usize, tail: &[usize]) -> Graph {
     let outs: Vec<ValueId> =
         g.outputs.iter().take(head).chain(tail.iter().filter_map(|&p| g.outputs.get(p))).copied().collect();
     g.outputs = outs;
-    let mut live: HashSet<ValueId> = g.outputs.iter().copied().collect();
-    let mut keep = vec![false; g.nodes.len()];
-    for (k, n) in g.nodes.iter().enumerate().rev() {
-        if live.contains(&n.out) {
-            keep[k] = true;
-            live.extend(n.args.iter().copied());
-        }
-    }
-    let mut k = 0;
-    g.nodes.retain(|_| {
-        k += 1;
-        keep[k - 1]
-    });
-    g
+    eliminate_dead_code(g)
 }

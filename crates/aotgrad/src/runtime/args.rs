@@ -1,11 +1,13 @@
 //! Arguments of a compiled function, and the call signature that selects a compiled
-//! entry: argument kinds, dtypes, requires-grad flags, the aliasing pattern between
-//! tensor arguments, and their metadata (matched against the traced, possibly
+//! entry: argument kinds, dtypes, requires-grad flags (with grad mode on, also
+//! leafness and a view's base's flags), the aliasing pattern between tensor arguments
+//! ([`alias_classes`]), and their metadata (matched against the traced, possibly
 //! symbolic, metadata, binding the symbols).
 
 use aotgrad_ir::{DType, Dim, SymId, TensorMeta};
 use aotgrad_trace::Tensor;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// One argument of a compiled function: a tensor or a plain value (specialized into
 /// the trace: a different value recompiles).
@@ -66,6 +68,8 @@ pub(crate) enum ArgSig {
         dtype: DType,
         rank: usize,
         requires_grad: bool,
+        /// With grad mode on: the autograd state tracing depends on (`None` under no-grad).
+        leafness: Option<Leafness>,
         /// The first argument that is the same tensor object (itself if none).
         same_object_as: usize,
         /// The first argument sharing its storage (itself if none).
@@ -77,6 +81,22 @@ pub(crate) enum ArgSig {
     None,
 }
 
+/// The autograd state of a tensor argument that a trace under grad mode depends on:
+/// eager refuses an in-place op on a leaf that requires grad, or on a view of one, so
+/// two calls that differ here may not share a compiled entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Leafness {
+    pub is_leaf: bool,
+    /// For a view: its base's `(is_leaf, requires_grad)`.
+    pub base: Option<(bool, bool)>,
+}
+
+impl Leafness {
+    fn of(t: &Tensor) -> Leafness {
+        Leafness { is_leaf: t.is_leaf(), base: t.base().map(|b| (b.is_leaf(), b.is_requires_grad())) }
+    }
+}
+
 /// The signature of one call.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct CallSig {
@@ -86,29 +106,62 @@ pub(crate) struct CallSig {
 
 impl CallSig {
     pub fn of(args: &[Arg]) -> CallSig {
-        let mut sigs = Vec::with_capacity(args.len());
-        for (i, a) in args.iter().enumerate() {
-            sigs.push(match a {
-                Arg::Tensor(t) => {
-                    let earlier = |pred: &dyn Fn(&Tensor) -> bool| {
-                        args[..i].iter().position(|b| b.tensor().is_some_and(pred)).unwrap_or(i)
-                    };
-                    ArgSig::Tensor {
-                        dtype: t.dtype(),
-                        rank: t.dim(),
-                        requires_grad: t.is_requires_grad(),
-                        same_object_as: earlier(&|b| b.same_object(t)),
-                        storage_class: earlier(&|b| b.shares_storage_with(t)),
-                    }
-                }
+        let grad_enabled = aotgrad_trace::is_grad_enabled();
+        let tensors: Vec<Option<&Tensor>> = args.iter().map(Arg::tensor).collect();
+        let classes = alias_classes(&tensors);
+        let sigs = args
+            .iter()
+            .zip(classes)
+            .map(|(a, (same_object_as, storage_class))| match a {
+                Arg::Tensor(t) => ArgSig::Tensor {
+                    dtype: t.dtype(),
+                    rank: t.dim(),
+                    requires_grad: t.is_requires_grad(),
+                    leafness: grad_enabled.then(|| Leafness::of(t)),
+                    same_object_as,
+                    storage_class,
+                },
                 Arg::Int(v) => ArgSig::Int(*v),
                 Arg::Float(v) => ArgSig::Float(v.to_bits()),
                 Arg::Bool(v) => ArgSig::Bool(*v),
                 Arg::None => ArgSig::None,
-            });
-        }
-        CallSig { args: sigs, grad_enabled: aotgrad_trace::is_grad_enabled() }
+            })
+            .collect();
+        CallSig { args: sigs, grad_enabled }
     }
+}
+
+/// For each position of `tensors`: the first position holding the same tensor object,
+/// and the first whose tensor shares its storage (the position itself when none;
+/// also for `None`). Eager tensors are grouped by storage pointer in one pass (a tensor
+/// object is only compared with the tensors of its own storage); fake tensors, which
+/// have no storage of their own, are compared pairwise.
+pub(crate) fn alias_classes(tensors: &[Option<&Tensor>]) -> Vec<(usize, usize)> {
+    let mut by_storage: HashMap<*const aotgrad_cpu::Storage, Vec<usize>> = HashMap::new();
+    let mut fakes: Vec<usize> = Vec::new();
+    let mut out = Vec::with_capacity(tensors.len());
+    for (i, t) in tensors.iter().enumerate() {
+        let Some(t) = t else {
+            out.push((i, i));
+            continue;
+        };
+        let members = match t.to_cpu() {
+            Ok(cpu) => by_storage.entry(Arc::as_ptr(&cpu.storage)).or_default(),
+            Err(_) => {
+                let same = fakes.iter().copied().filter(|&j| tensors[j].is_some_and(|u| u.shares_storage_with(t)));
+                let first = same.clone().next().unwrap_or(i);
+                let object = same.clone().find(|&j| tensors[j].is_some_and(|u| u.same_object(t))).unwrap_or(i);
+                fakes.push(i);
+                out.push((object, first));
+                continue;
+            }
+        };
+        let first = members.first().copied().unwrap_or(i);
+        let object = members.iter().copied().find(|&j| tensors[j].is_some_and(|u| u.same_object(t))).unwrap_or(i);
+        members.push(i);
+        out.push((object, first));
+    }
+    out
 }
 
 /// Bind the symbols of traced metadata `traced` from concrete metadata `real`; `false`
@@ -138,4 +191,31 @@ pub(crate) fn bind(traced: &TensorMeta, real: &TensorMeta, env: &mut HashMap<Sym
         }
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aotgrad_ir::DType;
+
+    #[test]
+    fn alias_classes_group_objects_and_storages() {
+        let a = Tensor::zeros(&[4], DType::F32).expect("zeros");
+        let a_view = a.view(&[2, 2]).expect("view");
+        let b = Tensor::zeros(&[4], DType::F32).expect("zeros");
+        let tensors = [Some(&a), None, Some(&b), Some(&a_view), Some(&a), Some(&b)];
+        // (same object as, storage class): `None` and first occurrences are themselves.
+        assert_eq!(alias_classes(&tensors), vec![(0, 0), (1, 1), (2, 2), (3, 0), (0, 0), (2, 2)]);
+    }
+
+    #[test]
+    fn call_sig_records_leafness_only_with_grad_on() {
+        let leaf = Tensor::zeros(&[3], DType::F32).expect("zeros").requires_grad(true).expect("float");
+        let view = leaf.view(&[3]).expect("view");
+        let sig = CallSig::of(&[Arg::from(&view)]);
+        let want = Leafness { is_leaf: false, base: Some((true, true)) };
+        assert!(matches!(sig.args[0], ArgSig::Tensor { leafness: Some(l), .. } if l == want), "{sig:?}");
+        let sig = aotgrad_trace::no_grad(|| CallSig::of(&[Arg::from(&view)]));
+        assert!(matches!(sig.args[0], ArgSig::Tensor { leafness: None, .. }), "{sig:?}");
+    }
 }

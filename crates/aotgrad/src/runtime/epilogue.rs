@@ -20,8 +20,8 @@ fn view_of(base: &Tensor, meta: &TensorMeta) -> Result<Tensor> {
 }
 
 /// Run the inference graph of `entry` on the call's arguments, then the epilogue.
-pub(crate) fn run(entry: &Entry, args: &[Arg], env: &Bindings) -> Result<Vec<Tensor>> {
-    let inputs = graph_inputs(entry, args)?;
+pub(crate) fn run(name: &str, entry: &Entry, args: &[Arg], env: &Bindings) -> Result<Vec<Tensor>> {
+    let inputs = graph_inputs(name, entry, args)?;
     let outs = {
         let _span = tracing::debug_span!("run_graph").entered();
         let compiled =

@@ -19,10 +19,11 @@ use crate::config::AotConfig;
 use crate::error::{Error, Result};
 use aotgrad_cpu::CpuTensor;
 use aotgrad_functionalize::{functionalize, Functionalized, Options, TraceFacts};
-use aotgrad_ir::{CompiledGraph, Dim, Graph, SymId, TensorMeta, ValueId};
+use aotgrad_ir::{CompiledGraph, Graph, SymId, TensorMeta, ValueId};
 use aotgrad_meta::ArgSlot;
 use aotgrad_trace::{trace, ShapeEnv, Tensor, TraceConfig, Traced};
-use args::{bind, CallSig};
+use args::bind;
+pub(crate) use args::{alias_classes, ArgSig, CallSig, Leafness};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -41,6 +42,9 @@ pub(crate) struct Entry {
     sig: CallSig,
     /// Traced input `k` is user argument `traced_args[k]`.
     traced_args: Vec<usize>,
+    /// The traced input of each user argument (`None` for non-tensors; an argument
+    /// passed twice maps to one traced input). Valid for every call matching `sig`.
+    slot_of_arg: Vec<Option<usize>>,
     traced: Traced,
     fz: Functionalized,
     /// The inference graph's artifact (inference entries).
@@ -91,7 +95,7 @@ impl AotFunction {
         if entry.training.is_some() {
             return Ok(self.run_training(&entry, args, env)?.0);
         }
-        epilogue::run(&entry, args, &env)
+        epilogue::run(&self.config.name, &entry, args, &env)
     }
 
     /// Run the compiled forward of the training path; the returned
@@ -206,19 +210,19 @@ impl AotFunction {
 
     fn compile(&self, sig: CallSig, args: &[Arg]) -> Result<Entry> {
         let _span = tracing::debug_span!("aot_compile", name = %self.config.name).entered();
-        // Dedupe: one traced input per distinct tensor object.
+        // Dedupe: one traced input per distinct tensor object (the signature names,
+        // for each argument, the first argument that is the same object).
         let mut traced_args: Vec<usize> = Vec::new();
         let mut slot_of_arg: Vec<Option<usize>> = Vec::with_capacity(args.len());
-        for (i, a) in args.iter().enumerate() {
-            slot_of_arg.push(a.tensor().map(|t| {
-                match traced_args.iter().position(|&j| args[j].tensor().is_some_and(|u| u.same_object(t))) {
-                    Some(k) => k,
-                    None => {
-                        traced_args.push(i);
-                        traced_args.len() - 1
-                    }
+        for (i, a) in sig.args.iter().enumerate() {
+            slot_of_arg.push(match *a {
+                ArgSig::Tensor { same_object_as, .. } if same_object_as == i => {
+                    traced_args.push(i);
+                    Some(traced_args.len() - 1)
                 }
-            }));
+                ArgSig::Tensor { same_object_as, .. } => slot_of_arg.get(same_object_as).copied().flatten(),
+                _ => None,
+            });
         }
         let examples: Vec<Tensor> = traced_args.iter().filter_map(|&i| args[i].tensor().cloned()).collect();
         let mut dynamic = Vec::new();
@@ -239,11 +243,12 @@ impl AotFunction {
         };
         let f = self.f.clone();
         let consts: Vec<Arg> = args.to_vec();
+        let slots = slot_of_arg.clone();
         let traced = trace(
             move |fakes: &[Tensor]| {
                 let call: Vec<Arg> = consts
                     .iter()
-                    .zip(&slot_of_arg)
+                    .zip(&slots)
                     .map(|(a, slot)| match slot {
                         Some(k) => Arg::Tensor(fakes[*k].clone()),
                         None => a.clone(),
@@ -254,6 +259,7 @@ impl AotFunction {
             &examples,
             &tc,
         )?;
+        tracing::debug!(target: "aotgrad::trace", "traced graph:\n{}", aotgrad_ir::text::print_graph(&traced.graph));
         let value_rg = traced.value_requires_grad.clone();
         // Autograd sees nothing of a trace run under no-grad (inputs included).
         let grad_on = sig.grad_enabled;
@@ -281,7 +287,7 @@ impl AotFunction {
         } else {
             (Some(self.config.backend.compile(&fz.graph)?), None)
         };
-        Ok(Entry { sig, traced_args, traced, fz, compiled, training })
+        Ok(Entry { sig, traced_args, slot_of_arg, traced, fz, compiled, training })
     }
 }
 
@@ -318,8 +324,33 @@ pub(crate) fn traced_input<'a>(entry: &Entry, args: &'a [Arg], k: usize) -> Resu
         .ok_or_else(|| Error::Internal(format!("traced input {k} has no tensor argument")))
 }
 
+/// Every synthetic base covers storage elements the traced call reached: this call's
+/// storages must hold them too (eager would fail reading them). Checked before
+/// anything is drawn from the random generator or run.
+fn check_bases_fit(name: &str, entry: &Entry, args: &[Arg]) -> Result<()> {
+    for b in &entry.fz.convention.bases {
+        let Some(&k) = b.members.first() else { continue };
+        let storage_len = traced_input(entry, args, k)?.to_cpu()?.storage.len();
+        if b.offset.checked_add(b.len).is_none_or(|end| end > storage_len) {
+            let arg = entry.traced_args.get(k).map_or_else(|| format!("traced input {k}"), |i| format!("argument {i}"));
+            return Err(Error::Call {
+                name: name.to_string(),
+                msg: format!(
+                    "{arg}: the compiled function reads storage elements {}..{} of its storage (it views them with \
+                     as_strided, or through an argument aliasing it), but this call's storage has only {storage_len} \
+                     elements",
+                    b.offset,
+                    b.offset.saturating_add(b.len)
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Build the graph inputs from the caller's tensors (synthetic bases as 1-D views).
-pub(crate) fn graph_inputs(entry: &Entry, args: &[Arg]) -> Result<Vec<CpuTensor>> {
+pub(crate) fn graph_inputs(name: &str, entry: &Entry, args: &[Arg]) -> Result<Vec<CpuTensor>> {
+    check_bases_fit(name, entry, args)?;
     let conv = &entry.fz.convention;
     let mut inputs: Vec<Option<CpuTensor>> = vec![None; conv.num_graph_inputs];
     // The generator state for this call (the graph draws from it; see `aotgrad_trace::rng`).
@@ -338,16 +369,9 @@ pub(crate) fn graph_inputs(entry: &Entry, args: &[Arg]) -> Result<Vec<CpuTensor>
             ArgSlot::ViewOfBase { base } => {
                 let b = &conv.bases[*base];
                 if inputs[b.input].is_none() {
-                    let meta = TensorMeta {
-                        shape: vec![Dim::from(b.len)],
-                        strides: vec![Dim::Const(1)],
-                        offset: Dim::from(b.offset),
-                        dtype: t.meta.dtype,
-                    };
-                    inputs[b.input] = Some(CpuTensor { storage: t.storage.clone(), meta });
+                    inputs[b.input] = Some(CpuTensor { storage: t.storage.clone(), meta: b.meta(t.meta.dtype) });
                 }
             }
-            ArgSlot::Duplicate(_) | ArgSlot::Constant => {}
         }
     }
     inputs

@@ -110,7 +110,10 @@ pub fn agree(
     let (eager_in, comp_in) = (inputs(), inputs());
     let (eager_out, comp_out) = match (f(&eager_in), compiled.call_args(&comp_in)) {
         (Ok(e), Ok(c)) => (e, c),
-        (Err(e), Err(c)) => return Ok(Some(Outcome::BothFailed { eager: e.to_string(), compiled: c.to_string() })),
+        (Err(e), Err(c)) => {
+            rejects_like_eager(&e, &c)?;
+            return Ok(Some(Outcome::BothFailed { eager: e.to_string(), compiled: c.to_string() }));
+        }
         (Err(e), Ok(_)) => return Err(format!("eager fails ({e}) but the compiled function succeeds")),
         (Ok(_), Err(e)) => {
             let graph = compiled.functionalized().last().map(describe).unwrap_or_default();
@@ -122,6 +125,21 @@ pub fn agree(
         mutate_outputs(&eager_in, &eager_out, &comp_in, &comp_out)?;
     }
     Ok(None)
+}
+
+/// When both worlds reject a call, the compiled function must reject it as a user
+/// error, not a failed internal invariant, and name the op eager names.
+pub fn rejects_like_eager(eager: &aotgrad::trace::Error, compiled: &aotgrad::Error) -> Result<(), String> {
+    let text = compiled.to_string();
+    if matches!(compiled, aotgrad::Error::Internal(_)) || text.contains("internal error") {
+        return Err(format!("eager rejects the call ({eager}), and the compiled function fails with a bug: {text}"));
+    }
+    if let Some(op) = eager.op() {
+        if !text.contains(op) {
+            return Err(format!("eager rejects the call in `{op}` ({eager}), the compiled function elsewhere: {text}"));
+        }
+    }
+    Ok(())
 }
 
 /// The observable state of one tensor.
@@ -315,9 +333,7 @@ pub fn describe(fz: &Functionalized) -> String {
         .iter()
         .map(|a| match a {
             ArgSlot::Input(g) => format!("input {g}"),
-            ArgSlot::Duplicate(k) => format!("duplicate of {k}"),
             ArgSlot::ViewOfBase { base } => format!("view of base {base}"),
-            ArgSlot::Constant => "constant".into(),
         })
         .collect();
     let _ = writeln!(s, "convention: [{}]", slots.join(", "));

@@ -377,3 +377,48 @@ fn scalar_loss_seeded_by_ones() {
         }
     }
 }
+
+/// One input that gets a synthetic base of its own: `as_strided` of a transposed
+/// (not row-major) input reads the storage in its own order. Its gradient is the base
+/// graph input's, read back at the input's storage positions (it used to be taken from
+/// a graph input of its own, which it does not have: zeros).
+#[test]
+fn single_input_with_a_synthetic_base() {
+    let c = check(
+        |a: &[Arg]| {
+            let x = tensor(&a[0])?;
+            Ok(vec![x.as_strided(&[6], &[1], 0)?.exp()?.sum_all()?])
+        },
+        || vec![nonleaf(&[3, 2], 1).t().expect("t").into()],
+        AotConfig::default(),
+    );
+    // d/dx (g * sum(exp(storage))) = g * exp(x), element by element.
+    let g = vals(&c.out_grads[0])[0];
+    let x = nonleaf(&[3, 2], 1).t().expect("t");
+    let want: Vec<f64> = vals(&x).iter().map(|v| g * v.exp()).collect();
+    let got = vals(c.grads[0].as_ref().expect("grad"));
+    assert!(got.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-12), "{got:?} vs {want:?}");
+    assert_eq!(c.compiled.functionalized()[0].convention.bases.len(), 1, "the input has a synthetic base");
+}
+
+/// One input whose `as_strided` view reaches outside it (the input is a narrow slice of
+/// a larger storage): a synthetic base covers the reached elements, and the input gets
+/// the gradient of its own elements only.
+#[test]
+fn single_input_whose_as_strided_reaches_outside_it() {
+    let c = check(
+        |a: &[Arg]| {
+            let x = tensor(&a[0])?;
+            Ok(vec![x.as_strided(&[4], &[1], 1)?.mul(&x.as_strided(&[4], &[1], 0)?)?.sum_all()?])
+        },
+        || vec![nonleaf(&[6], 2).narrow(0, 1, 2).expect("narrow").into()],
+        AotConfig::default(),
+    );
+    // L = g * sum_i s[i+1] s[i] for i < 4 over storage s; x = s[1..3]:
+    // dL/ds[1] = g (s[2] + s[0]), dL/ds[2] = g (s[3] + s[1]).
+    let (g, s) = (vals(&c.out_grads[0])[0], vals(&nonleaf(&[6], 2)));
+    let want = [g * (s[2] + s[0]), g * (s[3] + s[1])];
+    let got = vals(c.grads[0].as_ref().expect("grad"));
+    assert!(got.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-12), "{got:?} vs {want:?}");
+    assert_eq!(c.compiled.functionalized()[0].convention.bases.len(), 1, "the input has a synthetic base");
+}

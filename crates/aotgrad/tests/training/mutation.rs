@@ -377,3 +377,30 @@ fn keep_inference_input_mutations_does_not_apply_to_training() {
     );
     assert!(c.text.contains("return (%5, %6)"), "{}", c.text);
 }
+
+/// A view argument written with a value that requires grad: in eager its base (here a
+/// leaf that does not require grad) then requires grad and is no longer a leaf; the
+/// compiled forward leaves the base the same way (it used to mark only the view).
+#[test]
+fn writing_a_view_marks_its_base_as_requiring_grad() {
+    let f = |a: &[Arg]| {
+        let (v, w) = (tensor(&a[0])?, tensor(&a[1])?);
+        v.mul_(w)?;
+        Ok(vec![v.sum_all()?])
+    };
+    let inputs = || {
+        let base = data(&[2, 3], 1);
+        let v = base.slice(1, Some(0), Some(2), 1).expect("slice");
+        (base, vec![Arg::from(v), leaf(&[2, 2], 2).into()])
+    };
+    let (eager_base, eager_args) = inputs();
+    f(&eager_args).expect("eager");
+    assert!(eager_base.is_requires_grad() && !eager_base.is_leaf(), "eager marks the base");
+    let c = aotgrad::aot_function_args(f, AotConfig::default()).expect("compile");
+    let (base, args) = inputs();
+    c.forward_args(&args).expect("compiled forward");
+    assert_eq!((base.is_requires_grad(), base.is_leaf()), (true, false), "compiled marks the base as eager does");
+    let v = tensor(&args[0]).expect("tensor");
+    assert_eq!((v.is_requires_grad(), v.is_leaf()), (true, false));
+    assert_eq!(vals(&base), vals(&eager_base));
+}

@@ -8,11 +8,11 @@
 //! through storage positions, summing where the view names an element twice
 //! ([`storage_scatter`]).
 
-use super::super::{concrete, Arg, Bindings, Entry};
+use super::super::{alias_classes, concrete, Arg, Bindings, Entry};
 use crate::error::{Error, Result};
 use aotgrad_cpu::CpuTensor;
-use aotgrad_ir::{Dim, TensorMeta};
-use aotgrad_meta::{ArgSlot, OutputKind};
+use aotgrad_ir::TensorMeta;
+use aotgrad_meta::{ArgSlot, Layout, OutputKind};
 use aotgrad_trace::{NoGradGuard, Tensor};
 use std::sync::{Arc, Mutex};
 
@@ -22,9 +22,9 @@ pub struct PendingBackward {
     pub(crate) name: String,
     pub(crate) entry: Arc<Entry>,
     pub(crate) saved: Vec<CpuTensor>,
-    /// Saved values that view the caller's storage, with the storage version they
-    /// must still have when the backward runs.
-    pub(crate) versions: Vec<(usize, u64)>,
+    /// The storage version of each saved value at the end of the forward call: it
+    /// must be unchanged when the backward runs.
+    pub(crate) versions: Vec<u64>,
     pub(crate) args: Vec<Arg>,
     /// Caller input metadata at call time (before metadata mutations), per traced input.
     pub(crate) input_metas: Vec<TensorMeta>,
@@ -59,16 +59,6 @@ fn positions(m: &TensorMeta) -> Vec<usize> {
         out.push(pos);
     }
     out
-}
-
-/// Whether a concrete layout names some storage element twice.
-fn has_repeats(m: &TensorMeta) -> bool {
-    if m.is_contiguous() {
-        return false;
-    }
-    let mut p = positions(m);
-    p.sort_unstable();
-    p.windows(2).any(|w| w[0] == w[1])
 }
 
 /// Move gradient `g`, laid out as view `view` of a storage, to layout `target` of the
@@ -123,12 +113,12 @@ impl PendingBackward {
                 self.call_error("backward was already run for this forward call (saved values are freed)".into())
             );
         }
-        for &(i, v) in &self.versions {
-            if self.saved[i].storage.version() != v {
+        for (s, &v) in self.saved.iter().zip(&self.versions) {
+            if s.storage.version() != v {
                 return Err(self.call_error(format!(
-                    "backward: a value saved for it ({}) was modified by an in-place operation after the forward \
-                     (an argument's storage was written)",
-                    self.saved[i].meta
+                    "backward: one of the values saved for it ({}) has been modified by an inplace operation after \
+                     the forward (an argument or an output sharing its storage was written)",
+                    s.meta
                 )));
             }
         }
@@ -230,11 +220,13 @@ impl PendingBackward {
     }
 
     /// The gradient of each traced input that requires grad: that of the storage
-    /// elements it views. An input alone in its storage (repeating no element) gets
-    /// its graph input's gradient plus `extra[k]` (gradients of outputs aliasing it and
-    /// of its new value after a metadata mutation); inputs sharing a storage (or
-    /// repeating elements) get the sum of every contribution to each storage element,
-    /// so aliasing arguments see one consistent gradient, as a synthetic base does.
+    /// elements it views. An input alone in its storage that is its own graph input
+    /// (repeating no element) gets that graph input's gradient plus `extra[k]`
+    /// (gradients of outputs aliasing it and of its new value after a metadata
+    /// mutation); inputs sharing a storage, repeating elements, or merged into a
+    /// synthetic base (even alone) get the sum of every contribution to each storage
+    /// element, so aliasing arguments see one consistent gradient, as a synthetic base
+    /// does.
     fn input_grads(
         &self,
         by_graph_input: &[Option<Tensor>],
@@ -247,26 +239,25 @@ impl PendingBackward {
         let caller: Vec<Option<&Tensor>> =
             (0..n).map(|k| entry.traced_args.get(k).and_then(|&i| self.args.get(i)).and_then(Arg::tensor)).collect();
         // Storage classes (the first member stands for its class).
-        let mut class_of: Vec<usize> = (0..n).collect();
-        for k in 0..n {
-            if let Some(t) = caller[k] {
-                if let Some(j) = (0..k).find(|&j| caller[j].is_some_and(|u| u.shares_storage_with(t))) {
-                    class_of[k] = class_of[j];
-                }
-            }
+        let mut classes: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for (k, (_, class)) in alias_classes(&caller).into_iter().enumerate() {
+            classes[class].push(k);
         }
         let mut out: Vec<Option<Tensor>> = vec![None; n];
-        for c in 0..n {
-            let members: Vec<usize> = (0..n).filter(|&k| class_of[k] == c).collect();
+        for members in &classes {
             if members.is_empty() || !members.iter().any(|&k| meta.inputs[k].requires_grad) {
                 continue;
             }
-            if let [k] = members[..] {
-                if !has_repeats(&self.input_metas[k]) {
-                    let mut g = match conv.args[k] {
-                        ArgSlot::Input(g) => by_graph_input[g].clone(),
-                        _ => None,
-                    };
+            // Fast path: one input, alone in its storage, that is its own graph input
+            // (not a member of a synthetic base) and names no element twice.
+            if let &[k] = members.as_slice() {
+                let own_input = match conv.args[k] {
+                    ArgSlot::Input(g) => Some(g),
+                    ArgSlot::ViewOfBase { .. } => None,
+                };
+                let distinct = Layout::of(&self.input_metas[k]).is_some_and(|l| !l.may_repeat());
+                if let (Some(g), true) = (own_input, distinct) {
+                    let mut g = by_graph_input[g].clone();
                     if let Some(e) = extra[k].take() {
                         add(&mut g, e)?;
                     }
@@ -288,7 +279,7 @@ impl PendingBackward {
                 Ok(())
             };
             let mut bases_seen: Vec<usize> = Vec::new();
-            for &k in &members {
+            for &k in members {
                 match conv.args[k] {
                     ArgSlot::Input(g) => {
                         if let Some(gr) = &by_graph_input[g] {
@@ -299,22 +290,16 @@ impl PendingBackward {
                         bases_seen.push(base);
                         let b = &conv.bases[base];
                         if let Some(gr) = &by_graph_input[b.input] {
-                            let bm = TensorMeta {
-                                shape: vec![Dim::from(b.len)],
-                                strides: vec![Dim::Const(1)],
-                                offset: Dim::from(b.offset),
-                                dtype: gr.dtype(),
-                            };
-                            scatter(gr, &bm)?;
+                            scatter(gr, &b.meta(gr.dtype()))?;
                         }
                     }
-                    _ => {}
+                    ArgSlot::ViewOfBase { .. } => {}
                 }
                 if let Some(e) = extra[k].take() {
                     scatter(&e, &self.input_metas[k])?;
                 }
             }
-            for &k in &members {
+            for &k in members {
                 if meta.inputs[k].requires_grad {
                     let m = &self.input_metas[k];
                     let vals: Vec<f64> = positions(m).iter().map(|p| image.get(p).copied().unwrap_or(0.0)).collect();
@@ -327,8 +312,7 @@ impl PendingBackward {
 
     /// The traced input that argument `i` is (duplicates map to the first occurrence).
     fn traced_index(&self, i: usize) -> Option<usize> {
-        let t = self.args.get(i)?.tensor()?;
-        self.entry.traced_args.iter().position(|&j| self.args[j].tensor().is_some_and(|u| u.same_object(t)))
+        self.entry.slot_of_arg.get(i).copied().flatten()
     }
 
     /// Route the gradient `h` of argument `arg`'s value after the call (see
@@ -367,7 +351,6 @@ impl PendingBackward {
         let data_mutated = match conv.args[k] {
             ArgSlot::Input(g) => meta.mutated_inputs.contains(&g),
             ArgSlot::ViewOfBase { base } => meta.mutated_inputs.contains(&conv.bases[base].input),
-            _ => false,
         };
         if !data_mutated && !info.mutates_metadata {
             return Err(self.call_error(format!(
@@ -395,15 +378,8 @@ impl PendingBackward {
             ArgSlot::Input(g) => (g, self.input_metas[k].clone()),
             ArgSlot::ViewOfBase { base } => {
                 let b = &conv.bases[base];
-                let m = TensorMeta {
-                    shape: vec![Dim::from(b.len)],
-                    strides: vec![Dim::Const(1)],
-                    offset: Dim::from(b.offset),
-                    dtype: view.dtype,
-                };
-                (b.input, m)
+                (b.input, b.meta(view.dtype))
             }
-            _ => return Err(Error::Internal(format!("traced input {k} has no graph input"))),
         };
         match meta.mutated_inputs.iter().position(|&m| m == graph_input) {
             Some(p) => add(&mut acc_mut[p], storage_scatter(g, view, &target)?),

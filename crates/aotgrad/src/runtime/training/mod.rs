@@ -64,7 +64,6 @@ fn members_of(fz: &aotgrad_functionalize::Functionalized, g: usize) -> impl Iter
         let here = match slot {
             ArgSlot::Input(i) => *i == g,
             ArgSlot::ViewOfBase { base } => conv.bases[*base].input == g,
-            _ => false,
         };
         here.then_some(k)
     })
@@ -124,7 +123,13 @@ pub(crate) fn compile_training(
             }
         }
     };
-    tracing::debug!(target: "aotgrad::partition", "{}", part.report);
+    tracing::debug!(
+        target: "aotgrad::partition",
+        "forward graph:\n{}backward graph:\n{}{}",
+        aotgrad_ir::text::print_graph(&part.forward),
+        aotgrad_ir::text::print_graph(&part.backward),
+        part.report
+    );
     let fw = backend.compile(&part.forward)?;
     let bw = backend.compile(&part.backward)?;
     Ok(TrainingParts { joint, part, fw, bw })
@@ -139,7 +144,7 @@ pub(crate) fn run_forward(
     env: Bindings,
 ) -> Result<(Vec<Tensor>, PendingBackward)> {
     let parts = entry.training.as_ref().ok_or_else(|| Error::Internal("not a training entry".into()))?;
-    let inputs = graph_inputs(entry, args)?;
+    let inputs = graph_inputs(name, entry, args)?;
     let input_metas =
         (0..entry.fz.convention.args.len()).map(|k| traced_input_meta(entry, args, k)).collect::<Result<_>>()?;
     let outs = {
@@ -170,14 +175,11 @@ pub(crate) fn run_forward(
     }
     let results = epilogue::apply(entry, args, &env, &inputs, &outs[..n])?;
     mark_grad_flags(entry, args, &results)?;
-    // Saved values still viewing the caller's storage must not change before the
-    // backward (PyTorch's "modified by an inplace operation" check).
-    let versions = saved
-        .iter()
-        .enumerate()
-        .filter(|(_, s)| inputs.iter().any(|i| i.same_storage(s)))
-        .map(|(i, s)| (i, s.storage.version()))
-        .collect();
+    // No saved value may change before the backward (PyTorch's "modified by an inplace
+    // operation" check): those viewing the caller's storage, or the storage of an
+    // output (which the caller may write in place), are caught by their storage's
+    // version; the others have private storage, whose version never moves.
+    let versions = saved.iter().map(|s| s.storage.version()).collect();
     let pending = PendingBackward {
         name: name.to_string(),
         entry: entry.clone(),
@@ -195,7 +197,8 @@ pub(crate) fn run_forward(
 /// Autograd flags after a compiled forward, as eager leaves them: every output that
 /// requires grad is a non-leaf requiring grad (an output that *is* an input keeps the
 /// input's flags), and so is every input whose data the call changed with a value
-/// that requires grad (a mutation autograd sees).
+/// that requires grad (a mutation autograd sees), and the base of such an input when
+/// it is a view.
 pub(crate) fn mark_grad_flags(entry: &Entry, args: &[Arg], results: &[Tensor]) -> Result<()> {
     let meta = &entry.fz.meta;
     for (t, info) in results.iter().zip(&meta.outputs) {
@@ -206,8 +209,16 @@ pub(crate) fn mark_grad_flags(entry: &Entry, args: &[Arg], results: &[Tensor]) -
     }
     for (k, info) in meta.inputs.iter().enumerate().take(entry.traced_args.len()) {
         let t = traced_input(entry, args, k)?;
-        if info.mutates_data && !info.mutations_hidden_from_autograd && t.dtype().is_float() && !t.is_requires_grad() {
+        if !info.mutates_data || info.mutations_hidden_from_autograd || !t.dtype().is_float() {
+            continue;
+        }
+        if !t.is_requires_grad() {
             t.mark_differentiable_result()?;
+        }
+        // As eager dispatch does: the base of a view written with a value that
+        // requires grad requires grad too.
+        if let Some(b) = t.base().filter(|b| b.dtype().is_float() && !b.is_requires_grad()) {
+            b.mark_differentiable_result()?;
         }
     }
     Ok(())
