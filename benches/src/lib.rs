@@ -49,6 +49,17 @@ pub fn transformer() -> Result<Workload> {
     })
 }
 
+/// A deep, narrow MLP (`layers` × (Linear 8→8 + GELU), batch 4): about 8 traced
+/// nodes per layer, for measuring how compile time scales with graph size.
+pub fn deep_mlp(layers: usize) -> Result<Workload> {
+    Ok(Workload {
+        name: "deep-mlp",
+        module: Arc::new(Mlp::new(&vec![8; layers + 1], DType::F32, 0)?),
+        input: Tensor::randn(&[4, 8], DType::F32, 1)?,
+        pytorch_saved_bytes: 0,
+    })
+}
+
 /// The graph inputs of a workload: parameters (requiring grad), then the input.
 pub fn example_inputs(w: &Workload) -> Vec<Tensor> {
     let mut v: Vec<Tensor> = w.module.store().params().iter().map(|(_, t)| t.clone()).collect();

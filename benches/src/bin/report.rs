@@ -62,5 +62,42 @@ fn main() -> Result<()> {
         stage("pipeline (no simplify)", median_ms(runs, || pipeline(&w, false).map(drop))?);
         stage("pipeline", median_ms(runs, || pipeline(&w, true).map(drop))?);
     }
+    // Scaling: per-stage times against graph size (one run each: these are large).
+    println!("== scaling (deep narrow MLP, one run per size) ==");
+    for layers in [100usize, 1000, 4000] {
+        let w = deep_mlp(layers)?;
+        let time = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
+            let t = Instant::now();
+            f()?;
+            Ok(t.elapsed().as_secs_f64() * 1e3)
+        };
+        let mut t = None;
+        let tt = time(&mut || {
+            t = Some(trace_stage(&w)?);
+            Ok(())
+        })?;
+        let t = t.ok_or_else(|| anyhow::anyhow!("no trace"))?;
+        let mut f = None;
+        let tf = time(&mut || {
+            f = Some(functionalize_stage(&t)?);
+            Ok(())
+        })?;
+        let f = f.ok_or_else(|| anyhow::anyhow!("no functional graph"))?;
+        let mut j = None;
+        let tj = time(&mut || {
+            j = Some(joint_stage(&t, &f)?);
+            Ok(())
+        })?;
+        let j = j.ok_or_else(|| anyhow::anyhow!("no joint"))?;
+        let ts = time(&mut || simplify_stage(&j).map(drop))?;
+        let td = time(&mut || default_stage(&j).map(drop))?;
+        let tm = time(&mut || mincut_stage(&j, 1.0).map(drop))?;
+        println!(
+            "  {layers:>5} layers: {:>6} traced / {:>6} joint nodes | trace {tt:.1} ms, functionalize {tf:.1} ms, \
+             joint {tj:.1} ms, simplify {ts:.1} ms, default {td:.1} ms, min-cut {tm:.1} ms",
+            t.graph.nodes.len(),
+            j.graph.nodes.len()
+        );
+    }
     Ok(())
 }

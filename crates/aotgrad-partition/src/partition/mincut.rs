@@ -18,7 +18,10 @@
 //!   live backward node, or a gradient output).
 //!
 //! A minimum cut (max flow by Edmonds–Karp, `pathfinding`) crosses only `v_in → v_out`
-//! edges; those `v` are saved.
+//! edges; those `v` are saved. Since `source → v_in` is infinite for primals and banned
+//! nodes, their `v_in` is contracted into the source (their edges in vanish), which
+//! splits the network at every such node; each connected component is solved on its
+//! own (see `cut_by_component`), so a deep network costs near-linear time.
 //!
 //! Two reductions keep the network small without changing the cut: only values both
 //! reachable from a source-connected value and leading to a used value are included
@@ -123,31 +126,97 @@ pub(crate) fn min_cut(info: &JointInfo<'_>) -> Result<Vec<usize>> {
             saved.insert(s);
             edges.push(((source, vout(s)), INF));
         } else {
-            vertices.push(vin(s));
-            edges.push(((vin(s), vout(s)), cap(s)));
             if pinned(s) {
-                edges.push(((source, vin(s)), INF));
+                // `source -> v_in` is infinite, so `v_in` is always on the source side:
+                // contract it into the source (exact), which also drops the edges into
+                // it and splits the network into independent components at every
+                // primal and banned node.
+                edges.push(((source, vout(s)), cap(s)));
+            } else {
+                vertices.push(vin(s));
+                edges.push(((vin(s), vout(s)), cap(s)));
             }
             if used[s] {
                 edges.push(((vout(s), sink), INF));
                 finite_bound = finite_bound.saturating_add(cap(s));
             }
         }
-        for &u in users[s].iter().filter(|&&u| relevant(u) && !forced(u)) {
+        for &u in users[s].iter().filter(|&&u| relevant(u) && !forced(u) && !pinned(u)) {
             edges.push(((vout(s), vin(u)), INF));
         }
     }
     if finite_bound >= INF {
         return Err(PartitionError::Unsupported("saved values too large for the min-cut network".into()));
     }
-    let (_flows, _value, cut) = edmonds_karp_sparse(&vertices, &source, &sink, edges);
-    for ((a, b), _) in cut {
-        if a < 2 || b != a + 1 || a % 2 != 0 {
+    for ((a, b), _) in cut_by_component(&vertices, source, sink, edges) {
+        // A cut edge is `v_in -> v_out`, or `source -> v_out` for a contracted `v_in`.
+        let inner = a >= 2 && a % 2 == 0 && b == a + 1;
+        let contracted = a == source && b >= 3 && b % 2 == 1 && pinned((b - 3) / 2);
+        if !inner && !contracted {
             return Err(PartitionError::Internal(format!("min cut crosses an infinite edge ({a} -> {b})")));
         }
-        saved.insert((a - 2) / 2);
+        saved.insert((b - 3) / 2);
     }
     Ok(saved.into_iter().collect())
+}
+
+/// A minimum `source`–`sink` cut, computed per connected component of the network
+/// without `source` and `sink`. Flow paths never cross components (every path leaves
+/// the source, stays in one component, and enters the sink), so the max flow is the
+/// sum of the components' and the union of their min cuts is a min cut. Solving each
+/// component on its own keeps Edmonds–Karp's breadth-first searches local: on a deep
+/// network of many small components this turns a quadratic solve into a near-linear one.
+fn cut_by_component(
+    vertices: &[usize],
+    source: usize,
+    sink: usize,
+    edges: Vec<((usize, usize), i64)>,
+) -> Vec<((usize, usize), i64)> {
+    let size = vertices.iter().copied().max().map_or(0, |m| m + 1);
+    let mut parent: Vec<usize> = (0..size).collect();
+    fn find(parent: &mut [usize], mut x: usize) -> usize {
+        while parent[x] != x {
+            parent[x] = parent[parent[x]];
+            x = parent[x];
+        }
+        x
+    }
+    let terminal = |v: usize| v == source || v == sink;
+    for &((a, b), _) in &edges {
+        if !terminal(a) && !terminal(b) {
+            let (ra, rb) = (find(&mut parent, a), find(&mut parent, b));
+            if ra != rb {
+                parent[ra] = rb;
+            }
+        }
+    }
+    // Group edges by the component of their non-terminal end.
+    let mut groups: std::collections::HashMap<usize, Vec<((usize, usize), i64)>> = std::collections::HashMap::new();
+    for e in edges {
+        let ((a, b), _) = e;
+        let v = if terminal(a) { b } else { a };
+        if terminal(v) {
+            continue; // a source -> sink edge cannot occur (both ends finite-capacity free)
+        }
+        groups.entry(find(&mut parent, v)).or_default().push(e);
+    }
+    let mut roots: Vec<usize> = groups.keys().copied().collect();
+    roots.sort_unstable();
+    let mut cut = Vec::new();
+    for r in roots {
+        let group = groups.remove(&r).unwrap_or_default();
+        let touches = |t: usize| group.iter().any(|((a, b), _)| *a == t || *b == t);
+        if !touches(source) || !touches(sink) {
+            continue; // no source-to-sink path: nothing to cut
+        }
+        let mut vs: Vec<usize> = vec![source, sink];
+        vs.extend(group.iter().flat_map(|((a, b), _)| [*a, *b]).filter(|&v| !terminal(v)));
+        vs.sort_unstable();
+        vs.dedup();
+        let (_flows, _value, c) = edmonds_karp_sparse(&vs, &source, &sink, group);
+        cut.extend(c);
+    }
+    cut
 }
 
 /// The budget-0 saved set: primals and banned outputs reached from the backward's uses
