@@ -56,7 +56,10 @@ use super::joint::JointInfo;
 use crate::cost::bytes_of;
 use crate::error::{PartitionError, Result};
 use pathfinding::directed::edmonds_karp::edmonds_karp_sparse;
-use std::collections::{BTreeSet, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+
+/// A capacity edge of the flow network.
+type Edge = ((usize, usize), i64);
 
 const SCALE: i64 = 1 << 16;
 const MAX_BYTES: u64 = 1 << 40;
@@ -118,7 +121,7 @@ pub(crate) fn min_cut(info: &JointInfo<'_>) -> Result<Vec<usize>> {
     let vout = |s: usize| 3 + 2 * s;
     let mut saved: BTreeSet<usize> = BTreeSet::new();
     let mut vertices = vec![source, sink];
-    let mut edges: Vec<((usize, usize), i64)> = Vec::new();
+    let mut edges: Vec<Edge> = Vec::new();
     let mut finite_bound: i64 = 0;
     for s in (0..total).filter(|&s| relevant(s)) {
         vertices.push(vout(s));
@@ -166,12 +169,7 @@ pub(crate) fn min_cut(info: &JointInfo<'_>) -> Result<Vec<usize>> {
 /// sum of the components' and the union of their min cuts is a min cut. Solving each
 /// component on its own keeps Edmonds–Karp's breadth-first searches local: on a deep
 /// network of many small components this turns a quadratic solve into a near-linear one.
-fn cut_by_component(
-    vertices: &[usize],
-    source: usize,
-    sink: usize,
-    edges: Vec<((usize, usize), i64)>,
-) -> Vec<((usize, usize), i64)> {
+fn cut_by_component(vertices: &[usize], source: usize, sink: usize, edges: Vec<Edge>) -> Vec<Edge> {
     let size = vertices.iter().copied().max().map_or(0, |m| m + 1);
     let mut parent: Vec<usize> = (0..size).collect();
     fn find(parent: &mut [usize], mut x: usize) -> usize {
@@ -191,7 +189,7 @@ fn cut_by_component(
         }
     }
     // Group edges by the component of their non-terminal end.
-    let mut groups: std::collections::HashMap<usize, Vec<((usize, usize), i64)>> = std::collections::HashMap::new();
+    let mut groups: HashMap<usize, Vec<Edge>> = HashMap::new();
     for e in edges {
         let ((a, b), _) = e;
         let v = if terminal(a) { b } else { a };
