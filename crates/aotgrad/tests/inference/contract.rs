@@ -15,6 +15,7 @@
 //! The compiled function is called twice on fresh inputs: the first call compiles,
 //! the second must reuse the entry; both calls are checked.
 
+use crate::worlds::compare_worlds;
 use aotgrad::functionalize::{verify_functional, Functionalized};
 use aotgrad::ir::text::{parse_graph, print_graph};
 use aotgrad::ir::{StaticOracle, TensorMeta};
@@ -120,7 +121,7 @@ pub fn agree(
             return Err(format!("compiled function fails: {e}\n{graph}"));
         }
     };
-    compare_worlds("", &eager_in, &eager_out, &comp_in, &comp_out)?;
+    compare_worlds("", &same_state, &eager_in, &eager_out, &comp_in, &comp_out)?;
     if mutate {
         mutate_outputs(&eager_in, &eager_out, &comp_in, &comp_out)?;
     }
@@ -188,52 +189,6 @@ fn same_state(what: &str, e: &Tensor, c: &Tensor) -> Result<(), String> {
     Ok(())
 }
 
-fn tensors(args: &[Arg]) -> Vec<(usize, &Tensor)> {
-    args.iter().enumerate().filter_map(|(i, a)| a.tensor().map(|t| (i, t))).collect()
-}
-
-fn compare_worlds(
-    ctx: &str,
-    eager_in: &[Arg],
-    eager_out: &[Tensor],
-    comp_in: &[Arg],
-    comp_out: &[Tensor],
-) -> Result<(), String> {
-    if eager_out.len() != comp_out.len() {
-        return Err(format!("{ctx}{} outputs (compiled) != {} (eager)", comp_out.len(), eager_out.len()));
-    }
-    // (a) outputs
-    for (j, (e, c)) in eager_out.iter().zip(comp_out).enumerate() {
-        same_state(&format!("{ctx}output {j}"), e, c)?;
-    }
-    // (b) inputs
-    let (ei, ci) = (tensors(eager_in), tensors(comp_in));
-    for ((k, e), (_, c)) in ei.iter().zip(&ci) {
-        same_state(&format!("{ctx}input {k} after the call"), e, c)?;
-    }
-    // (c) aliasing
-    let rel = |a: &Tensor, b: &Tensor| (a.shares_storage_with(b), a.same_object(b));
-    for j in 0..eager_out.len() {
-        for ((k, e), (_, c)) in ei.iter().zip(&ci) {
-            let (re, rc) = (rel(&eager_out[j], e), rel(&comp_out[j], c));
-            if re != rc {
-                return Err(format!(
-                    "{ctx}output {j} vs input {k}: (shares storage, same object) = {rc:?} (compiled) != {re:?} (eager)"
-                ));
-            }
-        }
-        for i in 0..j {
-            let (re, rc) = (rel(&eager_out[j], &eager_out[i]), rel(&comp_out[j], &comp_out[i]));
-            if re != rc {
-                return Err(format!(
-                    "{ctx}output {j} vs output {i}: (shares storage, same object) = {rc:?} (compiled) != {re:?} (eager)"
-                ));
-            }
-        }
-    }
-    Ok(())
-}
-
 /// (d): add 1 to each float output in turn, cumulatively, in both worlds.
 fn mutate_outputs(eager_in: &[Arg], eager_out: &[Tensor], comp_in: &[Arg], comp_out: &[Tensor]) -> Result<(), String> {
     let _g = NoGradGuard::new();
@@ -248,7 +203,7 @@ fn mutate_outputs(eager_in: &[Arg], eager_out: &[Tensor], comp_in: &[Arg], comp_
             (Ok(_), Err(e)) => return Err(format!("output {j}.add_(1) fails only when compiled: {e}")),
             (Err(e), Ok(_)) => return Err(format!("output {j}.add_(1) fails only in eager: {e}")),
         }
-        compare_worlds(&format!("after output {j}.add_(1): "), eager_in, eager_out, comp_in, comp_out)?;
+        compare_worlds(&format!("after output {j}.add_(1): "), &same_state, eager_in, eager_out, comp_in, comp_out)?;
     }
     Ok(())
 }

@@ -11,3 +11,5 @@ mod edge;
 mod mutation;
 mod props;
 mod recompile;
+#[path = "../shared/worlds.rs"]
+mod worlds;

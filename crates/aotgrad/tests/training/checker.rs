@@ -22,6 +22,7 @@
 //! The compiled function is called twice on fresh inputs (compile, then the cached
 //! entry); both calls are checked.
 
+use crate::worlds::compare_worlds;
 use aotgrad::cpu::CpuTensor;
 use aotgrad::ir::text::print_graph;
 use aotgrad::ir::{Graph, TensorMeta};
@@ -151,7 +152,7 @@ fn one_call(
     let requires_grad: Vec<bool> = before.iter().map(|a| a.tensor().is_some_and(Tensor::is_requires_grad)).collect();
     let eager_out = f(&eager_in).map_err(|e| format!("eager fails: {e}"))?;
     let (comp_out, pending) = compiled.forward_args(&comp_in).map_err(|e| format!("compiled forward fails: {e}"))?;
-    compare_worlds("", &eager_in, &eager_out, &comp_in, &comp_out)?;
+    compare_worlds("", &same_state, &eager_in, &eager_out, &comp_in, &comp_out)?;
     // Gradients: random for every output (ignored for those that do not require grad).
     let out_grads: Vec<Tensor> = eager_out
         .iter()
@@ -380,49 +381,6 @@ fn same_state(what: &str, e: &Tensor, c: &Tensor) -> Result<(), String> {
     Ok(())
 }
 
-fn tensors(args: &[Arg]) -> Vec<(usize, &Tensor)> {
-    args.iter().enumerate().filter_map(|(i, a)| a.tensor().map(|t| (i, t))).collect()
-}
-
-fn compare_worlds(
-    ctx: &str,
-    eager_in: &[Arg],
-    eager_out: &[Tensor],
-    comp_in: &[Arg],
-    comp_out: &[Tensor],
-) -> Result<(), String> {
-    if eager_out.len() != comp_out.len() {
-        return Err(format!("{ctx}{} outputs (compiled) != {} (eager)", comp_out.len(), eager_out.len()));
-    }
-    for (j, (e, c)) in eager_out.iter().zip(comp_out).enumerate() {
-        same_state(&format!("{ctx}output {j}"), e, c)?;
-    }
-    let (ei, ci) = (tensors(eager_in), tensors(comp_in));
-    for ((k, e), (_, c)) in ei.iter().zip(&ci) {
-        same_state(&format!("{ctx}input {k} after the call"), e, c)?;
-    }
-    let rel = |a: &Tensor, b: &Tensor| (a.shares_storage_with(b), a.same_object(b));
-    for j in 0..eager_out.len() {
-        for ((k, e), (_, c)) in ei.iter().zip(&ci) {
-            let (re, rc) = (rel(&eager_out[j], e), rel(&comp_out[j], c));
-            if re != rc {
-                return Err(format!(
-                    "{ctx}output {j} vs input {k}: (shares storage, same object) = {rc:?} (compiled) != {re:?} (eager)"
-                ));
-            }
-        }
-        for i in 0..j {
-            let (re, rc) = (rel(&eager_out[j], &eager_out[i]), rel(&comp_out[j], &comp_out[i]));
-            if re != rc {
-                return Err(format!(
-                    "{ctx}output {j} vs output {i}: (shares storage, same object) = {rc:?} (compiled) != {re:?} (eager)"
-                ));
-            }
-        }
-    }
-    Ok(())
-}
-
 /// (d): add 1 in place to each float output in turn, cumulatively, grad mode on.
 fn mutate_outputs(eager_in: &[Arg], eager_out: &[Tensor], comp_in: &[Arg], comp_out: &[Tensor]) -> Result<(), String> {
     for j in 0..eager_out.len() {
@@ -435,7 +393,7 @@ fn mutate_outputs(eager_in: &[Arg], eager_out: &[Tensor], comp_in: &[Arg], comp_
             (Ok(_), Err(e)) => return Err(format!("output {j}.add_(1) fails only when compiled: {e}")),
             (Err(e), Ok(_)) => return Err(format!("output {j}.add_(1) fails only in eager: {e}")),
         }
-        compare_worlds(&format!("after output {j}.add_(1): "), eager_in, eager_out, comp_in, comp_out)?;
+        compare_worlds(&format!("after output {j}.add_(1): "), &same_state, eager_in, eager_out, comp_in, comp_out)?;
     }
     Ok(())
 }

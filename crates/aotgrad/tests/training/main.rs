@@ -12,3 +12,5 @@ mod inputs;
 mod mutation;
 mod nograd;
 mod partition;
+#[path = "../shared/worlds.rs"]
+mod worlds;
