@@ -152,9 +152,7 @@ impl Graph {
     /// Append an input with a fresh value id; returns the id. O(n) per call (it scans
     /// for the next id); [`Graph::appender`] appends in O(1).
     pub fn add_input(&mut self, name: impl Into<String>, meta: TensorMeta, storage: StorageId) -> ValueId {
-        let id = self.next_value();
-        self.inputs.push(Input { id, name: name.into(), meta, storage });
-        id
+        self.appender().add_input(name, meta, storage)
     }
     /// Append a node with a fresh value id. The storage is `args[0]`'s when the op
     /// aliases it, else `fresh`. Returns the id. O(n) per call (it scans for the next
@@ -167,13 +165,7 @@ impl Graph {
         fresh: StorageId,
         loc: Option<SourceLoc>,
     ) -> ValueId {
-        let out = self.next_value();
-        let storage = match op.aliasing() {
-            Aliasing::Fresh => fresh,
-            _ => args.first().and_then(|a| self.storage_of(*a)).unwrap_or(fresh),
-        };
-        self.nodes.push(Node { out, op, args, meta, storage, loc });
-        out
+        self.appender().add_node(op, args, meta, fresh, loc)
     }
     /// What defines `v` (O(n): a scan; [`Graph::index`] answers in O(1)).
     pub fn def(&self, v: ValueId) -> Option<Def<'_>> {
