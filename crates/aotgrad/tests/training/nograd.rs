@@ -4,7 +4,7 @@
 //! gradients then differ from the function's mathematics, so the tests derive them by
 //! hand from the output gradients the checker used.
 
-use crate::checker::{check_with, leaf, tensor, Grads};
+use crate::checker::{check_with, leaf, tensor, Grads, Trained};
 use aotgrad::trace::{no_grad, Tensor};
 use aotgrad::{AotConfig, Arg};
 use expect_test::expect;
@@ -18,6 +18,14 @@ fn assert_close(what: &str, got: &[f64], want: &[f64]) {
     for (a, b) in got.iter().zip(want) {
         assert!((a - b).abs() <= 1e-12 * b.abs().max(1.0), "{what}: {got:?} != {want:?}");
     }
+}
+
+/// The gradient of the first input is `want(x, g)` elementwise, `g` being the gradient
+/// the checker gave output 0.
+fn assert_grad_x(c: &Trained, want: impl Fn(f64, f64) -> f64) {
+    let (x, g) = (vals(tensor(&c.inputs[0]).expect("x")), vals(&c.out_grads[0]));
+    let want: Vec<f64> = x.iter().zip(&g).map(|(x, g)| want(*x, *g)).collect();
+    assert_close("grad x", &vals(c.grads[0].as_ref().expect("grad")), &want);
 }
 
 /// `x * x.detach()`: only the first factor carries a gradient: `grad x = x g`.
@@ -47,9 +55,7 @@ fn detached_factor() {
           %0 "arg0": f64[2, 3] (48 bytes)
         recomputed 0 ops, 0 FLOPs"#]]
     .assert_eq(&c.text);
-    let (x, g) = (vals(tensor(&c.inputs[0]).expect("x")), vals(&c.out_grads[0]));
-    let want: Vec<f64> = x.iter().zip(&g).map(|(x, g)| x * g).collect();
-    assert_close("grad x", &vals(c.grads[0].as_ref().expect("grad")), &want);
+    assert_grad_x(&c, |x, g| x * g);
 }
 
 /// A factor computed under no-grad: `c = no_grad(2 x); x * c` gives `grad x = 2 x g`.
@@ -82,9 +88,7 @@ fn value_computed_under_no_grad() {
           %0 "arg0": f64[3] (24 bytes)
         recomputed 1 op, 3 FLOPs: %4 (mul)"#]]
     .assert_eq(&c.text);
-    let (x, g) = (vals(tensor(&c.inputs[0]).expect("x")), vals(&c.out_grads[0]));
-    let want: Vec<f64> = x.iter().zip(&g).map(|(x, g)| 2.0 * x * g).collect();
-    assert_close("grad x", &vals(c.grads[0].as_ref().expect("grad")), &want);
+    assert_grad_x(&c, |x, g| 2.0 * x * g);
 }
 
 /// A view taken under no-grad is a constant too: `x * no_grad(x.t()).t()`.
@@ -115,9 +119,7 @@ fn view_taken_under_no_grad() {
           %0 "arg0": f64[2, 3] (48 bytes)
         recomputed 0 ops, 0 FLOPs"#]]
     .assert_eq(&c.text);
-    let (x, g) = (vals(tensor(&c.inputs[0]).expect("x")), vals(&c.out_grads[0]));
-    let want: Vec<f64> = x.iter().zip(&g).map(|(x, g)| x * g).collect();
-    assert_close("grad x", &vals(c.grads[0].as_ref().expect("grad")), &want);
+    assert_grad_x(&c, |x, g| x * g);
 }
 
 /// A hidden mutation of an intermediate: `t = 2 x; no_grad(t *= 5); t * t`. Autograd
@@ -155,9 +157,7 @@ fn hidden_mutation_of_an_intermediate() {
           %0 "arg0": f64[3] (24 bytes)
         recomputed 2 ops, 6 FLOPs: %5 (mul), %6 (mul)"#]]
     .assert_eq(&c.text);
-    let (x, g) = (vals(tensor(&c.inputs[0]).expect("x")), vals(&c.out_grads[0]));
-    let want: Vec<f64> = x.iter().zip(&g).map(|(x, g)| 40.0 * x * g).collect();
-    assert_close("grad x", &vals(c.grads[0].as_ref().expect("grad")), &want);
+    assert_grad_x(&c, |x, g| 40.0 * x * g);
 }
 
 /// An output computed entirely under no-grad does not require grad (in both worlds),
