@@ -7,115 +7,58 @@
 //! differentiated, so backward nodes point at the user's line.
 
 use crate::{AutodiffError, Result};
-use aotgrad_ir::infer::infer;
 use aotgrad_ir::{
-    Aliasing, BinaryOp, CmpOp, DType, Dim, DimOracle, Graph, Input, Node, Op, ReduceOp, Rel, Scalar, SourceLoc,
-    StorageId, TensorMeta, UnaryOp, ValueId,
+    BinaryOp, CmpOp, DType, Dim, DimOracle, Graph, GraphBuilder, Op, ReduceOp, Rel, Scalar, SourceLoc, TensorMeta,
+    UnaryOp, ValueId,
 };
-use std::collections::HashMap;
+use std::ops::{Deref, DerefMut};
 
-/// The joint graph under construction.
+/// The joint graph under construction: a [`GraphBuilder`] (reached through `Deref`)
+/// plus the source location given to every node emitted.
 pub(crate) struct Builder<'o> {
-    /// The graph built so far.
-    pub graph: Graph,
-    metas: HashMap<ValueId, (TensorMeta, StorageId)>,
-    next_value: u32,
-    next_storage: u32,
-    oracle: &'o mut dyn DimOracle,
+    inner: GraphBuilder<'o>,
     /// Source location given to every node emitted.
     pub loc: Option<SourceLoc>,
 }
 
-fn bump(counter: &mut u32, what: &str) -> Result<u32> {
-    let v = *counter;
-    *counter = v.checked_add(1).ok_or_else(|| AutodiffError::Internal(format!("ran out of {what} ids")))?;
-    Ok(v)
+impl<'o> Deref for Builder<'o> {
+    type Target = GraphBuilder<'o>;
+    fn deref(&self) -> &Self::Target {
+        &self.inner
+    }
+}
+
+impl DerefMut for Builder<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.inner
+    }
 }
 
 impl<'o> Builder<'o> {
     /// A builder holding a copy of `fw` (same value and storage ids), without its outputs.
     pub fn from_forward(fw: &Graph, oracle: &'o mut dyn DimOracle) -> Result<Self> {
-        let mut metas = HashMap::with_capacity(2 * (fw.inputs.len() + fw.nodes.len()) + 8);
-        let mut max_v: Option<u32> = None;
-        let mut max_s: Option<u32> = None;
-        let mut note = |v: ValueId, s: StorageId| {
-            max_v = Some(max_v.map_or(v.0, |m| m.max(v.0)));
-            max_s = Some(max_s.map_or(s.0, |m| m.max(s.0)));
-        };
-        for i in &fw.inputs {
-            note(i.id, i.storage);
-            if metas.insert(i.id, (i.meta.clone(), i.storage)).is_some() {
-                return Err(AutodiffError::Internal(format!("forward graph defines {} twice", i.id)));
-            }
-        }
-        for n in &fw.nodes {
-            note(n.out, n.storage);
-            for a in &n.args {
-                if !metas.contains_key(a) {
-                    return Err(AutodiffError::Internal(format!(
-                        "forward node {} ({}) uses {a} before it is defined",
-                        n.out,
-                        n.op.name()
-                    )));
-                }
-            }
-            if metas.insert(n.out, (n.meta.clone(), n.storage)).is_some() {
-                return Err(AutodiffError::Internal(format!("forward graph defines {} twice", n.out)));
-            }
-        }
-        let next = |m: Option<u32>, what: &str| -> Result<u32> {
-            m.map_or(Ok(0), |m| {
-                m.checked_add(1).ok_or_else(|| AutodiffError::Internal(format!("ran out of {what} ids")))
-            })
-        };
-        let graph = Graph { inputs: fw.inputs.clone(), nodes: fw.nodes.clone(), outputs: Vec::new() };
-        Ok(Builder {
-            graph,
-            metas,
-            next_value: next(max_v, "value")?,
-            next_storage: next(max_s, "storage")?,
-            oracle,
-            loc: None,
-        })
+        Ok(Builder { inner: GraphBuilder::from_graph(fw, oracle)?, loc: None })
+    }
+
+    /// The graph built.
+    pub fn into_graph(self) -> Graph {
+        self.inner.graph
     }
 
     /// Metadata of `v`.
     pub fn meta(&self, v: ValueId) -> Result<&TensorMeta> {
-        self.metas.get(&v).map(|m| &m.0).ok_or_else(|| AutodiffError::Internal(format!("{v} has no metadata")))
+        Ok(self.inner.meta(v)?)
     }
 
     /// Append a graph input with fresh value and storage ids.
     pub fn add_input(&mut self, name: String, meta: TensorMeta) -> Result<ValueId> {
-        let id = ValueId(bump(&mut self.next_value, "value")?);
-        let storage = StorageId(bump(&mut self.next_storage, "storage")?);
-        self.metas.insert(id, (meta.clone(), storage));
-        self.graph.inputs.push(Input { id, name, meta, storage });
-        Ok(id)
+        Ok(self.inner.add_input(name, meta)?)
     }
 
-    /// Append `op(args)`, inferring its metadata; views share `args[0]`'s storage.
+    /// Append `op(args)` at [`Builder::loc`], inferring its metadata.
     pub fn emit(&mut self, op: Op, args: Vec<ValueId>) -> Result<ValueId> {
-        let mut refs: Vec<&TensorMeta> = Vec::with_capacity(args.len());
-        for a in &args {
-            refs.push(
-                self.metas
-                    .get(a)
-                    .map(|m| &m.0)
-                    .ok_or_else(|| AutodiffError::Internal(format!("{a} has no metadata")))?,
-            );
-        }
-        let meta = infer(&op, &refs, self.oracle)?;
-        let storage = match op.aliasing() {
-            Aliasing::Fresh => StorageId(bump(&mut self.next_storage, "storage")?),
-            _ => {
-                let a = args.first().ok_or_else(|| AutodiffError::Internal(format!("{} without args", op.name())))?;
-                self.metas[a].1
-            }
-        };
-        let out = ValueId(bump(&mut self.next_value, "value")?);
-        self.metas.insert(out, (meta.clone(), storage));
-        self.graph.nodes.push(Node { out, op, args, meta, storage, loc: self.loc.clone() });
-        Ok(out)
+        let loc = self.loc.clone();
+        Ok(self.inner.emit(op, args, loc)?)
     }
 
     /// Decide `a == b` for dims through the oracle (structural equality first).
@@ -125,7 +68,7 @@ impl<'o> Builder<'o> {
         }
         match b.sub(a) {
             Dim::Const(d) => d == 0,
-            Dim::Sym(_) => self.oracle.decide(a, Rel::Eq, b),
+            Dim::Sym(_) => self.inner.oracle().decide(a, Rel::Eq, b),
         }
     }
 
@@ -211,18 +154,8 @@ impl<'o> Builder<'o> {
     }
     /// `x.view(shape)`, or `x.clone().view(shape)` when `x`'s strides do not allow a view.
     pub fn reshape(&mut self, x: ValueId, shape: Vec<Dim>) -> Result<ValueId> {
-        let m = self.meta(x)?.clone();
-        if m.shape == shape {
-            return Ok(x);
-        }
-        let probe = infer(&Op::View(shape.clone()), &[&m], self.oracle);
-        match probe {
-            Ok(_) => self.emit(Op::View(shape), vec![x]),
-            Err(_) => {
-                let c = self.emit(Op::Clone, vec![x])?;
-                self.emit(Op::View(shape), vec![c])
-            }
-        }
+        let loc = self.loc.clone();
+        Ok(self.inner.reshape(x, shape, loc)?)
     }
     /// `x` laid out contiguously at offset 0 (a `clone` unless it already is).
     pub fn contiguous(&mut self, x: ValueId) -> Result<ValueId> {

@@ -188,7 +188,7 @@ pub(crate) fn build(
         "joint graph built"
     );
     Ok(JointGraph {
-        graph: b.graph,
+        graph: b.into_graph(),
         num_primals: fw.inputs.len(),
         num_tangents: tangents.len(),
         num_fw_outputs: fw.outputs.len(),

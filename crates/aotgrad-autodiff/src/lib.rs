@@ -51,6 +51,15 @@ pub enum AutodiffError {
 /// Result of this crate.
 pub type Result<T> = std::result::Result<T, AutodiffError>;
 
+impl From<aotgrad_ir::BuildError> for AutodiffError {
+    fn from(e: aotgrad_ir::BuildError) -> Self {
+        match e {
+            aotgrad_ir::BuildError::Shape(s) => AutodiffError::Shape(*s),
+            aotgrad_ir::BuildError::Internal(m) => AutodiffError::Internal(m),
+        }
+    }
+}
+
 /// A joint forward+backward graph.
 ///
 /// Inputs: the `num_primals` primals (the forward graph's inputs, same order), then the

@@ -3,50 +3,52 @@
 
 use crate::{FunctionalizeError, Result};
 use aotgrad_ir::infer::infer;
-use aotgrad_ir::{
-    contiguous_strides, Aliasing, Dim, DimOracle, Graph, Input, Node, Op, SourceLoc, StorageId, TensorMeta, ValueId,
-};
+use aotgrad_ir::{contiguous_strides, Aliasing, Dim, DimOracle, GraphBuilder, Op, SourceLoc, TensorMeta, ValueId};
 use std::collections::HashMap;
+use std::ops::{Deref, DerefMut};
 
-/// The functional graph under construction.
+/// The functional graph under construction: a [`GraphBuilder`] (reached through
+/// `Deref`) plus a cache of the view nodes already emitted.
 pub(crate) struct Builder<'o> {
-    pub graph: Graph,
-    metas: HashMap<ValueId, (TensorMeta, StorageId)>,
-    next_value: u32,
-    next_storage: u32,
+    inner: GraphBuilder<'o>,
     /// View nodes already emitted, per argument: views are pure, so replaying a chain
     /// twice from one value reuses the first replay.
     views: HashMap<ValueId, Vec<(Op, ValueId)>>,
-    pub oracle: &'o mut dyn DimOracle,
+}
+
+impl<'o> Deref for Builder<'o> {
+    type Target = GraphBuilder<'o>;
+    fn deref(&self) -> &Self::Target {
+        &self.inner
+    }
+}
+
+impl DerefMut for Builder<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.inner
+    }
 }
 
 impl<'o> Builder<'o> {
     pub fn new(oracle: &'o mut dyn DimOracle) -> Self {
-        Builder {
-            graph: Graph::new(),
-            metas: HashMap::new(),
-            next_value: 0,
-            next_storage: 0,
-            views: HashMap::new(),
-            oracle,
-        }
+        Builder { inner: GraphBuilder::new(oracle), views: HashMap::new() }
     }
 
     pub fn meta(&self, v: ValueId) -> Result<&TensorMeta> {
-        self.metas.get(&v).map(|m| &m.0).ok_or_else(|| FunctionalizeError::Internal(format!("{v} has no metadata")))
+        Ok(self.inner.meta(v)?)
     }
 
-    pub fn add_input(&mut self, name: String, meta: TensorMeta) -> ValueId {
-        let id = ValueId(self.next_value);
-        self.next_value += 1;
-        let storage = StorageId(self.next_storage);
-        self.next_storage += 1;
-        self.metas.insert(id, (meta.clone(), storage));
-        self.graph.inputs.push(Input { id, name, meta, storage });
-        id
+    /// The graph built.
+    pub fn into_graph(self) -> aotgrad_ir::Graph {
+        self.inner.graph
     }
 
-    /// Append `op(args)`, inferring its metadata.
+    pub fn add_input(&mut self, name: String, meta: TensorMeta) -> Result<ValueId> {
+        Ok(self.inner.add_input(name, meta)?)
+    }
+
+    /// Append `op(args)`, inferring its metadata; a view already emitted from the same
+    /// argument is reused.
     pub fn emit(&mut self, op: Op, args: Vec<ValueId>, loc: &Option<SourceLoc>) -> Result<ValueId> {
         let view_of = match (op.aliasing(), args.as_slice()) {
             (Aliasing::View, [x]) => Some(*x),
@@ -57,31 +59,10 @@ impl<'o> Builder<'o> {
                 return Ok(*v);
             }
         }
-        let arg_metas: Vec<TensorMeta> = args.iter().map(|a| self.meta(*a).cloned()).collect::<Result<_>>()?;
-        let refs: Vec<&TensorMeta> = arg_metas.iter().collect();
-        let meta = infer(&op, &refs, self.oracle)?;
-        let storage = match op.aliasing() {
-            Aliasing::Fresh => {
-                self.next_storage += 1;
-                StorageId(self.next_storage - 1)
-            }
-            _ => {
-                let x = args
-                    .first()
-                    .ok_or_else(|| FunctionalizeError::Internal(format!("{} without argument", op.name())))?;
-                self.metas
-                    .get(x)
-                    .map(|m| m.1)
-                    .ok_or_else(|| FunctionalizeError::Internal(format!("{x} has no storage")))?
-            }
-        };
-        let out = ValueId(self.next_value);
-        self.next_value += 1;
-        self.metas.insert(out, (meta.clone(), storage));
+        let out = self.inner.emit(op.clone(), args, loc.clone())?;
         if let Some(x) = view_of {
-            self.views.entry(x).or_default().push((op.clone(), out));
+            self.views.entry(x).or_default().push((op, out));
         }
-        self.graph.nodes.push(Node { out, op, args, meta, storage, loc: loc.clone() });
         Ok(out)
     }
 
@@ -94,7 +75,7 @@ impl<'o> Builder<'o> {
         }
         let probe = {
             let m = self.meta(x)?.clone();
-            infer(&Op::View(shape.clone()), &[&m], self.oracle)
+            infer(&Op::View(shape.clone()), &[&m], self.inner.oracle())
         };
         match probe {
             Ok(_) => self.emit(Op::View(shape), vec![x], loc),
@@ -127,17 +108,7 @@ impl<'o> Builder<'o> {
     /// autograd must not see through it (a detached view, or one taken under no-grad
     /// of a value requiring grad), so the cut applies to it alone.
     pub fn detached_alias(&mut self, x: ValueId, loc: &Option<SourceLoc>) -> Result<ValueId> {
-        let meta = self.meta(x)?.clone();
-        let storage = self
-            .metas
-            .get(&x)
-            .map(|m| m.1)
-            .ok_or_else(|| FunctionalizeError::Internal(format!("{x} has no storage")))?;
-        let out = ValueId(self.next_value);
-        self.next_value += 1;
-        self.metas.insert(out, (meta.clone(), storage));
-        self.graph.nodes.push(Node { out, op: Op::Alias, args: vec![x], meta, storage, loc: loc.clone() });
-        Ok(out)
+        Ok(self.inner.emit(Op::Alias, vec![x], loc.clone())?)
     }
 
     /// `x` itself when it is dense, row-major and at offset 0, else a contiguous copy.

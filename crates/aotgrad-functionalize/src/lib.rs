@@ -58,6 +58,15 @@ pub enum FunctionalizeError {
     Internal(String),
 }
 
+impl From<aotgrad_ir::BuildError> for FunctionalizeError {
+    fn from(e: aotgrad_ir::BuildError) -> Self {
+        match e {
+            aotgrad_ir::BuildError::Shape(s) => FunctionalizeError::Shape(s),
+            aotgrad_ir::BuildError::Internal(m) => FunctionalizeError::Internal(m),
+        }
+    }
+}
+
 impl From<ShapeError> for FunctionalizeError {
     fn from(e: ShapeError) -> Self {
         FunctionalizeError::Shape(Box::new(e))

@@ -102,7 +102,7 @@ pub(crate) fn finish(mut p: Pass<'_, '_>, options: &Options, convention: Calling
         });
     }
 
-    let mut graph = p.b.graph;
+    let mut graph = p.b.into_graph();
     graph.outputs = graph_outputs;
     let (graph, vmap) = compact(eliminate_dead_code(graph));
     // Renumber the autograd facts; drop those about dead values.

@@ -145,7 +145,7 @@ impl Pass<'_, '_> {
             let g = group_of.get(&i).and_then(|&gi| groups[gi].base.map(|b| (gi, b)));
             let Some((gi, (offset, len))) = g else {
                 let gidx = self.b.graph.inputs.len();
-                let v = self.b.add_input(inp.name.clone(), inp.meta.clone());
+                let v = self.b.add_input(inp.name.clone(), inp.meta.clone())?;
                 let grad = self.input_grad(i);
                 let r = self.new_root(v, &inp.meta, Some(gidx), vec![i], grad);
                 self.vals
@@ -160,7 +160,7 @@ impl Pass<'_, '_> {
                     let members = groups[gi].members.clone();
                     let base = SyntheticBase { input: gidx, members: members.clone(), offset, len };
                     let meta = base.meta(inp.meta.dtype);
-                    let v = self.b.add_input(format!("base{}", convention.bases.len()), meta.clone());
+                    let v = self.b.add_input(format!("base{}", convention.bases.len()), meta.clone())?;
                     let grad = members.iter().any(|&m| self.input_grad(m));
                     let r = self.new_root(v, &meta, Some(gidx), members, grad);
                     convention.bases.push(base);

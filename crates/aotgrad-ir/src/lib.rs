@@ -7,10 +7,12 @@
 //! - [`infer`]: read-only shape/stride/dtype inference per op, with typed errors;
 //! - [`graph`]: [`Graph`], its inputs and nodes, storage identity, source locations;
 //! - [`text`]: a printer and a parser for graphs that round-trip exactly;
+//! - [`builder`]: [`GraphBuilder`], the graph-under-construction passes build with;
 //! - [`backend`]: the interface every backend implements (compile, run, serialize).
 #![warn(missing_docs)]
 
 pub mod backend;
+pub mod builder;
 pub mod dtype;
 pub mod error;
 pub mod graph;
@@ -21,6 +23,7 @@ pub mod sym;
 pub mod text;
 
 pub use backend::{Backend, BackendError, CompiledGraph};
+pub use builder::{BuildError, BuildResult, GraphBuilder};
 pub use dtype::{result_type, Category, DType, Operand, Scalar};
 pub use error::{ParseError, ShapeError};
 pub use graph::{Def, Graph, GraphAppender, GraphIndex, Input, Node, SourceLoc, StorageId, ValueId};
