@@ -22,6 +22,11 @@ impl fmt::Display for SymId {
 /// A monomial: a sorted list of symbols (with repetition for powers).
 pub type Monomial = Vec<SymId>;
 
+#[cold]
+fn overflow(what: &str, a: &Dim, b: &Dim) -> ! {
+    panic!("Dim::{what}({a}, {b}) overflows i64 (a bug: values from user input use the checked_* forms)")
+}
+
 /// A polynomial with at least one non-constant term; terms sorted by monomial, no zero
 /// coefficients. The constant term, if any, has the empty monomial.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -136,46 +141,24 @@ impl Dim {
     }
     /// `self + other`.
     ///
-    /// Coefficients are plain `i64`s: an overflow panics in debug builds and wraps in
-    /// release builds. Arithmetic on values that come from user input goes through the
-    /// `checked_*` forms instead ([`Dim::checked_add`], [`Dim::checked_sub`],
-    /// [`Dim::checked_mul`], [`Dim::checked_scale`]).
+    /// Coefficients are `i64`s; an overflow is a bug in the caller and panics (in
+    /// every build: never a silently wrapped size). Arithmetic on values that come from
+    /// user input goes through the `checked_*` forms instead ([`Dim::checked_add`],
+    /// [`Dim::checked_sub`], [`Dim::checked_mul`], [`Dim::checked_scale`]).
     pub fn add(&self, other: &Dim) -> Dim {
-        if let (Dim::Const(a), Dim::Const(b)) = (self, other) {
-            return Dim::Const(a + b);
-        }
-        let mut m = to_map(self);
-        for (k, v) in to_map(other) {
-            *m.entry(k).or_insert(0) += v;
-        }
-        from_map(m)
+        self.checked_add(other).unwrap_or_else(|| overflow("add", self, other))
     }
     /// `self - other` (overflow as in [`Dim::add`]).
     pub fn sub(&self, other: &Dim) -> Dim {
-        self.add(&other.scale(-1))
+        self.checked_sub(other).unwrap_or_else(|| overflow("sub", self, other))
     }
     /// `self * c` for an integer constant (overflow as in [`Dim::add`]).
     pub fn scale(&self, c: i64) -> Dim {
-        match self {
-            Dim::Const(a) => Dim::Const(a * c),
-            Dim::Sym(_) => from_map(to_map(self).into_iter().map(|(k, v)| (k, v * c)).collect()),
-        }
+        self.checked_scale(c).unwrap_or_else(|| overflow("scale", self, &Dim::Const(c)))
     }
     /// `self * other` (overflow as in [`Dim::add`]).
     pub fn mul(&self, other: &Dim) -> Dim {
-        if let (Dim::Const(a), Dim::Const(b)) = (self, other) {
-            return Dim::Const(a * b);
-        }
-        let mut m: BTreeMap<Monomial, i64> = BTreeMap::new();
-        for (ka, va) in to_map(self) {
-            for (kb, vb) in to_map(other) {
-                let mut k = ka.clone();
-                k.extend(kb.iter().copied());
-                k.sort();
-                *m.entry(k).or_insert(0) += va * vb;
-            }
-        }
-        from_map(m)
+        self.checked_mul(other).unwrap_or_else(|| overflow("mul", self, other))
     }
     /// [`Dim::add`], or `None` when a coefficient overflows i64.
     pub fn checked_add(&self, other: &Dim) -> Option<Dim> {
@@ -210,8 +193,7 @@ impl Dim {
     pub fn checked_product<'a>(dims: impl IntoIterator<Item = &'a Dim>) -> Option<Dim> {
         dims.into_iter().try_fold(Dim::Const(1), |acc, d| acc.checked_mul(d))
     }
-    /// [`Dim::mul`], or `None` when a coefficient overflows i64 (the same steps as
-    /// `mul`, so `Some` here means `mul` cannot overflow).
+    /// [`Dim::mul`], or `None` when a coefficient overflows i64.
     pub fn checked_mul(&self, other: &Dim) -> Option<Dim> {
         if let (Dim::Const(a), Dim::Const(b)) = (self, other) {
             return a.checked_mul(*b).map(Dim::Const);
