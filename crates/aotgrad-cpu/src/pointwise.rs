@@ -35,6 +35,17 @@ enum Rhs<'a, T> {
     Scalar(T),
 }
 
+impl<'a, T: Copy> Rhs<'a, T> {
+    /// `b` as an operand: its one element when it holds a scalar operand.
+    fn of(b: &'a [T], scalar: bool) -> Self {
+        if scalar {
+            Rhs::Scalar(b[0])
+        } else {
+            Rhs::Vec(b)
+        }
+    }
+}
+
 #[inline]
 fn zip_map<T: Copy, U>(a: &[T], b: Rhs<'_, T>, f: impl Fn(T, T) -> U) -> Vec<U> {
     match b {
@@ -198,20 +209,11 @@ fn binary_bool(op: BinaryOp, a: &[bool], b: Rhs<'_, bool>) -> Result<Vec<bool>> 
 }
 
 fn binary_vals(op: BinaryOp, a: Vals, b: Vals, b_scalar: bool) -> Result<Vals> {
-    macro_rules! rhs {
-        ($b:expr) => {
-            if b_scalar {
-                Rhs::Scalar($b[0])
-            } else {
-                Rhs::Vec(&$b)
-            }
-        };
-    }
     Ok(match (a, b) {
-        (Vals::F32(a), Vals::F32(b)) => Vals::F32(binary_real(op, &a, rhs!(b))),
-        (Vals::F64(a), Vals::F64(b)) => Vals::F64(binary_real(op, &a, rhs!(b))),
-        (Vals::I64(a), Vals::I64(b)) => Vals::I64(binary_int(op, &a, rhs!(b))?),
-        (Vals::Bool(a), Vals::Bool(b)) => Vals::Bool(binary_bool(op, &a, rhs!(b))?),
+        (Vals::F32(a), Vals::F32(b)) => Vals::F32(binary_real(op, &a, Rhs::of(&b, b_scalar))),
+        (Vals::F64(a), Vals::F64(b)) => Vals::F64(binary_real(op, &a, Rhs::of(&b, b_scalar))),
+        (Vals::I64(a), Vals::I64(b)) => Vals::I64(binary_int(op, &a, Rhs::of(&b, b_scalar))?),
+        (Vals::Bool(a), Vals::Bool(b)) => Vals::Bool(binary_bool(op, &a, Rhs::of(&b, b_scalar))?),
         _ => return Err(CpuError::Internal(format!("{}: operands gathered into different kinds", op.name()))),
     })
 }
@@ -247,20 +249,11 @@ fn cmp_typed<T: PartialOrd + Copy>(op: CmpOp, a: &[T], b: Rhs<'_, T>) -> Vec<boo
 }
 
 fn cmp_vals(op: CmpOp, a: Vals, b: Vals, b_scalar: bool) -> Result<Vec<bool>> {
-    macro_rules! rhs {
-        ($b:expr) => {
-            if b_scalar {
-                Rhs::Scalar($b[0])
-            } else {
-                Rhs::Vec(&$b)
-            }
-        };
-    }
     Ok(match (a, b) {
-        (Vals::F32(a), Vals::F32(b)) => cmp_typed(op, &a, rhs!(b)),
-        (Vals::F64(a), Vals::F64(b)) => cmp_typed(op, &a, rhs!(b)),
-        (Vals::I64(a), Vals::I64(b)) => cmp_typed(op, &a, rhs!(b)),
-        (Vals::Bool(a), Vals::Bool(b)) => cmp_typed(op, &a, rhs!(b)),
+        (Vals::F32(a), Vals::F32(b)) => cmp_typed(op, &a, Rhs::of(&b, b_scalar)),
+        (Vals::F64(a), Vals::F64(b)) => cmp_typed(op, &a, Rhs::of(&b, b_scalar)),
+        (Vals::I64(a), Vals::I64(b)) => cmp_typed(op, &a, Rhs::of(&b, b_scalar)),
+        (Vals::Bool(a), Vals::Bool(b)) => cmp_typed(op, &a, Rhs::of(&b, b_scalar)),
         _ => return Err(CpuError::Internal(format!("{}: operands gathered into different kinds", op.name()))),
     })
 }
