@@ -103,8 +103,35 @@ pub(crate) fn best_nodes(eg: &EG) -> HashMap<Id, ENode> {
 /// Number of op nodes and total own cost of the graph the selection `sel` extracts for
 /// `roots`; `None` if the selection is cyclic or incomplete.
 pub(crate) fn dag_stats(eg: &EG, roots: &[Id], sel: &HashMap<Id, ENode>) -> Option<(usize, u128)> {
-    let mut state: HashMap<Id, bool> = HashMap::new();
+    let post = post_order(eg, roots, |c| sel.get(&c)).ok()?;
     let (mut count, mut cost) = (0usize, 0u128);
+    for c in post {
+        let node = sel.get(&c)?;
+        if let ENode::Op(..) = node {
+            count += 1;
+            cost = cost.saturating_add(node_cost(eg, c, node));
+        }
+    }
+    Some((count, cost))
+}
+
+/// Why a selection has no post order.
+enum Unordered {
+    /// An e-class the walk reached has no selected e-node.
+    Missing(Id),
+    /// The selection is cyclic through this e-class.
+    Cycle(Id),
+}
+
+/// The e-classes the selection `sel` reaches from `roots`, each once, arguments before
+/// their users (an iterative DFS: graphs can be deep).
+fn post_order<'n>(
+    eg: &EG,
+    roots: &[Id],
+    sel: impl Fn(Id) -> Option<&'n ENode>,
+) -> std::result::Result<Vec<Id>, Unordered> {
+    let mut post: Vec<Id> = Vec::new();
+    let mut state: HashMap<Id, bool> = HashMap::new(); // false = open, true = done
     for &r in roots {
         let r = eg.find(r);
         if state.contains_key(&r) {
@@ -113,8 +140,7 @@ pub(crate) fn dag_stats(eg: &EG, roots: &[Id], sel: &HashMap<Id, ENode>) -> Opti
         state.insert(r, false);
         let mut stack = vec![(r, 0usize)];
         while let Some((c, k)) = stack.pop() {
-            let node = sel.get(&c)?;
-            let args = node.args();
+            let args = sel(c).ok_or(Unordered::Missing(c))?.args();
             if k < args.len() {
                 stack.push((c, k + 1));
                 let a = eg.find(args[k]);
@@ -123,19 +149,16 @@ pub(crate) fn dag_stats(eg: &EG, roots: &[Id], sel: &HashMap<Id, ENode>) -> Opti
                         state.insert(a, false);
                         stack.push((a, 0));
                     }
-                    Some(false) => return None,
+                    Some(false) => return Err(Unordered::Cycle(a)),
                     Some(true) => {}
                 }
             } else {
                 state.insert(c, true);
-                if let ENode::Op(..) = node {
-                    count += 1;
-                    cost = cost.saturating_add(node_cost(eg, c, node));
-                }
+                post.push(c);
             }
         }
     }
-    Some((count, cost))
+    Ok(post)
 }
 
 /// Revert classes of `sel` to their `original` e-node until the extracted graph has at
@@ -187,37 +210,11 @@ pub(crate) fn rebuild(
     let choice = |c: Id| {
         best.get(&c).ok_or_else(|| PartitionError::Internal(format!("e-class {c} has no acyclic e-node to extract")))
     };
-    // Post-order DFS over the chosen e-nodes (iterative: graphs can be deep).
-    let mut post: Vec<Id> = Vec::new();
-    let mut state: HashMap<Id, bool> = HashMap::new(); // false = open, true = done
-    for &r in roots {
-        let r = eg.find(r);
-        if state.contains_key(&r) {
-            continue;
-        }
-        let mut stack = vec![(r, 0usize)];
-        state.insert(r, false);
-        while let Some((c, k)) = stack.pop() {
-            let args = choice(c)?.args();
-            if k < args.len() {
-                stack.push((c, k + 1));
-                let a = eg.find(args[k]);
-                match state.get(&a) {
-                    None => {
-                        state.insert(a, false);
-                        stack.push((a, 0));
-                    }
-                    Some(false) => {
-                        return Err(PartitionError::Internal(format!("extraction found a cycle through e-class {a}")))
-                    }
-                    Some(true) => {}
-                }
-            } else {
-                state.insert(c, true);
-                post.push(c);
-            }
-        }
-    }
+    // Post order over the chosen e-nodes.
+    let post = post_order(eg, roots, |c| best.get(&c)).map_err(|e| match e {
+        Unordered::Missing(c) => PartitionError::Internal(format!("e-class {c} has no acyclic e-node to extract")),
+        Unordered::Cycle(a) => PartitionError::Internal(format!("extraction found a cycle through e-class {a}")),
+    })?;
     // Priorities: original position, or (for rewrite-made classes) that of the first user.
     let mut prio: HashMap<Id, usize> = HashMap::new();
     let mut users: HashMap<Id, Vec<Id>> = HashMap::new();
