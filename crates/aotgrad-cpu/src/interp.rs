@@ -74,7 +74,7 @@ fn concrete_values(index: usize, meta: &TensorMeta) -> Result<(Vec<i64>, Vec<i64
 }
 
 /// Bind every graph symbol from the inputs and check the inputs against the graph.
-fn bind_inputs(g: &Graph, inputs: &[CpuTensor]) -> Result<HashMap<SymId, i64>> {
+pub(crate) fn bind_inputs(g: &Graph, inputs: &[CpuTensor]) -> Result<HashMap<SymId, i64>> {
     if inputs.len() != g.inputs.len() {
         return Err(input_err(
             inputs.len().min(g.inputs.len()),

@@ -18,6 +18,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod backend;
+pub mod compiled;
 mod convert;
 mod exec;
 mod indexing;
@@ -31,6 +32,7 @@ pub mod storage;
 mod tensor;
 
 pub use backend::{InterpretedGraph, ReferenceBackend};
+pub use compiled::{AllocStats, CpuBackend, CpuCompiledGraph};
 pub use storage::{Buffer, CpuTensor, Storage};
 
 use aotgrad_ir::{Graph, Op, ShapeError, SourceLoc, TensorMeta, ValueId};

@@ -79,6 +79,10 @@ impl Storage {
     pub fn new(buf: Buffer) -> Arc<Storage> {
         Arc::new(Storage { buf: RwLock::new(buf), version: AtomicU64::new(0) })
     }
+    /// The buffer, taking the storage apart.
+    pub fn into_buffer(self) -> Buffer {
+        self.buf.into_inner().unwrap_or_else(|e| e.into_inner())
+    }
     /// Read access.
     pub fn read(&self) -> RwLockReadGuard<'_, Buffer> {
         self.buf.read().unwrap_or_else(|e| e.into_inner())

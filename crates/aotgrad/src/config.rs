@@ -1,7 +1,7 @@
 //! Configuration of compiled functions.
 
 use crate::runtime::Partitioner;
-use aotgrad_cpu::{CpuTensor, ReferenceBackend};
+use aotgrad_cpu::{CpuBackend, CpuTensor};
 use aotgrad_ir::Backend;
 use aotgrad_trace::DecompTable;
 use std::fmt;
@@ -22,7 +22,9 @@ pub struct AotConfig {
     pub duck_shape: bool,
     /// Which composite ops to decompose.
     pub decomps: DecompTable,
-    /// The compiler for the graphs.
+    /// The compiler for the graphs: by default the compiled CPU backend on every
+    /// core ([`aotgrad_cpu::CpuBackend`]); [`aotgrad_cpu::ReferenceBackend`] runs
+    /// graphs on the reference interpreter (the oracle). See [`AotConfig::threads`].
     pub backend: Arc<dyn Backend<CpuTensor>>,
     /// How the training path splits the joint graph.
     pub partitioner: Partitioner,
@@ -38,10 +40,24 @@ impl Default for AotConfig {
             dynamic: Vec::new(),
             duck_shape: true,
             decomps: DecompTable::default(),
-            backend: Arc::new(ReferenceBackend),
+            backend: Arc::new(CpuBackend::default()),
             partitioner: Partitioner::default(),
             simplify: true,
         }
+    }
+}
+
+impl AotConfig {
+    /// Use the compiled CPU backend on `threads` threads (`0`: every core; `1`: one
+    /// thread, deterministic and free of any thread pool).
+    pub fn threads(mut self, threads: usize) -> AotConfig {
+        self.backend = Arc::new(CpuBackend::new(threads));
+        self
+    }
+    /// Run graphs on the reference interpreter instead of compiling them.
+    pub fn reference_backend(mut self) -> AotConfig {
+        self.backend = Arc::new(aotgrad_cpu::ReferenceBackend);
+        self
     }
 }
 

@@ -28,8 +28,12 @@ fn inputs() -> Vec<Arg> {
     ]
 }
 
+/// On the reference interpreter: every partition computes each value with the same
+/// kernels, so results agree bit for bit. (A fusing backend may sum in another order
+/// when a partition changes a reduction's input layout; its agreement with the
+/// reference is checked with tolerances by the backend differential suite.)
 fn config(partitioner: Partitioner, simplify: bool) -> AotConfig {
-    AotConfig { partitioner, simplify, ..AotConfig::default() }
+    AotConfig { partitioner, simplify, ..AotConfig::default() }.reference_backend()
 }
 
 /// Outputs and gradients (as f64 bits) of one forward + backward, and the saved bytes.

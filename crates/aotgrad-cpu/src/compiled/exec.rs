@@ -1,0 +1,908 @@
+//! Executing lowered kernels: block-wise evaluation of fused bodies (each instruction a
+//! tight loop over up to [`BLK`] elements of a contiguous run, which the compiler
+//! vectorizes), reductions with f64 accumulators, matmuls through the `gemm` crate with
+//! the epilogue applied per row panel while it is hot, and extern ops through the
+//! reference kernels.
+//!
+//! Buffers are raw pointers for the duration of one kernel. Safety rests on the
+//! lowering's checks: every access stays inside its buffer (`Lowered::input_need`,
+//! extents), a kernel never writes a buffer it reads (liveness in the buffer plan;
+//! an epilogue only reads the matmul result element by element where it writes), and
+//! parallel tasks write disjoint ranges of the output.
+
+use super::lower::{CAccess, CBody, CMatmul, CPointwise, CReduce, LInstr, Src};
+use super::math::{Num, Storable};
+use crate::{CpuError, Result};
+use aotgrad_fusion::Compute;
+use aotgrad_ir::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+/// Elements per block of a fused body.
+pub(crate) const BLK: usize = 256;
+
+/// A buffer as one kernel sees it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Raw {
+    pub ptr: *mut u8,
+    pub dtype: DType,
+}
+// SAFETY: `Raw` is only handed to the tasks of one kernel, which read disjoint or
+// read-only memory (see the module docs).
+unsafe impl Send for Raw {}
+unsafe impl Sync for Raw {}
+
+impl Raw {
+    pub(crate) const NONE: Raw = Raw { ptr: std::ptr::null_mut(), dtype: DType::F32 };
+}
+
+/// Run `f` on `[lo, hi)` chunks of `0..total` on up to `threads` tasks.
+pub(crate) fn par_chunks(total: usize, threads: usize, min_chunk: usize, f: impl Fn(usize, usize) + Sync) {
+    let tasks = if threads <= 1 { 1 } else { (total / min_chunk.max(1)).clamp(1, threads * 4) };
+    if tasks <= 1 {
+        f(0, total);
+        return;
+    }
+    (0..tasks).into_par_iter().for_each(|c| f(c * total / tasks, (c + 1) * total / tasks));
+}
+
+// ---- loads and stores ---------------------------------------------------------------
+
+/// # Safety
+/// `p` points to a buffer of `S` holding `off + (n-1)*stride`.
+#[inline(always)]
+unsafe fn load_typed<S: Storable, T: Num>(p: *const S, off: usize, stride: usize, out: &mut [T]) {
+    // SAFETY: the caller guarantees the range is inside the buffer.
+    unsafe {
+        if stride == 1 {
+            let s = std::slice::from_raw_parts(p.add(off), out.len());
+            for (o, v) in out.iter_mut().zip(s) {
+                *o = v.load();
+            }
+        } else if stride == 0 {
+            let v: T = (*p.add(off)).load();
+            out.fill(v);
+        } else {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = (*p.add(off + i * stride)).load();
+            }
+        }
+    }
+}
+
+/// # Safety
+/// As [`load_typed`], and no other task writes the same elements.
+#[inline(always)]
+unsafe fn store_typed<S: Storable, T: Num>(p: *mut S, off: usize, stride: usize, vals: &[T]) {
+    // SAFETY: the caller guarantees the range is inside the buffer and owned.
+    unsafe {
+        if stride == 1 {
+            let s = std::slice::from_raw_parts_mut(p.add(off), vals.len());
+            for (o, v) in s.iter_mut().zip(vals) {
+                *o = S::store(*v);
+            }
+        } else {
+            for (i, v) in vals.iter().enumerate() {
+                *p.add(off + i * stride) = S::store(*v);
+            }
+        }
+    }
+}
+
+macro_rules! by_dtype {
+    ($raw:expr, $f:ident, $($args:expr),*) => {
+        match $raw.dtype {
+            DType::F32 => $f($raw.ptr as *mut f32, $($args),*),
+            DType::F64 => $f($raw.ptr as *mut f64, $($args),*),
+            DType::F16 => $f($raw.ptr as *mut f16, $($args),*),
+            DType::BF16 => $f($raw.ptr as *mut bf16, $($args),*),
+            DType::Bool => $f($raw.ptr as *mut bool, $($args),*),
+            DType::I64 => $f($raw.ptr as *mut i64, $($args),*),
+            DType::I32 => $f($raw.ptr as *mut i32, $($args),*),
+        }
+    };
+}
+
+// ---- instructions -------------------------------------------------------------------
+
+enum V<'a, T> {
+    S(&'a [T]),
+    C(T),
+}
+
+#[inline(always)]
+fn map1<T: Num>(d: &mut [T], a: &[T], f: impl Fn(T) -> T) {
+    for (o, &x) in d.iter_mut().zip(a) {
+        *o = f(x);
+    }
+}
+
+#[inline(always)]
+fn map2<T: Num>(d: &mut [T], a: V<'_, T>, b: V<'_, T>, f: impl Fn(T, T) -> T) {
+    match (a, b) {
+        (V::S(a), V::S(b)) => {
+            for ((o, &x), &y) in d.iter_mut().zip(a).zip(b) {
+                *o = f(x, y);
+            }
+        }
+        (V::S(a), V::C(y)) => {
+            for (o, &x) in d.iter_mut().zip(a) {
+                *o = f(x, y);
+            }
+        }
+        (V::C(x), V::S(b)) => {
+            for (o, &y) in d.iter_mut().zip(b) {
+                *o = f(x, y);
+            }
+        }
+        (V::C(x), V::C(y)) => d.fill(f(x, y)),
+    }
+}
+
+#[inline(always)]
+fn b2n<T: Num>(b: bool) -> T {
+    if b {
+        T::ONE
+    } else {
+        T::ZERO
+    }
+}
+
+#[inline(always)]
+fn unary<T: Num>(op: UnaryOp, d: &mut [T], a: &[T]) {
+    let z = T::ZERO;
+    let one = T::ONE;
+    match op {
+        UnaryOp::Neg => map1(
+            d,
+            a,
+            #[inline(always)]
+            |x| x.neg(),
+        ),
+        UnaryOp::Abs => map1(
+            d,
+            a,
+            #[inline(always)]
+            |x| x.abs(),
+        ),
+        UnaryOp::Exp => map1(
+            d,
+            a,
+            #[inline(always)]
+            |x| x.exp(),
+        ),
+        UnaryOp::Log => map1(
+            d,
+            a,
+            #[inline(always)]
+            |x| x.ln(),
+        ),
+        UnaryOp::Sqrt => map1(
+            d,
+            a,
+            #[inline(always)]
+            |x| x.sqrt(),
+        ),
+        UnaryOp::Rsqrt => map1(
+            d,
+            a,
+            #[inline(always)]
+            |x| one.div(x.sqrt()),
+        ),
+        UnaryOp::Sin => map1(
+            d,
+            a,
+            #[inline(always)]
+            |x| x.sin(),
+        ),
+        UnaryOp::Cos => map1(
+            d,
+            a,
+            #[inline(always)]
+            |x| x.cos(),
+        ),
+        UnaryOp::Tanh => map1(
+            d,
+            a,
+            #[inline(always)]
+            |x| x.tanh(),
+        ),
+        UnaryOp::Sigmoid => map1(
+            d,
+            a,
+            #[inline(always)]
+            |x| one.div(one.add(x.neg().exp())),
+        ),
+        UnaryOp::Relu => map1(
+            d,
+            a,
+            #[inline(always)]
+            |x| if x.is_nan() || x > z { x } else { z },
+        ),
+        UnaryOp::Erf => map1(
+            d,
+            a,
+            #[inline(always)]
+            |x| x.erf(),
+        ),
+        UnaryOp::Reciprocal => map1(
+            d,
+            a,
+            #[inline(always)]
+            |x| one.div(x),
+        ),
+        UnaryOp::Sign => map1(
+            d,
+            a,
+            #[inline(always)]
+            |x| {
+                if x > z {
+                    one
+                } else if x < z {
+                    one.neg()
+                } else {
+                    z
+                }
+            },
+        ),
+        UnaryOp::LogicalNot => map1(
+            d,
+            a,
+            #[inline(always)]
+            |x| b2n(x == z),
+        ),
+    }
+}
+
+#[inline(always)]
+fn binary<T: Num>(op: BinaryOp, d: &mut [T], a: V<'_, T>, b: V<'_, T>) {
+    match op {
+        BinaryOp::Add => map2(
+            d,
+            a,
+            b,
+            #[inline(always)]
+            |x, y| x.add(y),
+        ),
+        BinaryOp::Sub => map2(
+            d,
+            a,
+            b,
+            #[inline(always)]
+            |x, y| x.sub(y),
+        ),
+        BinaryOp::Mul => map2(
+            d,
+            a,
+            b,
+            #[inline(always)]
+            |x, y| x.mul(y),
+        ),
+        BinaryOp::Div => map2(
+            d,
+            a,
+            b,
+            #[inline(always)]
+            |x, y| x.div(y),
+        ),
+        BinaryOp::Pow => map2(
+            d,
+            a,
+            b,
+            #[inline(always)]
+            |x, y| x.powf(y),
+        ),
+        BinaryOp::Maximum => map2(
+            d,
+            a,
+            b,
+            #[inline(always)]
+            |x, y| {
+                if x.is_nan() || y.is_nan() {
+                    T::nan()
+                } else if x > y {
+                    x
+                } else {
+                    y
+                }
+            },
+        ),
+        BinaryOp::Minimum => map2(
+            d,
+            a,
+            b,
+            #[inline(always)]
+            |x, y| {
+                if x.is_nan() || y.is_nan() {
+                    T::nan()
+                } else if x < y {
+                    x
+                } else {
+                    y
+                }
+            },
+        ),
+    }
+}
+
+#[inline(always)]
+fn compare<T: Num>(op: CmpOp, d: &mut [T], a: V<'_, T>, b: V<'_, T>) {
+    match op {
+        CmpOp::Eq => map2(
+            d,
+            a,
+            b,
+            #[inline(always)]
+            |x, y| b2n(x == y),
+        ),
+        CmpOp::Ne => map2(
+            d,
+            a,
+            b,
+            #[inline(always)]
+            |x, y| b2n(x != y),
+        ),
+        CmpOp::Lt => map2(
+            d,
+            a,
+            b,
+            #[inline(always)]
+            |x, y| b2n(x < y),
+        ),
+        CmpOp::Le => map2(
+            d,
+            a,
+            b,
+            #[inline(always)]
+            |x, y| b2n(x <= y),
+        ),
+        CmpOp::Gt => map2(
+            d,
+            a,
+            b,
+            #[inline(always)]
+            |x, y| b2n(x > y),
+        ),
+        CmpOp::Ge => map2(
+            d,
+            a,
+            b,
+            #[inline(always)]
+            |x, y| b2n(x >= y),
+        ),
+    }
+}
+
+/// Split the register file into the destination and up to three operands.
+///
+/// # Safety
+/// `d` differs from every operand (operands may coincide with each other) and all are
+/// below `regs.len() / BLK`.
+#[inline(always)]
+unsafe fn regs_split<T>(regs: &mut [T], n: usize, d: usize, ops: [usize; 3]) -> (&mut [T], [&[T]; 3]) {
+    let base = regs.as_mut_ptr();
+    // SAFETY: disjoint register slots (d is not an operand), in bounds (caller).
+    unsafe {
+        let dst = std::slice::from_raw_parts_mut(base.add(d * BLK), n);
+        let o = ops.map(|r| std::slice::from_raw_parts(base.add(r * BLK) as *const T, n));
+        (dst, o)
+    }
+}
+
+/// Evaluate `body` for `n` elements; `offs[l]` is the base offset of load `l` and its
+/// inner stride is `strides[l]`.
+///
+/// # Safety
+/// `bufs` cover every access for these offsets.
+#[inline(always)]
+unsafe fn eval_block<T: Num>(body: &CBody, bufs: &[Raw], offs: &[usize], inner: &[usize], regs: &mut [T], n: usize) {
+    let src = |s: &Src| match s {
+        Src::Reg(r) => (*r, None),
+        Src::Const(c) => (0, Some(T::from_f64(*c))),
+    };
+    for ins in &body.instrs {
+        match ins {
+            LInstr::Load { load, d } => {
+                let acc = &body.loads[*load];
+                let raw = bufs[acc.buf];
+                let dst = &mut regs[d * BLK..d * BLK + n];
+                // SAFETY: the access is in bounds (caller).
+                unsafe { by_dtype!(raw, load_typed, offs[*load], inner[*load], dst) };
+            }
+            LInstr::Fill { v, d } => regs[d * BLK..d * BLK + n].fill(T::from_f64(*v)),
+            LInstr::Unary { op, a, d } => {
+                // SAFETY: the register allocator never writes an operand.
+                let (dst, [x, _, _]) = unsafe { regs_split(regs, n, *d, [*a, *a, *a]) };
+                unary(*op, dst, x);
+            }
+            LInstr::Binary { op, a, b, d } => {
+                let ((ra, ca), (rb, cb)) = (src(a), src(b));
+                // SAFETY: as above.
+                let (dst, [x, y, _]) = unsafe { regs_split(regs, n, *d, [ra, rb, ra]) };
+                binary(*op, dst, ca.map_or(V::S(x), V::C), cb.map_or(V::S(y), V::C));
+            }
+            LInstr::Compare { op, a, b, d } => {
+                let ((ra, ca), (rb, cb)) = (src(a), src(b));
+                // SAFETY: as above.
+                let (dst, [x, y, _]) = unsafe { regs_split(regs, n, *d, [ra, rb, ra]) };
+                compare(*op, dst, ca.map_or(V::S(x), V::C), cb.map_or(V::S(y), V::C));
+            }
+            LInstr::Where { c, a, b, d } => {
+                // SAFETY: as above.
+                let (dst, [c, x, y]) = unsafe { regs_split(regs, n, *d, [*c, *a, *b]) };
+                for (((o, &c), &x), &y) in dst.iter_mut().zip(c).zip(x).zip(y) {
+                    *o = if c != T::ZERO { x } else { y };
+                }
+            }
+            LInstr::Clamp { a, lo, hi, d } => {
+                // SAFETY: as above.
+                let (dst, [x, _, _]) = unsafe { regs_split(regs, n, *d, [*a, *a, *a]) };
+                let lo = lo.map(T::from_f64);
+                let hi = hi.map(T::from_f64);
+                map1(
+                    dst,
+                    x,
+                    #[inline(always)]
+                    |v| {
+                        if v.is_nan() {
+                            return v;
+                        }
+                        let v = match lo {
+                            Some(l) if v < l => l,
+                            _ => v,
+                        };
+                        match hi {
+                            Some(h) if v > h => h,
+                            _ => v,
+                        }
+                    },
+                );
+            }
+            LInstr::Round { dtype, a, d } => {
+                // SAFETY: as above.
+                let (dst, [x, _, _]) = unsafe { regs_split(regs, n, *d, [*a, *a, *a]) };
+                match dtype {
+                    DType::F32 => map1(
+                        dst,
+                        x,
+                        #[inline(always)]
+                        |v| T::from_f32(v.to_f32()),
+                    ),
+                    DType::F16 => map1(
+                        dst,
+                        x,
+                        #[inline(always)]
+                        |v| T::from_f32(f16::from_f64(v.to_f64()).to_f32()),
+                    ),
+                    DType::BF16 => map1(
+                        dst,
+                        x,
+                        #[inline(always)]
+                        |v| T::from_f32(bf16::from_f64(v.to_f64()).to_f32()),
+                    ),
+                    DType::Bool => map1(
+                        dst,
+                        x,
+                        #[inline(always)]
+                        |v| b2n(v != T::ZERO),
+                    ),
+                    _ => map1(
+                        dst,
+                        x,
+                        #[inline(always)]
+                        |v| v,
+                    ),
+                }
+            }
+        }
+    }
+}
+
+/// Walk `[e0, e1)` of a coalesced iteration space in segments of at most [`BLK`]
+/// elements of one inner run; `f(base offsets, segment start in the inner dim, len)`.
+#[inline(always)]
+fn segments(shape: &[usize], accs: &[&CAccess], e0: usize, e1: usize, mut f: impl FnMut(&[usize], usize)) {
+    let rank = shape.len();
+    let inner = shape[rank - 1];
+    if inner == 0 {
+        return;
+    }
+    let mut offs = vec![0usize; accs.len()];
+    let mut e = e0;
+    while e < e1 {
+        let outer = e / inner;
+        let j = e % inner;
+        let len = (inner - j).min(e1 - e).min(BLK);
+        let mut rem = outer;
+        for (k, a) in accs.iter().enumerate() {
+            offs[k] = a.offset + j * a.strides[rank - 1];
+        }
+        for d in (0..rank - 1).rev() {
+            let i = rem % shape[d];
+            rem /= shape[d];
+            for (k, a) in accs.iter().enumerate() {
+                offs[k] += i * a.strides[d];
+            }
+        }
+        f(&offs, len);
+        e += len;
+    }
+}
+
+/// Run a pointwise kernel over elements `[e0, e1)` of its iteration space.
+///
+/// # Safety
+/// `bufs` hold every buffer the kernel touches; no other task writes `[e0, e1)`.
+#[inline(always)]
+unsafe fn pointwise_range_impl<T: Num>(k: &CPointwise, bufs: &[Raw], e0: usize, e1: usize) {
+    let mut regs = vec![T::ZERO; k.body.nregs * BLK];
+    let mut accs: Vec<&CAccess> = k.body.loads.iter().collect();
+    accs.extend(k.stores.iter().map(|(_, a)| a));
+    let rank = k.shape.len();
+    let inner: Vec<usize> = accs.iter().map(|a| a.strides[rank - 1]).collect();
+    let nl = k.body.loads.len();
+    segments(
+        &k.shape,
+        &accs,
+        e0,
+        e1,
+        #[inline(always)]
+        |offs, len| {
+            // SAFETY: the caller's guarantees.
+            unsafe {
+                eval_block(&k.body, bufs, &offs[..nl], &inner[..nl], &mut regs, len);
+                for (s, (reg, acc)) in k.stores.iter().enumerate() {
+                    let raw = bufs[acc.buf];
+                    let vals = &regs[reg * BLK..reg * BLK + len];
+                    by_dtype!(raw, store_typed, offs[nl + s], inner[nl + s], vals);
+                }
+            }
+        },
+    );
+}
+
+/// Run a pointwise kernel on `threads` tasks.
+///
+/// # Safety
+/// As [`pointwise_range`] for the whole space.
+pub(crate) unsafe fn pointwise(k: &CPointwise, bufs: &[Raw], threads: usize) {
+    let f = |lo: usize, hi: usize| match k.body.compute {
+        // SAFETY: chunks are disjoint ranges of the output.
+        Compute::F32 => unsafe { pointwise_range::<f32>(k, bufs, lo, hi) },
+        Compute::F64 => unsafe { pointwise_range::<f64>(k, bufs, lo, hi) },
+    };
+    par_chunks(k.numel, threads, 16 * 1024, f);
+}
+
+/// Instruction sets the hot loops are compiled for; the best one present is picked
+/// once at run time (the build itself targets the baseline CPU).
+#[derive(Clone, Copy, PartialEq)]
+enum Isa {
+    Base,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+}
+
+fn isa() -> Isa {
+    static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+    *ISA.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512vl")
+                && std::arch::is_x86_feature_detected!("avx512dq")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                return Isa::Avx512;
+            }
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Base
+    })
+}
+
+/// Defines `$name`, which runs `$imp` compiled for the best instruction set present.
+macro_rules! multiversion {
+    ($name:ident, $imp:ident, ($($arg:ident: $ty:ty),*)) => {
+        /// # Safety
+        /// As the implementation's.
+        pub(crate) unsafe fn $name<T: Num>($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma")]
+                unsafe fn v4<T: Num>($($arg: $ty),*) {
+                    // SAFETY: forwarded.
+                    unsafe { $imp::<T>($($arg),*) }
+                }
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn v3<T: Num>($($arg: $ty),*) {
+                    // SAFETY: forwarded.
+                    unsafe { $imp::<T>($($arg),*) }
+                }
+                match isa() {
+                    // SAFETY: the features were detected.
+                    Isa::Avx512 => return unsafe { v4::<T>($($arg),*) },
+                    // SAFETY: the features were detected.
+                    Isa::Avx2 => return unsafe { v3::<T>($($arg),*) },
+                    Isa::Base => {}
+                }
+            }
+            // SAFETY: forwarded.
+            unsafe { $imp::<T>($($arg),*) }
+        }
+    };
+}
+
+multiversion!(pointwise_range, pointwise_range_impl, (k: &CPointwise, bufs: &[Raw], e0: usize, e1: usize));
+multiversion!(reduce_range, reduce_range_impl, (k: &CReduce, bufs: &[Raw], acc: Raw, e0: usize, e1: usize));
+
+// ---- reductions ---------------------------------------------------------------------
+
+/// Run a reduction. `acc` is f64 scratch of at least `k.dst_extent` elements.
+///
+/// # Safety
+/// `bufs` hold every buffer the kernel touches.
+pub(crate) unsafe fn reduce(k: &CReduce, bufs: &[Raw], acc: &mut [f64], threads: usize) -> Result<()> {
+    let numel: usize = k.shape.iter().product();
+    let n_out = k.dst_extent;
+    if k.count == 0 && matches!(k.op, ReduceOp::Amax | ReduceOp::Amin) && n_out > 0 {
+        return Err(CpuError::kernel(
+            k.op.name(),
+            "cannot reduce over a dimension of size 0 (the operation has no identity)",
+        ));
+    }
+    let init = match k.op {
+        ReduceOp::Sum | ReduceOp::Mean => 0.0,
+        ReduceOp::Amax => f64::NEG_INFINITY,
+        ReduceOp::Amin => f64::INFINITY,
+    };
+    let acc = &mut acc[..n_out];
+    acc.fill(init);
+    let acc_raw = Raw { ptr: acc.as_mut_ptr() as *mut u8, dtype: DType::F64 };
+    let rank = k.shape.len();
+    // Tasks split the leading dim when it is kept: each owns its outputs.
+    let rest: usize = k.shape[1..].iter().product();
+    let split = !k.reduced[0] && rank > 1;
+    let run = |lo: usize, hi: usize| match k.body.compute {
+        // SAFETY: disjoint outputs per task (leading dim kept) or one task.
+        Compute::F32 => unsafe { reduce_range::<f32>(k, bufs, acc_raw, lo * rest, hi * rest) },
+        Compute::F64 => unsafe { reduce_range::<f64>(k, bufs, acc_raw, lo * rest, hi * rest) },
+    };
+    if split {
+        par_chunks(k.shape[0], threads, (64 * 1024 / rest.max(1)).max(1), run);
+    } else if numel > 0 {
+        // One task over everything (`rest` divides numel exactly when rank > 1).
+        let run1 = |lo: usize, hi: usize| match k.body.compute {
+            // SAFETY: a single task.
+            Compute::F32 => unsafe { reduce_range::<f32>(k, bufs, acc_raw, lo, hi) },
+            Compute::F64 => unsafe { reduce_range::<f64>(k, bufs, acc_raw, lo, hi) },
+        };
+        run1(0, numel);
+    }
+    let scale = if k.op == ReduceOp::Mean { Some(k.count as f64) } else { None };
+    let dst = bufs[k.dst.buf];
+    // SAFETY: the destination holds `dst_extent` elements.
+    unsafe {
+        let acc_ptr = acc_raw.ptr as *const f64;
+        let vals = std::slice::from_raw_parts(acc_ptr, n_out);
+        match scale {
+            Some(c) => {
+                let tmp: Vec<f64> = vals.iter().map(|v| v / c).collect();
+                by_dtype!(dst, store_typed, 0, 1, &tmp[..]);
+            }
+            None => by_dtype!(dst, store_typed, 0, 1, vals),
+        }
+    }
+    Ok(())
+}
+
+/// # Safety
+/// As [`reduce`]; no other task accumulates into the outputs of `[e0, e1)`.
+#[inline(always)]
+unsafe fn reduce_range_impl<T: Num>(k: &CReduce, bufs: &[Raw], acc: Raw, e0: usize, e1: usize) {
+    let mut regs = vec![T::ZERO; k.body.nregs * BLK];
+    let mut accs: Vec<&CAccess> = k.body.loads.iter().collect();
+    accs.push(&k.dst);
+    let rank = k.shape.len();
+    let inner: Vec<usize> = accs.iter().map(|a| a.strides[rank - 1]).collect();
+    let nl = k.body.loads.len();
+    let inner_reduced = k.reduced[rank - 1];
+    let acc = acc.ptr as *mut f64;
+    let op = k.op;
+    let v = k.value;
+    segments(
+        &k.shape,
+        &accs,
+        e0,
+        e1,
+        #[inline(always)]
+        |offs, len| {
+            // SAFETY: the caller's guarantees; the accumulator covers the dst extent.
+            unsafe {
+                eval_block(&k.body, bufs, &offs[..nl], &inner[..nl], &mut regs, len);
+                let vals = &regs[v * BLK..v * BLK + len];
+                let o = offs[nl];
+                if inner_reduced {
+                    let a = &mut *acc.add(o);
+                    *a = match op {
+                        ReduceOp::Sum | ReduceOp::Mean => *a + sum_f64(vals),
+                        ReduceOp::Amax => vals.iter().fold(*a, |m, &x| {
+                            let x = x.to_f64();
+                            if x > m || x.is_nan() {
+                                x
+                            } else {
+                                m
+                            }
+                        }),
+                        ReduceOp::Amin => vals.iter().fold(*a, |m, &x| {
+                            let x = x.to_f64();
+                            if x < m || x.is_nan() {
+                                x
+                            } else {
+                                m
+                            }
+                        }),
+                    };
+                } else {
+                    let s = inner[nl];
+                    for (i, &x) in vals.iter().enumerate() {
+                        let a = &mut *acc.add(o + i * s);
+                        let x = x.to_f64();
+                        *a = match op {
+                            ReduceOp::Sum | ReduceOp::Mean => *a + x,
+                            ReduceOp::Amax => {
+                                if x > *a || x.is_nan() {
+                                    x
+                                } else {
+                                    *a
+                                }
+                            }
+                            ReduceOp::Amin => {
+                                if x < *a || x.is_nan() {
+                                    x
+                                } else {
+                                    *a
+                                }
+                            }
+                        };
+                    }
+                }
+            }
+        },
+    );
+}
+
+/// Sum in f64 with eight independent lanes (vectorizes; deterministic order).
+#[inline(always)]
+fn sum_f64<T: Num>(v: &[T]) -> f64 {
+    let mut lanes = [0f64; 8];
+    let chunks = v.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for i in 0..8 {
+            lanes[i] += c[i].to_f64();
+        }
+    }
+    let mut s = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+    for &x in tail {
+        s += x.to_f64();
+    }
+    s
+}
+
+// ---- matmul ---------------------------------------------------------------------------
+
+/// # Safety
+/// The operand and result pointers cover the lowered strides.
+unsafe fn gemm_rows<T: 'static + Copy + num_traits::Zero>(
+    mm: &CMatmul,
+    bufs: &[Raw],
+    batch: usize,
+    r0: usize,
+    r1: usize,
+    par: gemm::Parallelism,
+) {
+    let (ab, ast, aoff) = mm.a;
+    let (bb, bst, boff) = mm.b;
+    let (ob, ost, ooff) = mm.out;
+    let bi = batch as isize;
+    let r = r0 as isize;
+    // SAFETY: offsets inside the buffers (lowering checked the extents).
+    unsafe {
+        let a = (bufs[ab].ptr as *const T).offset(aoff as isize + bi * ast[0] + r * ast[1]);
+        let b = (bufs[bb].ptr as *const T).offset(boff as isize + bi * bst[0]);
+        let o = (bufs[ob].ptr as *mut T).offset(ooff as isize + bi * ost[0] + r * ost[1]);
+        if mm.k == 0 {
+            for i in 0..(r1 - r0) as isize {
+                for j in 0..mm.m as isize {
+                    *o.offset(i * ost[1] + j * ost[2]) = T::zero();
+                }
+            }
+            return;
+        }
+        gemm::gemm(
+            r1 - r0,
+            mm.m,
+            mm.k,
+            o,
+            ost[2],
+            ost[1],
+            false,
+            a,
+            ast[2],
+            ast[1],
+            b,
+            bst[2],
+            bst[1],
+            T::zero(),
+            one::<T>(),
+            false,
+            false,
+            false,
+            par,
+        );
+    }
+}
+
+fn one<T: 'static + Copy>() -> T {
+    let any: &dyn std::any::Any =
+        if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() { &1f32 } else { &1f64 };
+    *any.downcast_ref::<T>().unwrap_or_else(|| unreachable!("gemm is only called for f32 and f64"))
+}
+
+/// Run a matmul and its epilogue.
+///
+/// # Safety
+/// `bufs` hold every buffer the kernel touches.
+pub(crate) unsafe fn matmul(mm: &CMatmul, bufs: &[Raw], threads: usize) {
+    if mm.n == 0 || mm.m == 0 || mm.batch == 0 {
+        return;
+    }
+    let plane = mm.n * mm.m;
+    let rows = |b: usize, r0: usize, r1: usize, par: gemm::Parallelism| {
+        // SAFETY: the caller's guarantees; tasks own disjoint rows.
+        unsafe {
+            match mm.dtype {
+                DType::F64 => gemm_rows::<f64>(mm, bufs, b, r0, r1, par),
+                _ => gemm_rows::<f32>(mm, bufs, b, r0, r1, par),
+            }
+            if let Some(e) = &mm.epilogue {
+                let (lo, hi) = (b * plane + r0 * mm.m, b * plane + r1 * mm.m);
+                match e.body.compute {
+                    Compute::F32 => pointwise_range::<f32>(e, bufs, lo, hi),
+                    Compute::F64 => pointwise_range::<f64>(e, bufs, lo, hi),
+                }
+            }
+        }
+    };
+    if mm.batch >= threads.max(2) || threads <= 1 {
+        // Batches (or row panels, one task) in order; each gemm single-threaded.
+        let panel = if mm.epilogue.is_some() { 128.max(16 * 1024 / mm.m.max(1)).min(mm.n) } else { mm.n };
+        par_chunks(mm.batch, threads, 1, |lo, hi| {
+            for b in lo..hi {
+                let mut r0 = 0;
+                while r0 < mm.n {
+                    let r1 = (r0 + panel).min(mm.n);
+                    rows(b, r0, r1, gemm::Parallelism::None);
+                    r0 = r1;
+                }
+            }
+        });
+    } else if mm.epilogue.is_some() && mm.n >= 2 * 32 {
+        // Row panels across tasks, each a single-threaded gemm plus its epilogue.
+        let tasks = threads.min(mm.n / 32);
+        (0..mm.batch).for_each(|b| {
+            (0..tasks).into_par_iter().for_each(|t| {
+                rows(b, t * mm.n / tasks, (t + 1) * mm.n / tasks, gemm::Parallelism::None);
+            })
+        });
+    } else {
+        for b in 0..mm.batch {
+            rows(b, 0, mm.n, gemm::Parallelism::Rayon(threads));
+        }
+    }
+}

@@ -1,0 +1,476 @@
+//! Lowering a [`KernelPlan`] with every symbol bound: concrete sizes, coalesced
+//! iteration spaces, constants folded into operands, registers allocated, the buffer
+//! plan's slots, and bounds checked once, so a call does no per-node work but run.
+
+use crate::{CpuError, Result};
+use aotgrad_fusion::{
+    extent, plan_slots, Access, Body, BufferKind, Compute, Instr, Kernel, KernelPlan, PointwiseKernel, SlotPlan,
+};
+use aotgrad_ir::{BinaryOp, CmpOp, DType, Dim, Op, ReduceOp, SourceLoc, TensorMeta, UnaryOp, ValueId};
+
+/// A concrete access over a kernel's (coalesced) iteration space.
+#[derive(Clone, Debug)]
+pub(crate) struct CAccess {
+    pub buf: usize,
+    pub strides: Vec<usize>,
+    pub offset: usize,
+}
+
+/// An operand: a register or a constant.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Src {
+    Reg(usize),
+    Const(f64),
+}
+
+/// A lowered instruction writing register `d` (never one of its own operands).
+#[derive(Clone, Debug)]
+pub(crate) enum LInstr {
+    Load { load: usize, d: usize },
+    Fill { v: f64, d: usize },
+    Unary { op: UnaryOp, a: usize, d: usize },
+    Binary { op: BinaryOp, a: Src, b: Src, d: usize },
+    Compare { op: CmpOp, a: Src, b: Src, d: usize },
+    Where { c: usize, a: usize, b: usize, d: usize },
+    Clamp { a: usize, lo: Option<f64>, hi: Option<f64>, d: usize },
+    Round { dtype: DType, a: usize, d: usize },
+}
+
+/// A lowered body.
+#[derive(Clone, Debug)]
+pub(crate) struct CBody {
+    pub compute: Compute,
+    pub loads: Vec<CAccess>,
+    pub instrs: Vec<LInstr>,
+    pub nregs: usize,
+    /// Physical register of each plan register still needed at the end (stores,
+    /// the reduced value).
+    pub phys: Vec<usize>,
+}
+
+/// A lowered pointwise kernel.
+#[derive(Clone, Debug)]
+pub(crate) struct CPointwise {
+    pub shape: Vec<usize>,
+    pub numel: usize,
+    pub body: CBody,
+    pub stores: Vec<(usize, CAccess)>,
+}
+
+/// A lowered reduction (iteration space coalesced, `reduced` per dim).
+#[derive(Clone, Debug)]
+pub(crate) struct CReduce {
+    pub op: ReduceOp,
+    pub shape: Vec<usize>,
+    pub reduced: Vec<bool>,
+    pub body: CBody,
+    pub value: usize,
+    pub dst: CAccess,
+    pub dst_extent: usize,
+    pub count: usize,
+    pub at: (ValueId, Option<SourceLoc>),
+}
+
+/// A lowered (batched) matmul: `out[b] = a[b] @ b[b]`.
+#[derive(Clone, Debug)]
+pub(crate) struct CMatmul {
+    pub batch: usize,
+    pub n: usize,
+    pub k: usize,
+    pub m: usize,
+    /// (batch, row, col) strides and offset of each operand.
+    pub a: (usize, [isize; 3], usize),
+    pub b: (usize, [isize; 3], usize),
+    pub out: (usize, [isize; 3], usize),
+    pub dtype: DType,
+    pub epilogue: Option<CPointwise>,
+}
+
+/// A lowered extern op.
+#[derive(Clone, Debug)]
+pub(crate) struct CExtern {
+    pub op: Op,
+    pub args: Vec<(usize, TensorMeta)>,
+    pub out: usize,
+    pub meta: TensorMeta,
+    pub at: (ValueId, Option<SourceLoc>),
+}
+
+#[derive(Clone, Debug)]
+pub(crate) enum CKernel {
+    Pointwise(CPointwise),
+    Reduce(CReduce),
+    Matmul(CMatmul),
+    Extern(CExtern),
+}
+
+/// Where a plan buffer lives during a call.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Loc {
+    Input(usize),
+    Slot(usize),
+    Output(usize),
+    Extern,
+}
+
+/// A plan lowered for one binding of its symbols.
+#[derive(Clone, Debug)]
+pub(crate) struct Lowered {
+    pub kernels: Vec<CKernel>,
+    pub loc: Vec<Loc>,
+    /// Elements of each output buffer (index of `Loc::Output`) and its dtype.
+    pub out_bufs: Vec<(DType, usize)>,
+    /// Per graph input: the storage length every access into it needs.
+    pub input_need: Vec<usize>,
+    pub outputs: Vec<(usize, TensorMeta)>,
+    pub slots: SlotPlan,
+    /// f64 scratch elements for reduction accumulators.
+    pub scratch: usize,
+}
+
+fn int(d: &Dim, what: &str) -> Result<usize> {
+    match d.as_const() {
+        Some(v) if v >= 0 => Ok(v as usize),
+        _ => Err(CpuError::Internal(format!("kernel plan {what} {d} is not a concrete non-negative size"))),
+    }
+}
+
+fn ints(ds: &[Dim], what: &str) -> Result<Vec<usize>> {
+    ds.iter().map(|d| int(d, what)).collect()
+}
+
+/// Merge adjacent dims that every access walks as one (and drop size-1 dims).
+fn coalesce(
+    shape: &[usize],
+    strides: &mut [Vec<usize>],
+    keep_apart: Option<&[bool]>,
+) -> (Vec<usize>, Vec<Vec<usize>>, Vec<bool>) {
+    let mut out_shape: Vec<usize> = Vec::new();
+    let mut out_strides: Vec<Vec<usize>> = vec![Vec::new(); strides.len()];
+    let mut out_flag: Vec<bool> = Vec::new();
+    for d in 0..shape.len() {
+        let flag = keep_apart.map(|k| k[d]).unwrap_or(false);
+        if shape[d] == 1 {
+            continue;
+        }
+        let merge = !out_shape.is_empty()
+            && *out_flag.last().unwrap_or(&false) == flag
+            && strides.iter().enumerate().all(|(a, st)| out_strides[a].last().copied() == Some(st[d] * shape[d]));
+        if merge {
+            let last = out_shape.len() - 1;
+            out_shape[last] *= shape[d];
+            for (a, st) in strides.iter().enumerate() {
+                out_strides[a][last] = st[d];
+            }
+        } else {
+            out_shape.push(shape[d]);
+            out_flag.push(flag);
+            for (a, st) in strides.iter().enumerate() {
+                out_strides[a].push(st[d]);
+            }
+        }
+    }
+    if out_shape.is_empty() || shape.contains(&0) {
+        let n = if shape.contains(&0) { 0 } else { 1 };
+        return (vec![n], vec![vec![0]; strides.len()], vec![false]);
+    }
+    (out_shape, out_strides, out_flag)
+}
+
+/// A lowered body with its coalesced space, the extra accesses and the dim flags.
+type LoweredBody = (Vec<usize>, CBody, Vec<CAccess>, Vec<bool>);
+
+struct Lowering {
+    /// Per buffer: the largest extent any access needs.
+    need: Vec<usize>,
+}
+
+impl Lowering {
+    fn note(&mut self, buf: usize, shape: &[usize], strides: &[usize], offset: usize) -> Result<()> {
+        if shape.contains(&0) {
+            return Ok(());
+        }
+        let mut far = offset;
+        for (s, st) in shape.iter().zip(strides) {
+            far = (s - 1)
+                .checked_mul(*st)
+                .and_then(|x| far.checked_add(x))
+                .ok_or_else(|| CpuError::kernel("plan", "an access overflows the address space"))?;
+        }
+        self.need[buf] = self.need[buf].max(far + 1);
+        Ok(())
+    }
+
+    fn access_strides(&self, a: &Access) -> Result<(Vec<usize>, usize)> {
+        Ok((ints(&a.strides, "stride")?, int(&a.offset, "offset")?))
+    }
+
+    /// Lower a body plus extra accesses (stores / dst) over `shape`.
+    fn body(
+        &mut self,
+        body: &Body,
+        shape: &[Dim],
+        extra: &[&Access],
+        keep: &[usize],
+        flags: Option<&[bool]>,
+    ) -> Result<LoweredBody> {
+        let shape = ints(shape, "size")?;
+        let mut all: Vec<&Access> = body.loads.iter().collect();
+        all.extend_from_slice(extra);
+        let mut strides = Vec::with_capacity(all.len());
+        let mut offsets = Vec::with_capacity(all.len());
+        for a in &all {
+            let (st, off) = self.access_strides(a)?;
+            if st.len() != shape.len() {
+                return Err(CpuError::Internal("an access does not match its kernel's rank".into()));
+            }
+            self.note(a.buf, &shape, &st, off)?;
+            strides.push(st);
+            offsets.push(off);
+        }
+        let (cshape, cstrides, cflags) = coalesce(&shape, &mut strides, flags);
+        let accs: Vec<CAccess> = all
+            .iter()
+            .zip(cstrides)
+            .zip(offsets)
+            .map(|((a, strides), offset)| CAccess { buf: a.buf, strides, offset })
+            .collect();
+        let (loads, extra_accs) = accs.split_at(body.loads.len());
+        let cb = lower_instrs(body, loads.to_vec(), keep)?;
+        Ok((cshape, cb, extra_accs.to_vec(), cflags))
+    }
+
+    fn pointwise(&mut self, p: &PointwiseKernel) -> Result<CPointwise> {
+        let extra: Vec<&Access> = p.stores.iter().map(|s| &s.dst).collect();
+        let keep: Vec<usize> = p.stores.iter().map(|s| s.reg).collect();
+        let (shape, body, dsts, _) = self.body(&p.body, &p.shape, &extra, &keep, None)?;
+        let numel = shape.iter().product();
+        let stores = dsts.into_iter().enumerate().map(|(i, a)| (body.phys[i], a)).collect();
+        Ok(CPointwise { shape, numel, body, stores })
+    }
+}
+
+/// Constant folding into operands and register allocation (a register is reused once
+/// its value is dead; an instruction never writes one of its operands).
+fn lower_instrs(body: &Body, loads: Vec<CAccess>, keep: &[usize]) -> Result<CBody> {
+    let n = body.instrs.len();
+    let konst = |r: usize| match body.instrs.get(r) {
+        Some(Instr::Const(c)) => Some(*c),
+        _ => None,
+    };
+    // Which plan registers are read as registers (not folded constants), and when last.
+    let mut last = vec![None::<usize>; n];
+    let reads = |i: &Instr| -> Vec<(usize, bool)> {
+        // (register, may fold as a constant)
+        match i {
+            Instr::Load(_) | Instr::Const(_) => vec![],
+            Instr::Unary(_, a) | Instr::Round(_, a) | Instr::Clamp { x: a, .. } => vec![(*a, false)],
+            Instr::Binary(_, a, b) | Instr::Compare(_, a, b) => vec![(*a, true), (*b, true)],
+            Instr::Where(c, a, b) => vec![(*c, false), (*a, false), (*b, false)],
+        }
+    };
+    for (i, ins) in body.instrs.iter().enumerate() {
+        let rs = reads(ins);
+        let both_const = rs.len() == 2 && rs.iter().all(|(r, f)| *f && konst(*r).is_some());
+        for (k, (r, fold)) in rs.iter().enumerate() {
+            if *r >= i {
+                return Err(CpuError::Internal("a fused body reads a register before it is written".into()));
+            }
+            // With two constants the first stays a register.
+            if !(*fold && konst(*r).is_some()) || (both_const && k == 0) {
+                last[*r] = Some(i);
+            }
+        }
+    }
+    for &k in keep {
+        if k >= n {
+            return Err(CpuError::Internal("a store reads a register that does not exist".into()));
+        }
+        last[k] = Some(n);
+    }
+    let mut phys = vec![usize::MAX; n];
+    let mut free: Vec<usize> = Vec::new();
+    let mut nregs = 0;
+    let mut instrs = Vec::with_capacity(n);
+    let mut expiring: Vec<Vec<usize>> = vec![Vec::new(); n + 1];
+    for (r, l) in last.iter().enumerate() {
+        if let Some(l) = l {
+            expiring[*l].push(r);
+        }
+    }
+    for (i, ins) in body.instrs.iter().enumerate() {
+        if last[i].is_none() {
+            // Dead (or a constant folded everywhere it is used).
+            for &r in &expiring[i] {
+                if phys[r] != usize::MAX {
+                    free.push(phys[r]);
+                }
+            }
+            continue;
+        }
+        let d = free.pop().unwrap_or_else(|| {
+            nregs += 1;
+            nregs - 1
+        });
+        phys[i] = d;
+        let p = |r: usize| phys[r];
+        let src = |r: usize, allow: bool| match konst(r) {
+            Some(c) if allow => Src::Const(c),
+            _ => Src::Reg(phys[r]),
+        };
+        let li = match ins {
+            Instr::Load(l) => LInstr::Load { load: *l, d },
+            Instr::Const(c) => LInstr::Fill { v: *c, d },
+            Instr::Unary(op, a) => LInstr::Unary { op: *op, a: p(*a), d },
+            Instr::Binary(op, a, b) => {
+                let both = konst(*a).is_some() && konst(*b).is_some();
+                LInstr::Binary { op: *op, a: src(*a, !both), b: src(*b, true), d }
+            }
+            Instr::Compare(op, a, b) => {
+                let both = konst(*a).is_some() && konst(*b).is_some();
+                LInstr::Compare { op: *op, a: src(*a, !both), b: src(*b, true), d }
+            }
+            Instr::Where(c, a, b) => LInstr::Where { c: p(*c), a: p(*a), b: p(*b), d },
+            Instr::Clamp { x, min, max } => LInstr::Clamp { a: p(*x), lo: *min, hi: *max, d },
+            Instr::Round(dt, a) => LInstr::Round { dtype: *dt, a: p(*a), d },
+        };
+        instrs.push(li);
+        // Free the registers whose last use is this instruction (after `d` was taken).
+        for &r in &expiring[i] {
+            if phys[r] != usize::MAX {
+                free.push(phys[r]);
+            }
+        }
+    }
+    let phys_keep = keep.iter().map(|&k| phys[k]).collect();
+    Ok(CBody { compute: body.compute, loads, instrs, nregs: nregs.max(1), phys: phys_keep })
+}
+
+fn mat_strides(a: &Access, batched: bool) -> Result<(usize, [isize; 3], usize)> {
+    let st = ints(&a.strides, "stride")?;
+    let off = int(&a.offset, "offset")?;
+    let s = |i: usize| st[i] as isize;
+    Ok(if batched { (a.buf, [s(0), s(1), s(2)], off) } else { (a.buf, [0, s(0), s(1)], off) })
+}
+
+/// Lower `plan` (whose symbols are already substituted).
+pub(crate) fn lower(plan: &KernelPlan) -> Result<Lowered> {
+    let nb = plan.buffers.len();
+    let mut l = Lowering { need: vec![0; nb] };
+    let mut kernels = Vec::with_capacity(plan.kernels.len());
+    let mut scratch = 0usize;
+    for k in &plan.kernels {
+        kernels.push(match k {
+            Kernel::Pointwise(p) => CKernel::Pointwise(l.pointwise(p)?),
+            Kernel::Reduce(r) => {
+                let last = r
+                    .body
+                    .instrs
+                    .len()
+                    .checked_sub(1)
+                    .ok_or_else(|| CpuError::Internal("empty reduction body".into()))?;
+                let (shape, body, dst, flags) = l.body(&r.body, &r.shape, &[&r.dst], &[last], Some(&r.reduced))?;
+                let full = ints(&r.shape, "size")?;
+                let count = full.iter().zip(&r.reduced).filter(|(_, red)| **red).map(|(s, _)| *s).product();
+                let dst =
+                    dst.into_iter().next().ok_or_else(|| CpuError::Internal("reduction without a result".into()))?;
+                let dst_extent = extent(&plan.buffers[dst.buf].layout).unwrap_or(0);
+                scratch = scratch.max(dst_extent);
+                let value = body.phys[0];
+                CKernel::Reduce(CReduce {
+                    op: r.op,
+                    shape,
+                    reduced: flags,
+                    body,
+                    value,
+                    dst,
+                    dst_extent,
+                    count,
+                    at: (r.value, r.loc.clone()),
+                })
+            }
+            Kernel::Matmul(m) => {
+                let batched = m.out.shape.len() == 3;
+                let sh = ints(&m.out.shape, "size")?;
+                let ash = ints(&m.a.shape, "size")?;
+                let (batch, n, mm) = if batched { (sh[0], sh[1], sh[2]) } else { (1, sh[0], sh[1]) };
+                let kk = *ash.last().unwrap_or(&0);
+                for acc in [&m.a, &m.b, &m.out] {
+                    let (st, off) = l.access_strides(acc)?;
+                    l.note(acc.buf, &ints(&acc.shape, "size")?, &st, off)?;
+                }
+                let epilogue = match &m.epilogue {
+                    Some(e) => Some(l.pointwise(e)?),
+                    None => None,
+                };
+                CKernel::Matmul(CMatmul {
+                    batch,
+                    n,
+                    k: kk,
+                    m: mm,
+                    a: mat_strides(&m.a, batched)?,
+                    b: mat_strides(&m.b, batched)?,
+                    out: mat_strides(&m.out, batched)?,
+                    dtype: m.out.dtype,
+                    epilogue,
+                })
+            }
+            Kernel::Extern(e) => {
+                let mut args = Vec::with_capacity(e.args.len());
+                for a in &e.args {
+                    let (st, off) = l.access_strides(a)?;
+                    l.note(a.buf, &ints(&a.shape, "size")?, &st, off)?;
+                    args.push((
+                        a.buf,
+                        TensorMeta {
+                            shape: a.shape.clone(),
+                            strides: a.strides.clone(),
+                            offset: a.offset.clone(),
+                            dtype: a.dtype,
+                        },
+                    ));
+                }
+                CKernel::Extern(CExtern {
+                    op: e.op.clone(),
+                    args,
+                    out: e.out,
+                    meta: e.meta.clone(),
+                    at: (e.value, e.loc.clone()),
+                })
+            }
+        });
+    }
+    let mut extents = vec![0usize; nb];
+    for (b, buf) in plan.buffers.iter().enumerate() {
+        let e =
+            extent(&buf.layout).ok_or_else(|| CpuError::kernel("plan", format!("buffer b{b} has no concrete size")))?;
+        if !matches!(buf.kind, BufferKind::Input(_)) && l.need[b] > e {
+            return Err(CpuError::Internal(format!("an access reads past the end of buffer b{b}")));
+        }
+        extents[b] = e;
+    }
+    let slots = plan_slots(plan, &extents);
+    let mut loc = Vec::with_capacity(nb);
+    let mut out_bufs = Vec::new();
+    let mut input_need = vec![0usize; plan.inputs.len()];
+    for (b, buf) in plan.buffers.iter().enumerate() {
+        loc.push(match buf.kind {
+            BufferKind::Input(i) => {
+                let own = extent(&buf.layout).unwrap_or(0);
+                input_need[i] = l.need[b].max(own);
+                Loc::Input(i)
+            }
+            BufferKind::Intermediate => match slots.slot_of[b] {
+                Some(s) => Loc::Slot(s),
+                None => Loc::Extern,
+            },
+            BufferKind::Output => {
+                out_bufs.push((buf.layout.dtype, extents[b]));
+                Loc::Output(out_bufs.len() - 1)
+            }
+            BufferKind::Extern => Loc::Extern,
+        });
+    }
+    let outputs = plan.outputs.iter().map(|o| (o.buf, o.meta.clone())).collect();
+    Ok(Lowered { kernels, loc, out_bufs, input_need, outputs, slots, scratch })
+}

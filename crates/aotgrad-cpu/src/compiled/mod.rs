@@ -1,0 +1,469 @@
+//! The compiled CPU backend: executes the [`aotgrad_fusion`] kernel plan of a graph.
+//!
+//! Compiling plans the graph once (fusion groups, views as index arithmetic, liveness
+//! slots) and, when its shapes are static, lowers it to concrete kernels right away; a
+//! dynamic graph is lowered once per binding of its symbols and cached. A call binds
+//! and checks its inputs exactly as the reference interpreter does, takes an arena of
+//! slots from the graph's pool (allocated on the first call, then reused), allocates
+//! only its outputs, and runs every kernel on the backend's threads. Graphs the planner
+//! does not cover (mutations, composite ops) run on the reference interpreter.
+//!
+//! Threads: [`CpuBackend::new`] takes a thread count (`1` is deterministic and never
+//! touches a thread pool; more use a rayon pool of that size, shared by every graph
+//! with the same count). Reductions partition only over outputs, so their results do
+//! not depend on the thread count.
+
+mod exec;
+mod lower;
+pub(crate) mod math;
+
+use crate::interp::bind_inputs;
+use crate::storage::{Buffer, CpuTensor, Storage};
+use crate::{interpret, CpuError};
+use aotgrad_fusion::{plan_graph, print_plan, KernelPlan, PlanError};
+use aotgrad_ir::text::{parse_graph, print_graph};
+use aotgrad_ir::{Backend, BackendError, CompiledGraph, Dim, Graph, SymId};
+use exec::Raw;
+use lower::{lower, CKernel, Loc, Lowered};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+const NAME: &str = "cpu";
+
+fn err(msg: impl ToString) -> BackendError {
+    BackendError { backend: NAME.into(), msg: msg.to_string() }
+}
+
+/// The compiled CPU backend (see the module docs).
+#[derive(Clone, Debug)]
+pub struct CpuBackend {
+    threads: usize,
+}
+
+impl Default for CpuBackend {
+    /// All cores.
+    fn default() -> Self {
+        CpuBackend::new(0)
+    }
+}
+
+impl CpuBackend {
+    /// A backend running on `threads` threads (`0`: one per available core).
+    pub fn new(threads: usize) -> CpuBackend {
+        let threads =
+            if threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { threads };
+        CpuBackend { threads }
+    }
+    /// Threads a compiled graph runs on.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+    /// Compile to the concrete type (for inspecting the plan).
+    pub fn compile_graph(&self, graph: &Graph) -> Result<CpuCompiledGraph, BackendError> {
+        CpuCompiledGraph::new(graph.clone(), self.threads)
+    }
+}
+
+fn pool_for(threads: usize) -> Result<Option<Arc<rayon::ThreadPool>>, BackendError> {
+    static POOLS: OnceLock<Mutex<HashMap<usize, Arc<rayon::ThreadPool>>>> = OnceLock::new();
+    if threads <= 1 {
+        return Ok(None);
+    }
+    let mut pools = POOLS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(p) = pools.get(&threads) {
+        return Ok(Some(p.clone()));
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("aotgrad-cpu-{i}"))
+        .build()
+        .map_err(|e| err(format!("could not start {threads} worker threads: {e}")))?;
+    let pool = Arc::new(pool);
+    pools.insert(threads, pool.clone());
+    Ok(Some(pool))
+}
+
+/// Reusable per-call memory of one lowered plan.
+struct Arena {
+    slots: Vec<Buffer>,
+    scratch: Vec<f64>,
+}
+
+/// A plan lowered for one binding, with its arena pool.
+struct Instance {
+    lowered: Lowered,
+    pool: Mutex<Vec<Arena>>,
+}
+
+/// The symbol values of a call, sorted: the key of a lowered plan.
+type Binding = Vec<(SymId, i64)>;
+
+/// Allocation counters of a compiled graph (bytes of tensor memory).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AllocStats {
+    /// Arena bytes allocated (slots and reduction scratch), over all calls.
+    pub arena_bytes: usize,
+    /// Output bytes allocated, over all calls.
+    pub output_bytes: usize,
+    /// Bytes allocated by extern ops' own kernels are not counted; this says how many
+    /// extern kernels ran.
+    pub extern_kernels: usize,
+}
+
+/// A graph compiled by [`CpuBackend`].
+pub struct CpuCompiledGraph {
+    graph: Graph,
+    plan: Option<KernelPlan>,
+    fallback: Option<PlanError>,
+    threads: usize,
+    pool: Option<Arc<rayon::ThreadPool>>,
+    fixed: Option<Arc<Instance>>,
+    by_binding: Mutex<HashMap<Binding, Arc<Instance>>>,
+    stats: Mutex<AllocStats>,
+}
+
+impl std::fmt::Debug for CpuCompiledGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuCompiledGraph")
+            .field("threads", &self.threads)
+            .field("planned", &self.plan.is_some())
+            .finish()
+    }
+}
+
+fn instance(plan: &KernelPlan) -> Result<Instance, CpuError> {
+    Ok(Instance { lowered: lower(plan)?, pool: Mutex::new(Vec::new()) })
+}
+
+impl CpuCompiledGraph {
+    fn new(graph: Graph, threads: usize) -> Result<CpuCompiledGraph, BackendError> {
+        let _span = tracing::debug_span!("cpu_compile", nodes = graph.nodes.len()).entered();
+        let (plan, fallback) = match plan_graph(&graph) {
+            Ok(p) => (Some(p), None),
+            Err(e @ (PlanError::Unsupported { .. } | PlanError::SymbolicBroadcast(_))) => {
+                tracing::debug!(reason = %e, "graph runs on the reference interpreter");
+                (None, Some(e))
+            }
+            Err(e) => return Err(err(e)),
+        };
+        let fixed = match &plan {
+            Some(p) if p.is_static() => Some(Arc::new(instance(p).map_err(err)?)),
+            _ => None,
+        };
+        if let (Some(p), Some(i)) = (&plan, &fixed) {
+            tracing::debug!(plan = %print_plan(p, Some(&i.lowered.slots)), "kernel plan");
+        }
+        Ok(CpuCompiledGraph {
+            graph,
+            plan,
+            fallback,
+            threads,
+            pool: pool_for(threads)?,
+            fixed,
+            by_binding: Mutex::new(HashMap::new()),
+            stats: Mutex::new(AllocStats::default()),
+        })
+    }
+
+    /// The kernel plan (`None` when the graph runs on the reference interpreter).
+    pub fn plan(&self) -> Option<&KernelPlan> {
+        self.plan.as_ref()
+    }
+
+    /// Why the graph is not planned, when it is not.
+    pub fn fallback_reason(&self) -> Option<&PlanError> {
+        self.fallback.as_ref()
+    }
+
+    /// The plan as text with its buffer plan (static graphs), for tests and logs.
+    pub fn plan_text(&self) -> Option<String> {
+        let p = self.plan.as_ref()?;
+        Some(print_plan(p, self.fixed.as_ref().map(|i| &i.lowered.slots)))
+    }
+
+    /// Peak bytes one call allocates (arena plus outputs) for a static graph.
+    pub fn peak_bytes(&self) -> Option<usize> {
+        self.fixed.as_ref().map(|i| i.lowered.slots.peak_bytes() + i.lowered.scratch * 8)
+    }
+
+    /// What the calls so far allocated.
+    pub fn alloc_stats(&self) -> AllocStats {
+        *self.stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn instance_for(&self, env: &HashMap<SymId, i64>) -> Result<Arc<Instance>, CpuError> {
+        if let Some(i) = &self.fixed {
+            return Ok(i.clone());
+        }
+        let plan = self.plan.as_ref().ok_or_else(|| CpuError::Internal("no plan to lower".into()))?;
+        let mut key: Binding = env.iter().map(|(k, v)| (*k, *v)).collect();
+        key.sort();
+        let mut cache = self.by_binding.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = cache.get(&key) {
+            return Ok(i.clone());
+        }
+        let bound = plan
+            .map_dims(&|d: &Dim| d.checked_subst(&|s| env.get(&s).copied()))
+            .ok_or_else(|| CpuError::kernel("plan", "a size overflows i64 for the symbol values of these inputs"))?;
+        let inst = Arc::new(instance(&bound)?);
+        cache.insert(key, inst.clone());
+        Ok(inst)
+    }
+
+    fn run_planned(&self, inputs: &[CpuTensor]) -> Result<Vec<CpuTensor>, CpuError> {
+        let env = bind_inputs(&self.graph, inputs)?;
+        let inst = self.instance_for(&env)?;
+        let low = &inst.lowered;
+        for (i, (t, need)) in inputs.iter().zip(&low.input_need).enumerate() {
+            let len = t.storage.len();
+            if len < *need {
+                return Err(CpuError::Input {
+                    index: i,
+                    msg: format!("its storage holds {len} elements, but the graph reads {need}"),
+                });
+            }
+            if t.storage.dtype() != t.meta.dtype {
+                return Err(CpuError::Input { index: i, msg: "storage dtype differs from its metadata".into() });
+            }
+        }
+        let mut arena = inst.pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let mut allocated = (0usize, 0usize, 0usize);
+        let mut arena = match arena.take() {
+            Some(a) => a,
+            None => {
+                let slots: Vec<Buffer> = low.slots.slots.iter().map(|s| Buffer::zeros(s.dtype, s.elems)).collect();
+                allocated.0 = low.slots.arena_bytes + low.scratch * 8;
+                Arena { slots, scratch: vec![0.0; low.scratch] }
+            }
+        };
+        let mut outs: Vec<Buffer> = low.out_bufs.iter().map(|(d, n)| Buffer::zeros(*d, *n)).collect();
+        allocated.1 = low.out_bufs.iter().map(|(d, n)| d.size_bytes() * n).sum();
+        let mut externs: HashMap<usize, Arc<Storage>> = HashMap::new();
+        let result = self.run_kernels(low, inputs, &mut arena, &mut outs, &mut externs, &mut allocated.2);
+        inst.pool.lock().unwrap_or_else(|e| e.into_inner()).push(arena);
+        {
+            let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+            s.arena_bytes += allocated.0;
+            s.output_bytes += allocated.1;
+            s.extern_kernels += allocated.2;
+        }
+        result?;
+        let mut out_storages: Vec<Option<Arc<Storage>>> = vec![None; outs.len()];
+        let mut outs: Vec<Option<Buffer>> = outs.into_iter().map(Some).collect();
+        low.outputs
+            .iter()
+            .map(|(b, meta)| {
+                let storage = match low.loc[*b] {
+                    Loc::Input(i) => inputs[i].storage.clone(),
+                    Loc::Output(o) => out_storages[o]
+                        .get_or_insert_with(|| Storage::new(outs[o].take().unwrap_or(Buffer::F32(Vec::new()))))
+                        .clone(),
+                    Loc::Extern => externs
+                        .get(b)
+                        .cloned()
+                        .ok_or_else(|| CpuError::Internal(format!("output buffer b{b} was never computed")))?,
+                    Loc::Slot(_) => return Err(CpuError::Internal(format!("output buffer b{b} lives in the arena"))),
+                };
+                Ok(CpuTensor { storage, meta: meta.clone() })
+            })
+            .collect()
+    }
+
+    fn run_kernels(
+        &self,
+        low: &Lowered,
+        inputs: &[CpuTensor],
+        arena: &mut Arena,
+        outs: &mut [Buffer],
+        externs: &mut HashMap<usize, Arc<Storage>>,
+        n_extern: &mut usize,
+    ) -> Result<(), CpuError> {
+        let threads = self.threads;
+        let mut bufs: Vec<Raw> = vec![Raw::NONE; low.loc.len()];
+        let raw_of = |b: &mut Buffer| -> Raw {
+            macro_rules! r {
+                ($v:expr, $d:expr) => {
+                    Raw { ptr: $v.as_mut_ptr() as *mut u8, dtype: $d }
+                };
+            }
+            match b {
+                Buffer::Bool(v) => r!(v, aotgrad_ir::DType::Bool),
+                Buffer::I32(v) => r!(v, aotgrad_ir::DType::I32),
+                Buffer::I64(v) => r!(v, aotgrad_ir::DType::I64),
+                Buffer::F16(v) => r!(v, aotgrad_ir::DType::F16),
+                Buffer::BF16(v) => r!(v, aotgrad_ir::DType::BF16),
+                Buffer::F32(v) => r!(v, aotgrad_ir::DType::F32),
+                Buffer::F64(v) => r!(v, aotgrad_ir::DType::F64),
+            }
+        };
+        for k in &low.kernels {
+            if let CKernel::Extern(e) = k {
+                *n_extern += 1;
+                // Lend arena and output buffers to the reference kernel as storages.
+                let mut lent: Vec<(Loc, Arc<Storage>)> = Vec::new();
+                let mut args = Vec::with_capacity(e.args.len());
+                for (b, meta) in &e.args {
+                    let loc = low.loc[*b];
+                    let storage = match loc {
+                        Loc::Input(i) => inputs[i].storage.clone(),
+                        Loc::Extern => externs
+                            .get(b)
+                            .cloned()
+                            .ok_or_else(|| CpuError::Internal(format!("extern buffer b{b} read before it exists")))?,
+                        Loc::Slot(_) | Loc::Output(_) => match lent.iter().find(|(l, _)| *l == loc) {
+                            Some((_, s)) => s.clone(),
+                            None => {
+                                let buf = match loc {
+                                    Loc::Slot(s) => std::mem::replace(&mut arena.slots[s], Buffer::F32(Vec::new())),
+                                    Loc::Output(o) => std::mem::replace(&mut outs[o], Buffer::F32(Vec::new())),
+                                    _ => unreachable!("matched above"),
+                                };
+                                let s = Storage::new(buf);
+                                lent.push((loc, s.clone()));
+                                s
+                            }
+                        },
+                    };
+                    args.push(CpuTensor { storage, meta: meta.clone() });
+                }
+                let refs: Vec<&CpuTensor> = args.iter().collect();
+                let res = crate::execute(&e.op, &refs, &e.meta).map_err(|err| CpuError::Node {
+                    value: e.at.0,
+                    op: e.op.name(),
+                    loc: e.at.1.clone(),
+                    source: Box::new(err),
+                });
+                drop(args);
+                for (loc, s) in lent {
+                    let buf = Arc::try_unwrap(s)
+                        .map_err(|_| CpuError::Internal("an extern kernel kept a lent buffer".into()))?
+                        .into_buffer();
+                    match loc {
+                        Loc::Slot(s) => arena.slots[s] = buf,
+                        Loc::Output(o) => outs[o] = buf,
+                        _ => {}
+                    }
+                }
+                externs.insert(e.out, res?.storage);
+                continue;
+            }
+            // Raw views of every buffer this kernel touches; input storages are
+            // read-locked for the kernel's duration.
+            let mut guards = Vec::new();
+            for (b, loc) in low.loc.iter().enumerate() {
+                bufs[b] = match loc {
+                    Loc::Slot(s) => raw_of(&mut arena.slots[*s]),
+                    Loc::Output(o) => raw_of(&mut outs[*o]),
+                    Loc::Input(_) | Loc::Extern => Raw::NONE,
+                };
+            }
+            let touched: Vec<usize> = match k {
+                CKernel::Pointwise(p) => p.body.loads.iter().map(|a| a.buf).collect(),
+                CKernel::Reduce(r) => r.body.loads.iter().map(|a| a.buf).collect(),
+                CKernel::Matmul(m) => {
+                    let mut v = vec![m.a.0, m.b.0];
+                    if let Some(e) = &m.epilogue {
+                        v.extend(e.body.loads.iter().map(|a| a.buf));
+                    }
+                    v
+                }
+                CKernel::Extern(_) => vec![],
+            };
+            for b in touched {
+                let storage = match low.loc[b] {
+                    Loc::Input(i) => &inputs[i].storage,
+                    Loc::Extern => externs
+                        .get(&b)
+                        .ok_or_else(|| CpuError::Internal(format!("extern buffer b{b} read before it exists")))?,
+                    _ => continue,
+                };
+                if !bufs[b].ptr.is_null() {
+                    continue;
+                }
+                let g = storage.read();
+                let p = match &*g {
+                    Buffer::Bool(v) => Raw { ptr: v.as_ptr() as *mut u8, dtype: aotgrad_ir::DType::Bool },
+                    Buffer::I32(v) => Raw { ptr: v.as_ptr() as *mut u8, dtype: aotgrad_ir::DType::I32 },
+                    Buffer::I64(v) => Raw { ptr: v.as_ptr() as *mut u8, dtype: aotgrad_ir::DType::I64 },
+                    Buffer::F16(v) => Raw { ptr: v.as_ptr() as *mut u8, dtype: aotgrad_ir::DType::F16 },
+                    Buffer::BF16(v) => Raw { ptr: v.as_ptr() as *mut u8, dtype: aotgrad_ir::DType::BF16 },
+                    Buffer::F32(v) => Raw { ptr: v.as_ptr() as *mut u8, dtype: aotgrad_ir::DType::F32 },
+                    Buffer::F64(v) => Raw { ptr: v.as_ptr() as *mut u8, dtype: aotgrad_ir::DType::F64 },
+                };
+                bufs[b] = p;
+                guards.push(g);
+            }
+            // SAFETY: the lowering checked every access against its buffer (inputs
+            // against `input_need` above); kernels write only their own outputs.
+            unsafe {
+                match k {
+                    CKernel::Pointwise(p) => exec::pointwise(p, &bufs, threads),
+                    CKernel::Reduce(r) => {
+                        exec::reduce(r, &bufs, &mut arena.scratch, threads).map_err(|err| CpuError::Node {
+                            value: r.at.0,
+                            op: r.op.name().into(),
+                            loc: r.at.1.clone(),
+                            source: Box::new(err),
+                        })?
+                    }
+                    CKernel::Matmul(m) => exec::matmul(m, &bufs, threads),
+                    CKernel::Extern(_) => {}
+                }
+            }
+            drop(guards);
+            for b in bufs.iter_mut() {
+                *b = Raw::NONE;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl CompiledGraph<CpuTensor> for CpuCompiledGraph {
+    fn run(&self, inputs: &[CpuTensor]) -> Result<Vec<CpuTensor>, BackendError> {
+        let _span = tracing::debug_span!("cpu_run", nodes = self.graph.nodes.len()).entered();
+        if self.plan.is_none() {
+            return interpret(&self.graph, inputs).map_err(err);
+        }
+        let run = || self.run_planned(inputs);
+        match &self.pool {
+            Some(p) => p.install(run),
+            None => run(),
+        }
+        .map_err(err)
+    }
+    fn serialize(&self) -> Vec<u8> {
+        let doc = serde_json::json!({
+            "format": "aotgrad-cpu/1",
+            "threads": self.threads,
+            "graph": print_graph(&self.graph),
+            "plan": self.plan,
+        });
+        doc.to_string().into_bytes()
+    }
+}
+
+impl Backend<CpuTensor> for CpuBackend {
+    fn name(&self) -> &str {
+        NAME
+    }
+    fn compile(&self, graph: &Graph) -> Result<Box<dyn CompiledGraph<CpuTensor>>, BackendError> {
+        Ok(Box::new(self.compile_graph(graph)?))
+    }
+    fn deserialize(&self, bytes: &[u8]) -> Result<Box<dyn CompiledGraph<CpuTensor>>, BackendError> {
+        let doc: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|e| err(format!("artifact is not a cpu artifact: {e}")))?;
+        if doc.get("format").and_then(|f| f.as_str()) != Some("aotgrad-cpu/1") {
+            return Err(err("artifact has an unknown format"));
+        }
+        let text = doc.get("graph").and_then(|g| g.as_str()).ok_or_else(|| err("artifact has no graph"))?;
+        let graph = parse_graph(text).map_err(err)?;
+        let plan: Option<KernelPlan> = serde_json::from_value(doc.get("plan").cloned().unwrap_or_default())
+            .map_err(|e| err(format!("artifact plan is corrupt: {e}")))?;
+        let compiled = CpuCompiledGraph::new(graph, self.threads)?;
+        if compiled.plan != plan {
+            return Err(err("artifact plan does not match its graph (corrupt or from another aotgrad version)"));
+        }
+        Ok(Box::new(compiled))
+    }
+}

@@ -1,0 +1,632 @@
+//! The planner: a functional [`Graph`] to a [`KernelPlan`].
+//!
+//! 1. Dead nodes (not reaching an output) are dropped.
+//! 2. Every value gets a *root*: the value whose buffer holds its elements. Views are
+//!    index arithmetic over their argument's buffer; a `clone` / `_unsafe_view` of a
+//!    freshly computed, contiguous intermediate that nothing else reads reuses its
+//!    buffer (the copy would be the identity).
+//! 3. Inlining, from the last node back: a fusible pointwise node is computed inside
+//!    its consumers' kernel (never materialized) when it is not a graph output and
+//!    every consumer is a fusible pointwise node of the same shape and compute type
+//!    (or a reduction reading it as its prologue) that ends up in one kernel. A value
+//!    used by two kernels, a saved value (a forward output) and every graph output
+//!    are materialized.
+//! 4. Kernels in node order: each materialized pointwise node with the nodes inlined
+//!    into it; reductions with their prologue; matmuls; the rest as extern ops.
+//! 5. A matmul whose result only one pointwise kernel reads (in the matmul's own
+//!    element order, with its other inputs ready) takes that kernel as its epilogue.
+
+use crate::plan::*;
+use crate::PlanError;
+use aotgrad_ir::{
+    contiguous_strides, result_type, Aliasing, CmpOp, DType, Dim, Graph, Op, Operand, ReduceOp, Scalar, TensorMeta,
+    UnaryOp, ValueId,
+};
+use std::collections::HashMap;
+
+/// Compute type of a float result dtype.
+fn float_kind(d: DType) -> Option<Compute> {
+    match d {
+        DType::F16 | DType::BF16 | DType::F32 => Some(Compute::F32),
+        DType::F64 => Some(Compute::F64),
+        _ => None,
+    }
+}
+
+/// Compute type that represents values of `d` exactly enough for comparisons.
+fn value_kind(d: DType) -> Option<Compute> {
+    match d {
+        DType::Bool => Some(Compute::F32),
+        d => float_kind(d),
+    }
+}
+
+/// The compute type of a pointwise node when it can be fused, else `None`.
+pub(crate) fn pointwise_compute(op: &Op, args: &[&TensorMeta], out: &TensorMeta) -> Option<Compute> {
+    match op {
+        Op::Unary(UnaryOp::LogicalNot) => value_kind(args.first()?.dtype),
+        Op::Unary(_) | Op::Binary(_) | Op::BinaryScalar(..) | Op::Where | Op::Clamp { .. } => float_kind(out.dtype),
+        Op::Compare(_) => {
+            value_kind(result_type(&[Operand::of(args.first()?), Operand::of(args.get(1)?)])).filter(|_| {
+                // Integer comparisons need exact i64 arithmetic: not fused.
+                args.iter().all(|a| value_kind(a.dtype).is_some())
+            })
+        }
+        Op::CompareScalar(_, s) => {
+            let a = args.first()?;
+            value_kind(a.dtype)?;
+            value_kind(result_type(&[Operand::of(a), Operand::Scalar(*s)]))
+        }
+        Op::Cast(_) | Op::Copy => {
+            let src = if matches!(op, Op::Copy) { args.get(1)? } else { args.first()? };
+            match out.dtype {
+                DType::Bool => value_kind(src.dtype),
+                d => float_kind(d),
+            }
+        }
+        Op::Clone => value_kind(out.dtype),
+        Op::FullLike { .. } | Op::Full { .. } => value_kind(out.dtype),
+        _ => None,
+    }
+}
+
+/// The prologue compute type of a reduction when it can be planned.
+fn reduce_compute(op: &Op, args: &[&TensorMeta], out: &TensorMeta) -> Option<Compute> {
+    match op {
+        Op::Reduce { op: ReduceOp::Sum | ReduceOp::Mean | ReduceOp::Amax | ReduceOp::Amin, .. } => {
+            float_kind(out.dtype)?;
+            float_kind(args.first()?.dtype)
+        }
+        _ => None,
+    }
+}
+
+/// Whether a fused body reads argument `pos` of `op` (not only its shape).
+fn reads_arg(op: &Op, pos: usize) -> bool {
+    !matches!((op, pos), (Op::Copy, 0) | (Op::FullLike { .. }, _))
+}
+
+fn is_matmul(op: &Op, args: &[&TensorMeta], out: &TensorMeta) -> bool {
+    matches!(op, Op::Mm | Op::Bmm)
+        && matches!(out.dtype, DType::F32 | DType::F64)
+        && args.len() == 2
+        && args.iter().all(|a| a.dtype == out.dtype)
+}
+
+/// `meta`'s strides broadcast (numpy rules, right-aligned) to the iteration `shape`.
+fn broadcast_access(buf: BufId, meta: &TensorMeta, shape: &[Dim]) -> Result<Access, PlanError> {
+    let rank = shape.len();
+    if meta.rank() > rank {
+        return Err(PlanError::Internal(format!("cannot index a {} by the smaller space {shape:?}", meta)));
+    }
+    let lead = rank - meta.rank();
+    let mut strides = vec![Dim::Const(0); rank];
+    for (i, (s, st)) in meta.shape.iter().zip(&meta.strides).enumerate() {
+        let target = &shape[lead + i];
+        if s == target {
+            strides[lead + i] = if *s == Dim::Const(1) { Dim::Const(0) } else { st.clone() };
+        } else if *s == Dim::Const(1) {
+            strides[lead + i] = Dim::Const(0);
+        } else {
+            let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+            return Err(PlanError::SymbolicBroadcast(format!("{meta} to [{}]", dims.join(", "))));
+        }
+    }
+    Ok(Access { buf, shape: shape.to_vec(), strides, offset: meta.offset.clone(), dtype: meta.dtype })
+}
+
+fn access(buf: BufId, meta: &TensorMeta) -> Access {
+    Access {
+        buf,
+        shape: meta.shape.clone(),
+        strides: meta.strides.clone(),
+        offset: meta.offset.clone(),
+        dtype: meta.dtype,
+    }
+}
+
+/// Element offsets of a dense row-major full view of its buffer.
+fn is_full_contiguous(meta: &TensorMeta) -> bool {
+    meta.is_contiguous() && meta.offset == Dim::Const(0)
+}
+
+enum Def {
+    Input(usize),
+    Node(usize),
+}
+
+struct Ctx<'g> {
+    g: &'g Graph,
+    def: HashMap<ValueId, Def>,
+}
+
+impl<'g> Ctx<'g> {
+    fn meta(&self, v: ValueId) -> Result<&'g TensorMeta, PlanError> {
+        match self.def.get(&v) {
+            Some(Def::Input(i)) => Ok(&self.g.inputs[*i].meta),
+            Some(Def::Node(j)) => Ok(&self.g.nodes[*j].meta),
+            None => Err(PlanError::Internal(format!("{v} is used but never defined"))),
+        }
+    }
+    fn node_of(&self, v: ValueId) -> Option<usize> {
+        match self.def.get(&v) {
+            Some(Def::Node(j)) => Some(*j),
+            _ => None,
+        }
+    }
+    fn arg_metas(&self, j: usize) -> Result<Vec<&'g TensorMeta>, PlanError> {
+        self.g.nodes[j].args.iter().map(|a| self.meta(*a)).collect()
+    }
+}
+
+/// Plan `g`. Graphs with mutations or composite ops are rejected
+/// ([`PlanError::Unsupported`]): the plan is for functional graphs of core ops.
+pub fn plan_graph(g: &Graph) -> Result<KernelPlan, PlanError> {
+    let n = g.nodes.len();
+    let mut ctx = Ctx { g, def: HashMap::with_capacity(g.inputs.len() + n) };
+    for (i, inp) in g.inputs.iter().enumerate() {
+        ctx.def.insert(inp.id, Def::Input(i));
+    }
+    for (j, node) in g.nodes.iter().enumerate() {
+        if node.op.is_mutation() || matches!(node.op, Op::Composite(_)) {
+            return Err(PlanError::Unsupported { op: node.op.name(), value: node.out });
+        }
+        ctx.def.insert(node.out, Def::Node(j));
+    }
+    // 1. liveness of nodes.
+    let mut live = vec![false; n];
+    let mut is_output = vec![false; n];
+    for o in &g.outputs {
+        ctx.meta(*o)?;
+        if let Some(j) = ctx.node_of(*o) {
+            live[j] = true;
+            is_output[j] = true;
+        }
+    }
+    for j in (0..n).rev() {
+        if live[j] {
+            for a in &g.nodes[j].args {
+                if let Some(k) = ctx.node_of(*a) {
+                    live[k] = true;
+                }
+            }
+        }
+    }
+    let mut users: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for j in (0..n).filter(|&j| live[j]) {
+        let mut seen: Vec<usize> = Vec::new();
+        for a in &g.nodes[j].args {
+            if let Some(k) = ctx.node_of(*a) {
+                if !seen.contains(&k) {
+                    seen.push(k);
+                    users[k].push(j);
+                }
+            }
+        }
+    }
+    // Classes.
+    let mut pw: Vec<Option<Compute>> = vec![None; n];
+    let mut red: Vec<Option<Compute>> = vec![None; n];
+    for j in (0..n).filter(|&j| live[j]) {
+        let node = &g.nodes[j];
+        let args = ctx.arg_metas(j)?;
+        pw[j] = pointwise_compute(&node.op, &args, &node.meta);
+        red[j] = reduce_compute(&node.op, &args, &node.meta);
+    }
+    // 2. roots: the node (or input) whose buffer holds each value.
+    #[derive(Clone, Copy, PartialEq, Debug)]
+    enum Root {
+        Input(usize),
+        Node(usize),
+    }
+    let mut root: Vec<Root> = (0..n).map(Root::Node).collect();
+    let root_of = |root: &Vec<Root>, ctx: &Ctx, v: ValueId| -> Root {
+        match ctx.def.get(&v) {
+            Some(Def::Input(i)) => Root::Input(*i),
+            Some(Def::Node(j)) => root[*j],
+            None => Root::Input(usize::MAX),
+        }
+    };
+    let mut alias_copy = vec![false; n];
+    for j in (0..n).filter(|&j| live[j]) {
+        let node = &g.nodes[j];
+        if node.op.aliasing() == Aliasing::View {
+            root[j] = root_of(&root, &ctx, node.args[0]);
+        } else if matches!(node.op, Op::Clone | Op::UnsafeView(_)) {
+            if let Some(k) = ctx.node_of(node.args[0]) {
+                let src = &g.nodes[k].meta;
+                if root[k] == Root::Node(k)
+                    && users[k].len() == 1
+                    && !is_output[k]
+                    && src.dtype == node.meta.dtype
+                    && is_full_contiguous(src)
+                    && is_full_contiguous(&node.meta)
+                {
+                    root[j] = Root::Node(k);
+                    alias_copy[j] = true;
+                }
+            }
+        }
+    }
+    // 3. inlining decisions, last node first.
+    let mut target: Vec<Option<usize>> = vec![None; n];
+    for j in (0..n).rev() {
+        let Some(t) = pw[j] else { continue };
+        if !live[j] || is_output[j] || alias_copy[j] || users[j].is_empty() {
+            continue;
+        }
+        let shape = &g.nodes[j].meta.shape;
+        let mut tgt: Option<usize> = None;
+        let mut ok = true;
+        for &u in &users[j] {
+            let un = &g.nodes[u];
+            let direct = (pw[u] == Some(t) && &un.meta.shape == shape && !alias_copy[u]) || red[u] == Some(t);
+            let k = target[u].unwrap_or(u);
+            if !direct || tgt.is_some_and(|x| x != k) {
+                ok = false;
+                break;
+            }
+            tgt = Some(k);
+        }
+        if ok {
+            target[j] = tgt;
+        }
+    }
+    let mut members: HashMap<usize, Vec<usize>> = HashMap::new();
+    for (j, t) in target.iter().enumerate() {
+        if let Some(k) = *t {
+            members.entry(k).or_default().push(j);
+        }
+    }
+    // 4. buffers and kernels.
+    let mut plan = KernelPlan {
+        inputs: g.inputs.iter().map(|i| i.meta.clone()).collect(),
+        buffers: vec![],
+        kernels: vec![],
+        outputs: vec![],
+        graph_nodes: n,
+    };
+    for inp in &g.inputs {
+        plan.buffers.push(Buffer {
+            kind: BufferKind::Input(plan.buffers.len()),
+            layout: inp.meta.clone(),
+            def: None,
+            last_use: None,
+        });
+    }
+    let mut node_buf: Vec<Option<BufId>> = vec![None; n];
+    let buf_of = |node_buf: &Vec<Option<BufId>>, root: &Vec<Root>, ctx: &Ctx, v: ValueId| -> Result<BufId, PlanError> {
+        match root_of(root, ctx, v) {
+            Root::Input(i) if i < ctx.g.inputs.len() => Ok(i),
+            Root::Node(k) => {
+                node_buf[k].ok_or_else(|| PlanError::Internal(format!("{v} is read before its buffer exists")))
+            }
+            Root::Input(_) => Err(PlanError::Internal(format!("{v} is never defined"))),
+        }
+    };
+    for j in (0..n).filter(|&j| live[j]) {
+        let node = &g.nodes[j];
+        if root[j] != Root::Node(j) || target[j].is_some() {
+            continue;
+        }
+        let kidx = plan.kernels.len();
+        let new_buf = |plan: &mut KernelPlan, kind: BufferKind| -> BufId {
+            plan.buffers.push(Buffer { kind, layout: node.meta.clone(), def: Some(kidx), last_use: None });
+            plan.buffers.len() - 1
+        };
+        let args = ctx.arg_metas(j)?;
+        let kernel = if let Some(t) = pw[j] {
+            let out = new_buf(&mut plan, BufferKind::Intermediate);
+            let shape = node.meta.shape.clone();
+            let mut order = members.remove(&j).unwrap_or_default();
+            order.push(j);
+            let mut body = BodyBuilder::new(t);
+            let load_buf = |v: ValueId| buf_of(&node_buf, &root, &ctx, v);
+            body.emit(&order, &shape, &ctx, &load_buf)?;
+            let reg = body.reg_of[&j];
+            let dst = broadcast_access(out, &node.meta, &shape)?;
+            Kernel::Pointwise(PointwiseKernel {
+                shape,
+                body: body.finish(),
+                stores: vec![Store { reg, dst }],
+                nodes: order.len(),
+            })
+        } else if let (Some(t), Op::Reduce { op, dims, .. }) = (red[j], &node.op) {
+            let out = new_buf(&mut plan, BufferKind::Intermediate);
+            let x = node.args[0];
+            let in_meta = ctx.meta(x)?;
+            let shape = in_meta.shape.clone();
+            let rank = shape.len();
+            let reduced: Vec<bool> = (0..rank).map(|d| dims.is_empty() || dims.contains(&d)).collect();
+            let mut b = BodyBuilder::new(t);
+            let order = members.remove(&j).unwrap_or_default();
+            let count = order.len() + 1;
+            if order.is_empty() {
+                let buf = buf_of(&node_buf, &root, &ctx, x)?;
+                b.load(x, access(buf, in_meta));
+            } else {
+                let load_buf = |v: ValueId| buf_of(&node_buf, &root, &ctx, v);
+                b.emit(&order, &shape, &ctx, &load_buf)?;
+                // The reduced value must be the last register.
+                let xk = ctx
+                    .node_of(x)
+                    .ok_or_else(|| PlanError::Internal("inlined reduction input is not a node".into()))?;
+                if b.reg_of.get(&xk).copied() != Some(b.instrs.len() - 1) {
+                    return Err(PlanError::Internal("reduction prologue does not end in its input".into()));
+                }
+            }
+            // Result indexed by the input space: kept dims map to the output's dims.
+            let mut strides = Vec::with_capacity(rank);
+            let keepdim = node.meta.rank() == rank;
+            let mut od = 0;
+            for &red_d in &reduced {
+                if red_d {
+                    strides.push(Dim::Const(0));
+                    if keepdim {
+                        od += 1;
+                    }
+                } else {
+                    strides.push(node.meta.strides.get(od).cloned().unwrap_or(Dim::Const(0)));
+                    od += 1;
+                }
+            }
+            let dst = Access {
+                buf: out,
+                shape: shape.clone(),
+                strides,
+                offset: node.meta.offset.clone(),
+                dtype: node.meta.dtype,
+            };
+            Kernel::Reduce(ReduceKernel {
+                op: *op,
+                shape,
+                reduced,
+                body: b.finish(),
+                dst,
+                nodes: count,
+                value: node.out,
+                loc: node.loc.clone(),
+            })
+        } else if is_matmul(&node.op, &args, &node.meta) {
+            let out = new_buf(&mut plan, BufferKind::Intermediate);
+            let a = access(buf_of(&node_buf, &root, &ctx, node.args[0])?, args[0]);
+            let b = access(buf_of(&node_buf, &root, &ctx, node.args[1])?, args[1]);
+            Kernel::Matmul(MatmulKernel { a, b, out: access(out, &node.meta), epilogue: None })
+        } else {
+            let out = new_buf(&mut plan, BufferKind::Extern);
+            let mut accs = Vec::with_capacity(node.args.len());
+            for a in &node.args {
+                accs.push(access(buf_of(&node_buf, &root, &ctx, *a)?, ctx.meta(*a)?));
+            }
+            Kernel::Extern(ExternKernel {
+                op: node.op.clone(),
+                args: accs,
+                out,
+                meta: node.meta.clone(),
+                value: node.out,
+                loc: node.loc.clone(),
+            })
+        };
+        node_buf[j] = Some(plan.buffers.len() - 1);
+        plan.kernels.push(kernel);
+    }
+    // Outputs.
+    for o in &g.outputs {
+        let buf = buf_of(&node_buf, &root, &ctx, *o)?;
+        if plan.buffers[buf].kind == BufferKind::Intermediate {
+            plan.buffers[buf].kind = BufferKind::Output;
+        }
+        plan.outputs.push(Output { buf, meta: ctx.meta(*o)?.clone() });
+    }
+    attach_epilogues(&mut plan);
+    recompute_liveness(&mut plan);
+    Ok(plan)
+}
+
+/// Step 5: move a matmul's only pointwise reader into the matmul as its epilogue.
+fn attach_epilogues(plan: &mut KernelPlan) {
+    recompute_liveness(plan);
+    let mut readers: Vec<Vec<usize>> = vec![Vec::new(); plan.buffers.len()];
+    for (i, k) in plan.kernels.iter().enumerate() {
+        for a in k.reads() {
+            if !readers[a.buf].contains(&i) {
+                readers[a.buf].push(i);
+            }
+        }
+    }
+    let mut moved: Vec<Option<usize>> = vec![None; plan.kernels.len()];
+    for m in 0..plan.kernels.len() {
+        let Kernel::Matmul(mk) = &plan.kernels[m] else { continue };
+        let b = mk.out.buf;
+        let [k] = readers[b][..] else { continue };
+        let Kernel::Pointwise(pk) = &plan.kernels[k] else { continue };
+        if moved[k].is_some() || !is_full_contiguous(&plan.buffers[b].layout) {
+            continue;
+        }
+        if let Some(out) = fold_layout_copy(pk, &plan.buffers[b].layout) {
+            // The reader only copies the product into another layout (a transpose made
+            // contiguous): the matmul writes that layout directly.
+            if let Kernel::Matmul(mk) = &mut plan.kernels[m] {
+                mk.out = out;
+            }
+            moved[k] = Some(usize::MAX);
+            continue;
+        }
+        let want = contiguous_strides(&pk.shape);
+        let order_ok = pk.body.loads.iter().filter(|l| l.buf == b).all(|l| {
+            l.offset == Dim::Const(0)
+                && Dim::product(&pk.shape) == plan.buffers[b].layout.numel()
+                && l.shape.iter().zip(l.strides.iter().zip(&want)).all(|(s, (a, w))| *s == Dim::Const(1) || a == w)
+        });
+        let ready = pk.body.loads.iter().all(|l| l.buf == b || plan.buffers[l.buf].def.is_none_or(|d| d < m));
+        if order_ok && ready {
+            moved[k] = Some(m);
+        }
+    }
+    let mut kernels = std::mem::take(&mut plan.kernels);
+    for (k, m) in moved.iter().enumerate() {
+        if let Some(m) = m.filter(|m| *m != usize::MAX) {
+            let Kernel::Pointwise(pk) = kernels[k].clone() else { continue };
+            if let Kernel::Matmul(mk) = &mut kernels[m] {
+                mk.epilogue = Some(pk);
+            }
+        }
+    }
+    plan.kernels = kernels.into_iter().enumerate().filter(|(k, _)| moved[*k].is_none()).map(|(_, k)| k).collect();
+}
+
+/// When `pk` is a plain copy of the buffer laid out as `layout` (one load of it,
+/// stored unchanged) reading it as a permutation of its dims, the access a producer
+/// of `layout` would use to write the copy's destination directly.
+fn fold_layout_copy(pk: &PointwiseKernel, layout: &TensorMeta) -> Option<Access> {
+    let [Instr::Load(0)] = pk.body.instrs[..] else { return None };
+    let [store] = &pk.stores[..] else { return None };
+    let load = pk.body.loads.first()?;
+    if store.reg != 0 || store.dst.dtype != load.dtype || load.offset != Dim::Const(0) {
+        return None;
+    }
+    let mut used = vec![false; pk.shape.len()];
+    let mut strides = Vec::with_capacity(layout.rank());
+    for (size, st) in layout.shape.iter().zip(&layout.strides) {
+        if *size == Dim::Const(1) {
+            strides.push(Dim::Const(0));
+            continue;
+        }
+        let p = (0..pk.shape.len()).find(|&p| !used[p] && &pk.shape[p] == size && &load.strides[p] == st)?;
+        used[p] = true;
+        strides.push(store.dst.strides[p].clone());
+    }
+    if (0..pk.shape.len()).any(|p| !used[p] && pk.shape[p] != Dim::Const(1)) {
+        return None;
+    }
+    Some(Access {
+        buf: store.dst.buf,
+        shape: layout.shape.clone(),
+        strides,
+        offset: store.dst.offset.clone(),
+        dtype: store.dst.dtype,
+    })
+}
+
+/// Set every buffer's `def` and `last_use` from the kernel list.
+fn recompute_liveness(plan: &mut KernelPlan) {
+    for b in &mut plan.buffers {
+        if !matches!(b.kind, BufferKind::Input(_)) {
+            b.def = None;
+        }
+        b.last_use = None;
+    }
+    for (i, k) in plan.kernels.iter().enumerate() {
+        for a in k.reads() {
+            plan.buffers[a.buf].last_use = Some(i);
+        }
+        for w in k.writes() {
+            plan.buffers[w].def.get_or_insert(i);
+        }
+    }
+}
+
+/// Builds one [`Body`]: loads are deduplicated per value.
+struct BodyBuilder {
+    compute: Compute,
+    loads: Vec<Access>,
+    instrs: Vec<Instr>,
+    load_of: HashMap<ValueId, usize>,
+    reg_of: HashMap<usize, usize>,
+}
+
+impl BodyBuilder {
+    fn new(compute: Compute) -> Self {
+        BodyBuilder { compute, loads: vec![], instrs: vec![], load_of: HashMap::new(), reg_of: HashMap::new() }
+    }
+    fn push(&mut self, i: Instr) -> usize {
+        self.instrs.push(i);
+        self.instrs.len() - 1
+    }
+    fn load(&mut self, v: ValueId, acc: Access) -> usize {
+        if let Some(&r) = self.load_of.get(&v) {
+            return r;
+        }
+        self.loads.push(acc);
+        let r = self.push(Instr::Load(self.loads.len() - 1));
+        self.load_of.insert(v, r);
+        r
+    }
+    /// Instructions of the nodes `order` (in node order) over the iteration `shape`;
+    /// arguments computed by an earlier node of `order` are registers, others loads.
+    fn emit(
+        &mut self,
+        order: &[usize],
+        shape: &[Dim],
+        ctx: &Ctx,
+        load_buf: &dyn Fn(ValueId) -> Result<BufId, PlanError>,
+    ) -> Result<(), PlanError> {
+        for &m in order {
+            let mn = &ctx.g.nodes[m];
+            let mut regs = Vec::with_capacity(mn.args.len());
+            for (pos, a) in mn.args.iter().enumerate() {
+                if !reads_arg(&mn.op, pos) {
+                    regs.push(None);
+                    continue;
+                }
+                let r = match ctx.node_of(*a).and_then(|k| self.reg_of.get(&k).copied()) {
+                    Some(r) => r,
+                    None => self.load(*a, broadcast_access(load_buf(*a)?, ctx.meta(*a)?, shape)?),
+                };
+                regs.push(Some(r));
+            }
+            let r = self.op(&mn.op, &regs, &mn.meta)?;
+            self.reg_of.insert(m, r);
+        }
+        Ok(())
+    }
+    fn scalar(&mut self, s: Scalar) -> usize {
+        self.push(Instr::Const(s.to_f64()))
+    }
+    /// Instructions of one node; returns the register of its value.
+    fn op(&mut self, op: &Op, r: &[Option<usize>], out: &TensorMeta) -> Result<usize, PlanError> {
+        let arg = |i: usize| {
+            r.get(i)
+                .copied()
+                .flatten()
+                .ok_or_else(|| PlanError::Internal(format!("{} is missing argument {i}", op.name())))
+        };
+        let v = match op {
+            Op::Unary(UnaryOp::LogicalNot) => {
+                let z = self.push(Instr::Const(0.0));
+                self.push(Instr::Compare(CmpOp::Eq, arg(0)?, z))
+            }
+            Op::Unary(u) => self.push(Instr::Unary(*u, arg(0)?)),
+            Op::Binary(b) => self.push(Instr::Binary(*b, arg(0)?, arg(1)?)),
+            Op::BinaryScalar(b, s) => {
+                let c = self.scalar(*s);
+                self.push(Instr::Binary(*b, arg(0)?, c))
+            }
+            Op::Compare(c) => self.push(Instr::Compare(*c, arg(0)?, arg(1)?)),
+            Op::CompareScalar(c, s) => {
+                let k = self.scalar(*s);
+                self.push(Instr::Compare(*c, arg(0)?, k))
+            }
+            Op::Where => self.push(Instr::Where(arg(0)?, arg(1)?, arg(2)?)),
+            Op::Clamp { min, max } => {
+                self.push(Instr::Clamp { x: arg(0)?, min: min.map(Scalar::to_f64), max: max.map(Scalar::to_f64) })
+            }
+            Op::Cast(_) => arg(0)?,
+            Op::Copy => arg(1)?,
+            Op::Clone => arg(0)?,
+            Op::FullLike { value, .. } | Op::Full { value, .. } => self.scalar(*value),
+            other => return Err(PlanError::Internal(format!("{} is not a fusible pointwise op", other.name()))),
+        };
+        // Values of narrower dtypes are rounded where the graph would have stored them.
+        let needs_round = match out.dtype {
+            DType::F16 | DType::BF16 => true,
+            DType::F32 => self.compute == Compute::F64,
+            DType::Bool => !matches!(op, Op::Compare(_) | Op::CompareScalar(..) | Op::Unary(UnaryOp::LogicalNot)),
+            _ => false,
+        };
+        Ok(if needs_round { self.push(Instr::Round(out.dtype, v)) } else { v })
+    }
+    fn finish(self) -> Body {
+        Body { compute: self.compute, loads: self.loads, instrs: self.instrs }
+    }
+}

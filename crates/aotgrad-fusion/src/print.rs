@@ -1,0 +1,124 @@
+//! The text form of a plan, for golden tests and debug logs.
+//!
+//! ```text
+//! b0 = input 0 f32[4, 8]
+//! b2 = output f32[4, 8] (slot -)
+//! k0: pointwise [4, 8] f32 (4 nodes) -> b2
+//!     r0 = load b0 strides [8, 1] offset 0
+//!     r1 = sin r0
+//!     store r3 -> b2 strides [8, 1] offset 0
+//! ```
+//! Accesses print as buffer, strides and offset over the kernel's iteration space.
+
+use crate::buffers::SlotPlan;
+use crate::plan::*;
+use aotgrad_ir::Dim;
+use std::fmt::Write;
+
+fn dims(d: &[Dim]) -> String {
+    d.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+fn access(a: &Access) -> String {
+    format!("b{} [{}]+{}", a.buf, dims(&a.strides), a.offset)
+}
+
+fn body(out: &mut String, b: &Body) {
+    for (i, ins) in b.instrs.iter().enumerate() {
+        let rhs = match ins {
+            Instr::Load(l) => format!("load {}", access(&b.loads[*l])),
+            Instr::Const(c) => format!("const {c}"),
+            Instr::Unary(u, x) => format!("{} r{x}", u.name()),
+            Instr::Binary(op, x, y) => format!("{} r{x}, r{y}", op.name()),
+            Instr::Compare(op, x, y) => format!("{} r{x}, r{y}", op.name()),
+            Instr::Where(c, x, y) => format!("where r{c}, r{x}, r{y}"),
+            Instr::Clamp { x, min, max } => format!("clamp r{x}, {min:?}, {max:?}"),
+            Instr::Round(d, x) => format!("round.{d} r{x}"),
+        };
+        let _ = writeln!(out, "    r{i} = {rhs}");
+    }
+}
+
+fn pointwise(out: &mut String, p: &PointwiseKernel) {
+    body(out, &p.body);
+    for s in &p.stores {
+        let _ = writeln!(out, "    store r{} -> {}", s.reg, access(&s.dst));
+    }
+}
+
+/// Print `plan`; with `slots`, each intermediate shows its arena slot and the header
+/// the arena and output bytes.
+pub fn print_plan(plan: &KernelPlan, slots: Option<&SlotPlan>) -> String {
+    let mut out = String::new();
+    let nodes: usize = plan.graph_nodes;
+    let _ = write!(out, "plan: {} nodes -> {} kernels", nodes, plan.kernels.len());
+    if let Some(s) = slots {
+        let _ = write!(
+            out,
+            ", {} slots, arena {} B (unshared {} B), outputs {} B, peak {} B",
+            s.slots.len(),
+            s.arena_bytes,
+            s.unshared_bytes,
+            s.output_bytes,
+            s.peak_bytes()
+        );
+    }
+    out.push('\n');
+    for (i, b) in plan.buffers.iter().enumerate() {
+        let kind = match &b.kind {
+            BufferKind::Input(n) => format!("input {n}"),
+            BufferKind::Intermediate => match slots.and_then(|s| s.slot_of[i]) {
+                Some(s) => format!("slot {s}"),
+                None => "intermediate".to_string(),
+            },
+            BufferKind::Output => "output".to_string(),
+            BufferKind::Extern => "extern".to_string(),
+        };
+        let _ = writeln!(out, "b{i} = {kind} {}", b.layout);
+    }
+    for (i, k) in plan.kernels.iter().enumerate() {
+        match k {
+            Kernel::Pointwise(p) => {
+                let _ =
+                    writeln!(out, "k{i}: pointwise [{}] {} ({} nodes)", dims(&p.shape), p.body.compute.name(), p.nodes);
+                pointwise(&mut out, p);
+            }
+            Kernel::Reduce(r) => {
+                let red: Vec<usize> = (0..r.reduced.len()).filter(|&d| r.reduced[d]).collect();
+                let _ = writeln!(
+                    out,
+                    "k{i}: reduce {} over {:?} of [{}] {} ({} nodes) -> {}",
+                    r.op.name(),
+                    red,
+                    dims(&r.shape),
+                    r.body.compute.name(),
+                    r.nodes,
+                    access(&r.dst)
+                );
+                body(&mut out, &r.body);
+            }
+            Kernel::Matmul(m) => {
+                let _ = writeln!(
+                    out,
+                    "k{i}: matmul {} @ {} -> {} [{}]",
+                    access(&m.a),
+                    access(&m.b),
+                    access(&m.out),
+                    dims(&m.out.shape)
+                );
+                if let Some(e) = &m.epilogue {
+                    let _ =
+                        writeln!(out, "  epilogue [{}] {} ({} nodes)", dims(&e.shape), e.body.compute.name(), e.nodes);
+                    pointwise(&mut out, e);
+                }
+            }
+            Kernel::Extern(e) => {
+                let args: Vec<String> = e.args.iter().map(access).collect();
+                let _ = writeln!(out, "k{i}: extern {} ({}) -> b{} {}", e.op.name(), args.join(", "), e.out, e.meta);
+            }
+        }
+    }
+    let outs: Vec<String> = plan.outputs.iter().map(|o| format!("b{} {}", o.buf, o.meta)).collect();
+    let _ = writeln!(out, "outputs: {}", outs.join(", "));
+    out
+}
