@@ -6,6 +6,8 @@
 //! MLP, residuals, d_model 256, seq 128, batch 8. Both are compiled for training
 //! with the loss `sum(model(x))`, parameters requiring grad.
 
+pub mod runtime;
+
 use anyhow::Result;
 use aotgrad::nn::{Mlp, Module, Params, TransformerBlock};
 use aotgrad_autodiff::{build_joint_with_cuts, GradCuts, JointGraph};

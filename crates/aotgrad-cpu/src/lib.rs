@@ -33,7 +33,7 @@ mod tensor;
 
 pub use backend::{InterpretedGraph, ReferenceBackend};
 pub use compiled::{AllocStats, CpuBackend, CpuCompiledGraph};
-pub use storage::{Buffer, CpuTensor, Storage};
+pub use storage::{release_recycled, take_recycled, Buffer, CpuTensor, Storage};
 
 use aotgrad_ir::{Graph, Op, ShapeError, SourceLoc, TensorMeta, ValueId};
 use thiserror::Error;

@@ -80,8 +80,9 @@ impl Storage {
         Arc::new(Storage { buf: RwLock::new(buf), version: AtomicU64::new(0) })
     }
     /// The buffer, taking the storage apart.
-    pub fn into_buffer(self) -> Buffer {
-        self.buf.into_inner().unwrap_or_else(|e| e.into_inner())
+    pub fn into_buffer(mut self) -> Buffer {
+        let slot = self.buf.get_mut().unwrap_or_else(|e| e.into_inner());
+        std::mem::replace(slot, Buffer::Bool(Vec::new()))
     }
     /// Read access.
     pub fn read(&self) -> RwLockReadGuard<'_, Buffer> {
@@ -108,6 +109,71 @@ impl Storage {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+impl Drop for Storage {
+    /// Large buffers go back to the recycling pool (see [`take_recycled`]).
+    fn drop(&mut self) {
+        let slot = self.buf.get_mut().unwrap_or_else(|e| e.into_inner());
+        let buf = std::mem::replace(slot, Buffer::Bool(Vec::new()));
+        recycle(buf);
+    }
+}
+
+/// Buffers at least this large are recycled.
+const RECYCLE_MIN_BYTES: usize = 64 * 1024;
+/// The pool holds at most this many bytes; beyond it, freed buffers are released.
+const RECYCLE_MAX_BYTES: usize = 512 * 1024 * 1024;
+
+/// A cache of freed buffers by (dtype, length), like PyTorch's caching allocator: a
+/// training loop allocates the same sizes every step, and a recycled buffer costs no
+/// page faults and no zeroing. Only the compiled backend draws from it, for outputs
+/// its kernels overwrite completely.
+struct Recycler {
+    free: std::collections::HashMap<(DType, usize), Vec<Buffer>>,
+    bytes: usize,
+}
+
+fn recycler() -> &'static std::sync::Mutex<Recycler> {
+    static POOL: std::sync::OnceLock<std::sync::Mutex<Recycler>> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| std::sync::Mutex::new(Recycler { free: Default::default(), bytes: 0 }))
+}
+
+fn recycle(buf: Buffer) {
+    let bytes = buf.len() * buf.dtype().size_bytes();
+    if bytes < RECYCLE_MIN_BYTES {
+        return;
+    }
+    let mut pool = recycler().lock().unwrap_or_else(|e| e.into_inner());
+    if pool.bytes + bytes > RECYCLE_MAX_BYTES {
+        return;
+    }
+    pool.bytes += bytes;
+    pool.free.entry((buf.dtype(), buf.len())).or_default().push(buf);
+}
+
+/// A buffer of `dtype` and `len` elements with **unspecified contents** — a recycled
+/// one when the pool has it, else a fresh zeroed one. For results that are written
+/// completely before anything reads them.
+pub fn take_recycled(dtype: DType, len: usize) -> Buffer {
+    let bytes = len * dtype.size_bytes();
+    if bytes >= RECYCLE_MIN_BYTES {
+        let mut pool = recycler().lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(b) = pool.free.get_mut(&(dtype, len)).and_then(Vec::pop) {
+            pool.bytes -= bytes;
+            return b;
+        }
+    }
+    Buffer::zeros(dtype, len)
+}
+
+/// Release every recycled buffer (returns the bytes released).
+pub fn release_recycled() -> usize {
+    let mut pool = recycler().lock().unwrap_or_else(|e| e.into_inner());
+    let bytes = pool.bytes;
+    pool.free.clear();
+    pool.bytes = 0;
+    bytes
 }
 
 /// A concrete tensor: a storage handle plus concrete metadata.

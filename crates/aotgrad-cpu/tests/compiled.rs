@@ -256,6 +256,46 @@ fn extern_ops_views_and_aliasing_outputs() {
 }
 
 #[test]
+fn scatters_in_place_and_copying() {
+    // zeros -> select_scatter x3 (in place into one buffer), and a scatter whose base
+    // is still read afterwards (copied first), and one into a graph input (copied).
+    let mut g = Graph::new();
+    let x = input(&mut g, "x", m(&[3, 4, 5], DType::F32));
+    let s = input(&mut g, "s", m(&[4, 5], DType::F32));
+    let z = node(&mut g, Op::FullLike { value: Scalar::Float(0.0), dtype: None }, &[x]);
+    let z1 = node(&mut g, Op::Unary(UnaryOp::Exp), &[z]);
+    let mut acc = z1;
+    for i in 0..3usize {
+        let e = node(&mut g, Op::BinaryScalar(BinaryOp::Mul, Scalar::Float(i as f64 + 1.0)), &[s]);
+        acc = node(&mut g, Op::SelectScatter { dim: 0, index: Dim::from(i) }, &[acc, e]);
+    }
+    let xe = node(&mut g, Op::Unary(UnaryOp::Neg), &[x]);
+    let sl = node(&mut g, Op::Slice { dim: 2, start: Dim::from(1usize), end: Dim::from(5usize), step: 2 }, &[xe]);
+    let slc = node(&mut g, Op::Clone, &[sl]);
+    let ss = node(
+        &mut g,
+        Op::SliceScatter { dim: 2, start: Dim::from(0usize), end: Dim::from(4usize), step: 2 },
+        &[xe, slc],
+    );
+    let keep = node(&mut g, Op::Binary(BinaryOp::Add), &[xe, ss]);
+    let s2 = input(&mut g, "s2", m(&[3, 5], DType::F32));
+    let into_input = node(&mut g, Op::SelectScatter { dim: 1, index: Dim::from(2usize) }, &[x, s2]);
+    // A matmul result scattered into a copy of a shared base: the scatter must not
+    // move ahead of the copy (as a matmul epilogue would).
+    let a = input(&mut g, "a", m(&[4, 6], DType::F32));
+    let b = input(&mut g, "b", m(&[6, 5], DType::F32));
+    let p = node(&mut g, Op::Mm, &[a, b]);
+    let shared = node(&mut g, Op::BinaryScalar(BinaryOp::Add, Scalar::Float(2.0)), &[z]);
+    let sc = node(&mut g, Op::SelectScatter { dim: 0, index: Dim::from(1usize) }, &[shared, p]);
+    let sum = node(&mut g, Op::Binary(BinaryOp::Add), &[sc, shared]);
+    g.outputs = vec![acc, keep, into_input, sum];
+    let ins: Vec<CpuTensor> = g.inputs.iter().enumerate().map(|(i, x)| tensor_for(&x.meta, i as f64, false)).collect();
+    let before = ins[0].to_vec_f64();
+    check(&g, &ins, 1e-6);
+    assert_eq!(ins[0].to_vec_f64(), before, "a scatter never writes its base input");
+}
+
+#[test]
 fn dynamic_shapes_lower_per_binding() {
     let s0 = Dim::sym(SymId(0));
     let mut g = Graph::new();

@@ -81,6 +81,29 @@ fn reduce_compute(op: &Op, args: &[&TensorMeta], out: &TensorMeta) -> Option<Com
     }
 }
 
+/// For `select_scatter` / `slice_scatter` with result layout `meta`: the view of the
+/// result that the source replaces.
+fn scatter_view(op: &Op, meta: &TensorMeta) -> Option<TensorMeta> {
+    let view = match op {
+        Op::SelectScatter { dim, index } => Op::Select { dim: *dim, index: index.clone() },
+        Op::SliceScatter { dim, start, end, step } => {
+            Op::Slice { dim: *dim, start: start.clone(), end: end.clone(), step: *step }
+        }
+        _ => return None,
+    };
+    aotgrad_ir::infer::infer(&view, &[meta], &mut aotgrad_ir::StaticOracle).ok()
+}
+
+/// A kernel copying `src` to `dst` over `shape` (both indexed by it).
+fn copy_kernel(compute: Compute, src: Access, dst: Access, shape: &[Dim]) -> Kernel {
+    Kernel::Pointwise(PointwiseKernel {
+        shape: shape.to_vec(),
+        body: Body { compute, loads: vec![src], instrs: vec![Instr::Load(0)] },
+        stores: vec![Store { reg: 0, dst }],
+        nodes: 1,
+    })
+}
+
 /// Whether a fused body reads argument `pos` of `op` (not only its shape).
 fn reads_arg(op: &Op, pos: usize) -> bool {
     !matches!((op, pos), (Op::Copy, 0) | (Op::FullLike { .. }, _))
@@ -228,6 +251,7 @@ pub fn plan_graph(g: &Graph) -> Result<KernelPlan, PlanError> {
         }
     };
     let mut alias_copy = vec![false; n];
+    let mut scatter_in_place = vec![false; n];
     for j in (0..n).filter(|&j| live[j]) {
         let node = &g.nodes[j];
         if node.op.aliasing() == Aliasing::View {
@@ -244,6 +268,23 @@ pub fn plan_graph(g: &Graph) -> Result<KernelPlan, PlanError> {
                 {
                     root[j] = Root::Node(k);
                     alias_copy[j] = true;
+                }
+            }
+        } else if scatter_view(&node.op, &node.meta).is_some() {
+            // A scatter whose base nothing else reads writes into the base's buffer.
+            if let Some(k) = ctx.node_of(node.args[0]) {
+                let kargs = ctx.arg_metas(k)?;
+                let computed_here =
+                    pw[k].is_some() || red[k].is_some() || is_matmul(&g.nodes[k].op, &kargs, &g.nodes[k].meta);
+                if root[k] == Root::Node(k)
+                    && computed_here
+                    && users[k].len() == 1
+                    && !is_output[k]
+                    && g.nodes[k].meta == node.meta
+                    && is_full_contiguous(&node.meta)
+                {
+                    root[j] = Root::Node(k);
+                    scatter_in_place[j] = true;
                 }
             }
         }
@@ -306,8 +347,47 @@ pub fn plan_graph(g: &Graph) -> Result<KernelPlan, PlanError> {
     };
     for j in (0..n).filter(|&j| live[j]) {
         let node = &g.nodes[j];
-        if root[j] != Root::Node(j) || target[j].is_some() {
+        if (root[j] != Root::Node(j) && !scatter_in_place[j]) || target[j].is_some() {
             continue;
+        }
+        if let (Some(view), Some(t)) = (scatter_view(&node.op, &node.meta), value_kind(node.meta.dtype)) {
+            let src_meta = ctx.meta(node.args[1])?;
+            if src_meta.dtype == node.meta.dtype && src_meta.shape == view.shape {
+                // Into the base's buffer, or a copy of the base first.
+                let out = if scatter_in_place[j] {
+                    buf_of(&node_buf, &root, &ctx, node.args[0])?
+                } else {
+                    let kidx = plan.kernels.len();
+                    plan.buffers.push(Buffer {
+                        kind: BufferKind::Intermediate,
+                        layout: node.meta.clone(),
+                        def: Some(kidx),
+                        last_use: None,
+                    });
+                    let out = plan.buffers.len() - 1;
+                    let base = buf_of(&node_buf, &root, &ctx, node.args[0])?;
+                    plan.kernels.push(copy_kernel(
+                        t,
+                        broadcast_access(base, ctx.meta(node.args[0])?, &node.meta.shape)?,
+                        access(out, &node.meta),
+                        &node.meta.shape,
+                    ));
+                    out
+                };
+                let src = buf_of(&node_buf, &root, &ctx, node.args[1])?;
+                let mut dst = access(out, &view);
+                dst.dtype = node.meta.dtype;
+                plan.kernels.push(copy_kernel(t, access(src, src_meta), dst, &view.shape));
+                node_buf[j] = Some(out);
+                continue;
+            }
+        }
+        if scatter_in_place[j] {
+            return Err(PlanError::Internal(format!(
+                "{} ({}) was planned in place but cannot be",
+                node.op.name(),
+                node.out
+            )));
         }
         let kidx = plan.kernels.len();
         let new_buf = |plan: &mut KernelPlan, kind: BufferKind| -> BufId {
@@ -427,7 +507,13 @@ pub fn plan_graph(g: &Graph) -> Result<KernelPlan, PlanError> {
 fn attach_epilogues(plan: &mut KernelPlan) {
     recompute_liveness(plan);
     let mut readers: Vec<Vec<usize>> = vec![Vec::new(); plan.buffers.len()];
+    let mut writers: Vec<usize> = vec![0; plan.buffers.len()];
+    let mut last_write: Vec<Option<usize>> = vec![None; plan.buffers.len()];
     for (i, k) in plan.kernels.iter().enumerate() {
+        for w in k.writes() {
+            writers[w] += 1;
+            last_write[w] = Some(i);
+        }
         for a in k.reads() {
             if !readers[a.buf].contains(&i) {
                 readers[a.buf].push(i);
@@ -439,8 +525,16 @@ fn attach_epilogues(plan: &mut KernelPlan) {
         let Kernel::Matmul(mk) = &plan.kernels[m] else { continue };
         let b = mk.out.buf;
         let [k] = readers[b][..] else { continue };
+        if writers[b] != 1 {
+            continue;
+        }
         let Kernel::Pointwise(pk) = &plan.kernels[k] else { continue };
         if moved[k].is_some() || !is_full_contiguous(&plan.buffers[b].layout) {
+            continue;
+        }
+        // The reader must be the only writer of its results (a scatter into a buffer
+        // another kernel fills first cannot move ahead of it).
+        if pk.stores.iter().any(|st| writers[st.dst.buf] != 1) {
             continue;
         }
         if let Some(out) = fold_layout_copy(pk, &plan.buffers[b].layout) {
@@ -458,7 +552,7 @@ fn attach_epilogues(plan: &mut KernelPlan) {
                 && Dim::product(&pk.shape) == plan.buffers[b].layout.numel()
                 && l.shape.iter().zip(l.strides.iter().zip(&want)).all(|(s, (a, w))| *s == Dim::Const(1) || a == w)
         });
-        let ready = pk.body.loads.iter().all(|l| l.buf == b || plan.buffers[l.buf].def.is_none_or(|d| d < m));
+        let ready = pk.body.loads.iter().all(|l| l.buf == b || last_write[l.buf].is_none_or(|d| d < m));
         if order_ok && ready {
             moved[k] = Some(m);
         }
@@ -521,7 +615,12 @@ fn recompute_liveness(plan: &mut KernelPlan) {
             plan.buffers[a.buf].last_use = Some(i);
         }
         for w in k.writes() {
-            plan.buffers[w].def.get_or_insert(i);
+            let b = &mut plan.buffers[w];
+            // A later write (a scatter into the buffer) keeps it alive too.
+            if b.def.is_some() {
+                b.last_use = Some(i);
+            }
+            b.def.get_or_insert(i);
         }
     }
 }

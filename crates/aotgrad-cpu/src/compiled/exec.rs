@@ -19,7 +19,10 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 
 /// Elements per block of a fused body.
-pub(crate) const BLK: usize = 256;
+pub(crate) const BLK: usize = 512;
+/// Distance between registers in the register file: a block plus padding, so two
+/// registers never sit a multiple of 4 KiB apart (4K aliasing stalls loads after stores).
+const RSTRIDE: usize = BLK + 16;
 
 /// A buffer as one kernel sees it.
 #[derive(Clone, Copy, Debug)]
@@ -377,14 +380,14 @@ fn compare<T: Num>(op: CmpOp, d: &mut [T], a: V<'_, T>, b: V<'_, T>) {
 ///
 /// # Safety
 /// `d` differs from every operand (operands may coincide with each other) and all are
-/// below `regs.len() / BLK`.
+/// below `regs.len() / RSTRIDE`.
 #[inline(always)]
 unsafe fn regs_split<T>(regs: &mut [T], n: usize, d: usize, ops: [usize; 3]) -> (&mut [T], [&[T]; 3]) {
     let base = regs.as_mut_ptr();
     // SAFETY: disjoint register slots (d is not an operand), in bounds (caller).
     unsafe {
-        let dst = std::slice::from_raw_parts_mut(base.add(d * BLK), n);
-        let o = ops.map(|r| std::slice::from_raw_parts(base.add(r * BLK) as *const T, n));
+        let dst = std::slice::from_raw_parts_mut(base.add(d * RSTRIDE), n);
+        let o = ops.map(|r| std::slice::from_raw_parts(base.add(r * RSTRIDE) as *const T, n));
         (dst, o)
     }
 }
@@ -405,11 +408,11 @@ unsafe fn eval_block<T: Num>(body: &CBody, bufs: &[Raw], offs: &[usize], inner: 
             LInstr::Load { load, d } => {
                 let acc = &body.loads[*load];
                 let raw = bufs[acc.buf];
-                let dst = &mut regs[d * BLK..d * BLK + n];
+                let dst = &mut regs[d * RSTRIDE..d * RSTRIDE + n];
                 // SAFETY: the access is in bounds (caller).
                 unsafe { by_dtype!(raw, load_typed, offs[*load], inner[*load], dst) };
             }
-            LInstr::Fill { v, d } => regs[d * BLK..d * BLK + n].fill(T::from_f64(*v)),
+            LInstr::Fill { v, d } => regs[d * RSTRIDE..d * RSTRIDE + n].fill(T::from_f64(*v)),
             LInstr::Unary { op, a, d } => {
                 // SAFETY: the register allocator never writes an operand.
                 let (dst, [x, _, _]) = unsafe { regs_split(regs, n, *d, [*a, *a, *a]) };
@@ -535,7 +538,7 @@ fn segments(shape: &[usize], accs: &[&CAccess], e0: usize, e1: usize, mut f: imp
 /// `bufs` hold every buffer the kernel touches; no other task writes `[e0, e1)`.
 #[inline(always)]
 unsafe fn pointwise_range_impl<T: Num>(k: &CPointwise, bufs: &[Raw], e0: usize, e1: usize) {
-    let mut regs = vec![T::ZERO; k.body.nregs * BLK];
+    let mut regs = vec![T::ZERO; k.body.nregs * RSTRIDE];
     let mut accs: Vec<&CAccess> = k.body.loads.iter().collect();
     accs.extend(k.stores.iter().map(|(_, a)| a));
     let rank = k.shape.len();
@@ -553,7 +556,7 @@ unsafe fn pointwise_range_impl<T: Num>(k: &CPointwise, bufs: &[Raw], e0: usize, 
                 eval_block(&k.body, bufs, &offs[..nl], &inner[..nl], &mut regs, len);
                 for (s, (reg, acc)) in k.stores.iter().enumerate() {
                     let raw = bufs[acc.buf];
-                    let vals = &regs[reg * BLK..reg * BLK + len];
+                    let vals = &regs[reg * RSTRIDE..reg * RSTRIDE + len];
                     by_dtype!(raw, store_typed, offs[nl + s], inner[nl + s], vals);
                 }
             }
@@ -704,7 +707,7 @@ pub(crate) unsafe fn reduce(k: &CReduce, bufs: &[Raw], acc: &mut [f64], threads:
 /// As [`reduce`]; no other task accumulates into the outputs of `[e0, e1)`.
 #[inline(always)]
 unsafe fn reduce_range_impl<T: Num>(k: &CReduce, bufs: &[Raw], acc: Raw, e0: usize, e1: usize) {
-    let mut regs = vec![T::ZERO; k.body.nregs * BLK];
+    let mut regs = vec![T::ZERO; k.body.nregs * RSTRIDE];
     let mut accs: Vec<&CAccess> = k.body.loads.iter().collect();
     accs.push(&k.dst);
     let rank = k.shape.len();
@@ -724,28 +727,14 @@ unsafe fn reduce_range_impl<T: Num>(k: &CReduce, bufs: &[Raw], acc: Raw, e0: usi
             // SAFETY: the caller's guarantees; the accumulator covers the dst extent.
             unsafe {
                 eval_block(&k.body, bufs, &offs[..nl], &inner[..nl], &mut regs, len);
-                let vals = &regs[v * BLK..v * BLK + len];
+                let vals = &regs[v * RSTRIDE..v * RSTRIDE + len];
                 let o = offs[nl];
                 if inner_reduced {
                     let a = &mut *acc.add(o);
                     *a = match op {
                         ReduceOp::Sum | ReduceOp::Mean => *a + sum_f64(vals),
-                        ReduceOp::Amax => vals.iter().fold(*a, |m, &x| {
-                            let x = x.to_f64();
-                            if x > m || x.is_nan() {
-                                x
-                            } else {
-                                m
-                            }
-                        }),
-                        ReduceOp::Amin => vals.iter().fold(*a, |m, &x| {
-                            let x = x.to_f64();
-                            if x < m || x.is_nan() {
-                                x
-                            } else {
-                                m
-                            }
-                        }),
+                        ReduceOp::Amax => combine_extreme(*a, extreme(vals, true).to_f64(), true),
+                        ReduceOp::Amin => combine_extreme(*a, extreme(vals, false).to_f64(), false),
                     };
                 } else {
                     let s = inner[nl];
@@ -774,6 +763,43 @@ unsafe fn reduce_range_impl<T: Num>(k: &CReduce, bufs: &[Raw], acc: Raw, e0: usi
             }
         },
     );
+}
+
+/// `max(a, x)` (or min) where a NaN on either side wins.
+#[inline(always)]
+fn combine_extreme(a: f64, x: f64, max: bool) -> f64 {
+    if (max && x > a) || (!max && x < a) || x.is_nan() {
+        x
+    } else {
+        a
+    }
+}
+
+/// The maximum (or minimum) of `v`, NaN if any is NaN, over sixteen independent
+/// lanes (vectorizes). `v` is non-empty.
+#[inline(always)]
+fn extreme<T: Num>(v: &[T], max: bool) -> T {
+    #[inline(always)]
+    fn pick<T: Num>(m: T, x: T, max: bool) -> T {
+        if (max && x > m) || (!max && x < m) || x.is_nan() {
+            x
+        } else {
+            m
+        }
+    }
+    let mut lanes = [v[0]; 16];
+    let chunks = v.chunks_exact(16);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for i in 0..16 {
+            lanes[i] = pick(lanes[i], c[i], max);
+        }
+    }
+    let mut m = lanes[0];
+    for &x in lanes[1..].iter().chain(tail) {
+        m = pick(m, x, max);
+    }
+    m
 }
 
 /// Sum in f64 with eight independent lanes (vectorizes; deterministic order).
@@ -870,8 +896,12 @@ pub(crate) unsafe fn matmul(mm: &CMatmul, bufs: &[Raw], threads: usize) {
                 DType::F64 => gemm_rows::<f64>(mm, bufs, b, r0, r1, par),
                 _ => gemm_rows::<f32>(mm, bufs, b, r0, r1, par),
             }
-            if let Some(e) = &mm.epilogue {
-                let (lo, hi) = (b * plane + r0 * mm.m, b * plane + r1 * mm.m);
+        }
+    };
+    let epilogue = |lo: usize, hi: usize| {
+        if let Some(e) = &mm.epilogue {
+            // SAFETY: the caller's guarantees; tasks own disjoint ranges.
+            unsafe {
                 match e.body.compute {
                     Compute::F32 => pointwise_range::<f32>(e, bufs, lo, hi),
                     Compute::F64 => pointwise_range::<f64>(e, bufs, lo, hi),
@@ -879,30 +909,22 @@ pub(crate) unsafe fn matmul(mm: &CMatmul, bufs: &[Raw], threads: usize) {
             }
         }
     };
-    if mm.batch >= threads.max(2) || threads <= 1 {
-        // Batches (or row panels, one task) in order; each gemm single-threaded.
-        let panel = if mm.epilogue.is_some() { 128.max(16 * 1024 / mm.m.max(1)).min(mm.n) } else { mm.n };
+    if threads > 1 && mm.batch >= threads {
+        // Whole products per task, each gemm single-threaded, its epilogue right after.
         par_chunks(mm.batch, threads, 1, |lo, hi| {
             for b in lo..hi {
-                let mut r0 = 0;
-                while r0 < mm.n {
-                    let r1 = (r0 + panel).min(mm.n);
-                    rows(b, r0, r1, gemm::Parallelism::None);
-                    r0 = r1;
-                }
+                rows(b, 0, mm.n, gemm::Parallelism::None);
+                epilogue(b * plane, (b + 1) * plane);
             }
         });
-    } else if mm.epilogue.is_some() && mm.n >= 2 * 32 {
-        // Row panels across tasks, each a single-threaded gemm plus its epilogue.
-        let tasks = threads.min(mm.n / 32);
-        (0..mm.batch).for_each(|b| {
-            (0..tasks).into_par_iter().for_each(|t| {
-                rows(b, t * mm.n / tasks, (t + 1) * mm.n / tasks, gemm::Parallelism::None);
-            })
-        });
     } else {
+        // One product at a time on every thread (re-packing the right operand per row
+        // panel costs more than the epilogue gains from a hot cache), then the
+        // epilogue over it on every thread.
+        let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
         for b in 0..mm.batch {
-            rows(b, 0, mm.n, gemm::Parallelism::Rayon(threads));
+            rows(b, 0, mm.n, par);
+            par_chunks(plane, threads, 16 * 1024, |lo, hi| epilogue(b * plane + lo, b * plane + hi));
         }
     }
 }

@@ -118,8 +118,9 @@ pub(crate) enum Loc {
 pub(crate) struct Lowered {
     pub kernels: Vec<CKernel>,
     pub loc: Vec<Loc>,
-    /// Elements of each output buffer (index of `Loc::Output`) and its dtype.
-    pub out_bufs: Vec<(DType, usize)>,
+    /// Dtype and elements of each output buffer (index of `Loc::Output`), and whether
+    /// its layout is dense (every element written by its kernel).
+    pub out_bufs: Vec<(DType, usize, bool)>,
     /// Per graph input: the storage length every access into it needs.
     pub input_need: Vec<usize>,
     pub outputs: Vec<(usize, TensorMeta)>,
@@ -465,7 +466,8 @@ pub(crate) fn lower(plan: &KernelPlan) -> Result<Lowered> {
                 None => Loc::Extern,
             },
             BufferKind::Output => {
-                out_bufs.push((buf.layout.dtype, extents[b]));
+                let numel: usize = buf.layout.concrete_shape().map(|s| s.iter().product()).unwrap_or(0);
+                out_bufs.push((buf.layout.dtype, extents[b], numel == extents[b]));
                 Loc::Output(out_bufs.len() - 1)
             }
             BufferKind::Extern => Loc::Extern,

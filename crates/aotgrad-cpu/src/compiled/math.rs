@@ -30,12 +30,6 @@ pub(crate) trait Num: Copy + PartialOrd + Send + Sync + 'static + std::fmt::Debu
     fn nan() -> Self;
 }
 
-/// `2^n` for integral `n` in [-126, 127], by building the exponent bits.
-#[inline(always)]
-fn pow2i(n: f32) -> f32 {
-    f32::from_bits(((n as i32 + 127) as u32) << 23)
-}
-
 /// e^x for f32: Cody–Waite range reduction and a degree-7 polynomial on
 /// [-ln2/2, ln2/2]; error within 2 ulp, overflow to inf as libm. Results below the
 /// smallest normal f32 (x < -87.33) flush to 0 (an absolute error under 1.2e-38), so
@@ -48,14 +42,19 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
     // Round to nearest by the 1.5 * 2^23 trick (|x * log2e| < 2^22 after the clamp).
     const MAGIC: f32 = 12_582_912.0;
     let xc = x.clamp(-87.0, 88.0);
-    let n = (xc * LOG2E + MAGIC) - MAGIC;
+    let t = xc * LOG2E + MAGIC;
+    let n = t - MAGIC;
+    // The integer n sits in t's low mantissa bits; 2^n from them by bit arithmetic
+    // only (a float-to-int conversion would not vectorize; NaN lanes are replaced).
+    let ni = (t.to_bits() as i32).wrapping_sub(0x4B40_0000);
+    let pow2 = f32::from_bits((ni.wrapping_add(127) as u32).wrapping_shl(23));
     let r = (xc - n * LN2_HI) - n * LN2_LO;
     let p = 1.0
         + r * (1.0
             + r * (0.5
                 + r * (0.166_666_67
                     + r * (0.041_666_668 + r * (0.008_333_334 + r * (0.001_388_889 + r * 0.000_198_412_7))))));
-    let y = p * pow2i(n);
+    let y = p * pow2;
     if x > 88.72 {
         f32::INFINITY
     } else if x < -87.33 {

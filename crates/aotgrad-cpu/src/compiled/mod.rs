@@ -18,7 +18,7 @@ mod lower;
 pub(crate) mod math;
 
 use crate::interp::bind_inputs;
-use crate::storage::{Buffer, CpuTensor, Storage};
+use crate::storage::{take_recycled, Buffer, CpuTensor, Storage};
 use crate::{interpret, CpuError};
 use aotgrad_fusion::{plan_graph, print_plan, KernelPlan, PlanError};
 use aotgrad_ir::text::{parse_graph, print_graph};
@@ -120,6 +120,50 @@ pub struct CpuCompiledGraph {
     fixed: Option<Arc<Instance>>,
     by_binding: Mutex<HashMap<Binding, Arc<Instance>>>,
     stats: Mutex<AllocStats>,
+    /// Per kernel: (seconds, calls) when `AOTGRAD_CPU_PROFILE` is set.
+    profile: Option<Mutex<Vec<(f64, usize)>>>,
+}
+
+fn profiling() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("AOTGRAD_CPU_PROFILE").is_some_and(|v| !v.is_empty() && v != "0"))
+}
+
+impl Drop for CpuCompiledGraph {
+    /// With `AOTGRAD_CPU_PROFILE=1`, print where this graph's calls spent their time.
+    fn drop(&mut self) {
+        let (Some(prof), Some(plan)) = (&self.profile, &self.plan) else { return };
+        let prof = prof.lock().unwrap_or_else(|e| e.into_inner());
+        let total: f64 = prof.iter().map(|p| p.0).sum();
+        if total == 0.0 {
+            return;
+        }
+        let mut order: Vec<usize> = (0..prof.len()).collect();
+        order.sort_by(|a, b| prof[*b].0.total_cmp(&prof[*a].0));
+        eprintln!(
+            "aotgrad-cpu profile: {} nodes, {} kernels, {:.3} ms in kernels",
+            plan.graph_nodes,
+            plan.kernels.len(),
+            total * 1e3
+        );
+        for &k in order.iter().take(12) {
+            let kern = &plan.kernels[k];
+            let what = match kern {
+                aotgrad_fusion::Kernel::Pointwise(p) => format!("{} nodes over {:?}", p.nodes, p.shape),
+                aotgrad_fusion::Kernel::Reduce(r) => format!("{} {} nodes over {:?}", r.op.name(), r.nodes, r.shape),
+                aotgrad_fusion::Kernel::Matmul(m) => {
+                    format!("{:?}x{:?}{}", m.a.shape, m.b.shape, if m.epilogue.is_some() { " + epilogue" } else { "" })
+                }
+                aotgrad_fusion::Kernel::Extern(e) => e.op.name(),
+            };
+            eprintln!(
+                "  k{k:<4} {:>5.1}% {:>9.3} ms/call  {} {what}",
+                100.0 * prof[k].0 / total,
+                prof[k].0 * 1e3 / prof[k].1.max(1) as f64,
+                kern.kind_name()
+            );
+        }
+    }
 }
 
 impl std::fmt::Debug for CpuCompiledGraph {
@@ -162,6 +206,7 @@ impl CpuCompiledGraph {
             fixed,
             by_binding: Mutex::new(HashMap::new()),
             stats: Mutex::new(AllocStats::default()),
+            profile: profiling().then(|| Mutex::new(Vec::new())),
         })
     }
 
@@ -236,8 +281,13 @@ impl CpuCompiledGraph {
                 Arena { slots, scratch: vec![0.0; low.scratch] }
             }
         };
-        let mut outs: Vec<Buffer> = low.out_bufs.iter().map(|(d, n)| Buffer::zeros(*d, *n)).collect();
-        allocated.1 = low.out_bufs.iter().map(|(d, n)| d.size_bytes() * n).sum();
+        // Dense outputs are overwritten completely: recycled memory will do.
+        let mut outs: Vec<Buffer> = low
+            .out_bufs
+            .iter()
+            .map(|(d, n, dense)| if *dense { take_recycled(*d, *n) } else { Buffer::zeros(*d, *n) })
+            .collect();
+        allocated.1 = low.out_bufs.iter().map(|(d, n, _)| d.size_bytes() * n).sum();
         let mut externs: HashMap<usize, Arc<Storage>> = HashMap::new();
         let result = self.run_kernels(low, inputs, &mut arena, &mut outs, &mut externs, &mut allocated.2);
         inst.pool.lock().unwrap_or_else(|e| e.into_inner()).push(arena);
@@ -296,7 +346,9 @@ impl CpuCompiledGraph {
                 Buffer::F64(v) => r!(v, aotgrad_ir::DType::F64),
             }
         };
+        let mut times: Vec<f64> = Vec::new();
         for k in &low.kernels {
+            let started = self.profile.as_ref().map(|_| std::time::Instant::now());
             if let CKernel::Extern(e) = k {
                 *n_extern += 1;
                 // Lend arena and output buffers to the reference kernel as storages.
@@ -345,6 +397,9 @@ impl CpuCompiledGraph {
                     }
                 }
                 externs.insert(e.out, res?.storage);
+                if let Some(t) = started {
+                    times.push(t.elapsed().as_secs_f64());
+                }
                 continue;
             }
             // Raw views of every buffer this kernel touches; input storages are
@@ -413,6 +468,18 @@ impl CpuCompiledGraph {
             drop(guards);
             for b in bufs.iter_mut() {
                 *b = Raw::NONE;
+            }
+            if let Some(t) = started {
+                times.push(t.elapsed().as_secs_f64());
+            }
+        }
+        if let Some(p) = &self.profile {
+            let mut p = p.lock().unwrap_or_else(|e| e.into_inner());
+            let len = times.len().max(p.len());
+            p.resize(len, (0.0, 0));
+            for (slot, t) in p.iter_mut().zip(times) {
+                slot.0 += t;
+                slot.1 += 1;
             }
         }
         Ok(())

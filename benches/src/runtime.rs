@@ -1,0 +1,164 @@
+//! Run-time workloads for the report: the training step through `aot_function` on a
+//! chosen backend, the eager forward, and micro-benchmarks of the compiled CPU
+//! backend (GEMM, a fused elementwise chain) next to their baselines.
+
+use crate::{example_inputs, Workload};
+use anyhow::Result;
+use aotgrad::nn::Params;
+use aotgrad::{aot_function, AotConfig, AotFunction};
+use aotgrad_cpu::{CpuBackend, CpuTensor};
+use aotgrad_ir::infer::infer;
+use aotgrad_ir::{Backend, BinaryOp, DType, Graph, Op, Scalar, StaticOracle, StorageId, TensorMeta, UnaryOp};
+use aotgrad_trace::Tensor;
+use std::time::Instant;
+
+/// Median wall time of `f` in milliseconds over `runs` runs (after one warm-up run).
+pub fn median_ms(runs: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    f()?;
+    let mut v = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let t = Instant::now();
+        f()?;
+        v.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    v.sort_by(f64::total_cmp);
+    Ok(v[v.len() / 2])
+}
+
+/// `sum(model(x))` compiled for training with `config`.
+pub fn compiled_step(w: &Workload, config: AotConfig) -> Result<AotFunction> {
+    let module = w.module.clone();
+    let names: Vec<String> = module.store().params().iter().map(|(n, _)| n.clone()).collect();
+    let n = names.len();
+    Ok(aot_function(
+        move |a: &[Tensor]| {
+            let p = Params::new(names.iter().cloned().zip(a[..n].iter().cloned()));
+            Ok(vec![module.forward(&p, &a[n..])?[0].sum_all()?])
+        },
+        config,
+    )?)
+}
+
+/// One training step (forward, then backward with a unit tangent).
+pub fn run_step(f: &AotFunction, inputs: &[Tensor]) -> Result<()> {
+    let (outs, pending) = f.forward(inputs)?;
+    pending.backward(&[outs[0].ones_like()?])?;
+    Ok(())
+}
+
+/// The eager forward of `sum(model(x))` (eager mode has no autograd yet).
+pub fn eager_forward(w: &Workload) -> Result<()> {
+    let store = w.module.store();
+    let p = Params::new(store.params().iter().map(|(n, t)| (n.clone(), t.clone())));
+    let out = w.module.forward(&p, std::slice::from_ref(&w.input))?;
+    out[0].sum_all()?;
+    Ok(())
+}
+
+/// The example inputs of `w`.
+pub fn step_inputs(w: &Workload) -> Vec<Tensor> {
+    example_inputs(w)
+}
+
+fn node(g: &mut Graph, op: Op, args: &[aotgrad_ir::ValueId]) -> Result<aotgrad_ir::ValueId> {
+    let metas: Vec<TensorMeta> =
+        args.iter().map(|a| g.meta_of(*a).cloned().unwrap_or_else(|| unreachable!())).collect();
+    let refs: Vec<&TensorMeta> = metas.iter().collect();
+    let meta = infer(&op, &refs, &mut StaticOracle)?;
+    let s = g.next_storage();
+    Ok(g.add_node(op, args.to_vec(), meta, s, None))
+}
+
+fn filled(shape: &[usize], seed: f64) -> Result<CpuTensor> {
+    let n: usize = shape.iter().product();
+    let v: Vec<f64> = (0..n).map(|i| ((i as f64) * 0.37 + seed).sin()).collect();
+    Ok(CpuTensor::from_f64(&v, shape, DType::F32)?)
+}
+
+/// GFLOP/s of an `n x n x n` f32 matmul: through the compiled backend on `threads`
+/// threads, and the `gemm` crate called directly with the same parallelism.
+pub fn gemm_gflops(n: usize, threads: usize, runs: usize) -> Result<(f64, f64)> {
+    let mut g = Graph::new();
+    let a = g.add_input("a", TensorMeta::from_sizes(&[n, n], DType::F32), StorageId(0));
+    let b = g.add_input("b", TensorMeta::from_sizes(&[n, n], DType::F32), StorageId(1));
+    let c = node(&mut g, Op::Mm, &[a, b])?;
+    g.outputs = vec![c];
+    let compiled = CpuBackend::new(threads).compile(&g)?;
+    let ins = [filled(&[n, n], 0.1)?, filled(&[n, n], 0.2)?];
+    let ours = median_ms(runs, || compiled.run(&ins).map(drop).map_err(Into::into))?;
+    let x = ins[0].to_vec_f64().iter().map(|v| *v as f32).collect::<Vec<f32>>();
+    let y = ins[1].to_vec_f64().iter().map(|v| *v as f32).collect::<Vec<f32>>();
+    let mut z = vec![0f32; n * n];
+    let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads.max(1)).build()?;
+    let direct = median_ms(runs, || {
+        pool.install(|| {
+            // SAFETY: three n x n row-major matrices.
+            unsafe {
+                gemm::gemm(
+                    n,
+                    n,
+                    n,
+                    z.as_mut_ptr(),
+                    1,
+                    n as isize,
+                    false,
+                    x.as_ptr(),
+                    1,
+                    n as isize,
+                    y.as_ptr(),
+                    1,
+                    n as isize,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    par,
+                )
+            }
+        });
+        Ok(())
+    })?;
+    let flop = 2.0 * (n as f64).powi(3);
+    Ok((flop / (ours * 1e6), flop / (direct * 1e6)))
+}
+
+/// GB/s (bytes read + written) of a fused 8-op elementwise chain over `n` f32 values
+/// on the compiled backend, and of a plain copy of the same bytes.
+pub fn fused_chain_gbps(n: usize, threads: usize, runs: usize) -> Result<(f64, f64)> {
+    let ops = vec![
+        Op::BinaryScalar(BinaryOp::Mul, Scalar::Float(1.5)),
+        Op::BinaryScalar(BinaryOp::Add, Scalar::Float(0.25)),
+        Op::Unary(UnaryOp::Relu),
+        Op::BinaryScalar(BinaryOp::Sub, Scalar::Float(0.5)),
+        Op::Unary(UnaryOp::Abs),
+        Op::BinaryScalar(BinaryOp::Maximum, Scalar::Float(0.1)),
+        Op::BinaryScalar(BinaryOp::Mul, Scalar::Float(0.9)),
+        Op::Unary(UnaryOp::Neg),
+    ];
+    chain_gbps(&ops, n, threads, runs)
+}
+
+/// GB/s of the chain `ops` (unary or scalar-operand ops) over `n` f32 values, and of a
+/// plain copy of the same bytes.
+pub fn chain_gbps(ops: &[Op], n: usize, threads: usize, runs: usize) -> Result<(f64, f64)> {
+    let mut g = Graph::new();
+    let x = g.add_input("x", TensorMeta::from_sizes(&[n], DType::F32), StorageId(0));
+    let mut v = x;
+    for op in ops.iter().cloned() {
+        v = node(&mut g, op, &[v])?;
+    }
+    g.outputs = vec![v];
+    let compiled = CpuBackend::new(threads).compile(&g)?;
+    let ins = [filled(&[n], 0.3)?];
+    let ours = median_ms(runs, || compiled.run(&ins).map(drop).map_err(Into::into))?;
+    let src = vec![1f32; n];
+    let copy = median_ms(runs, || {
+        let dst = src.clone();
+        std::hint::black_box(&dst);
+        Ok(())
+    })?;
+    let bytes = 2.0 * 4.0 * n as f64;
+    Ok((bytes / (ours * 1e6), bytes / (copy * 1e6)))
+}
