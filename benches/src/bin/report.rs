@@ -1,103 +1,230 @@
-//! `cargo xtask bench` prints this: node counts, saved bytes per partitioner (vs
-//! PyTorch's anchors), recomputation, and median stage times over repeated runs.
+//! `cargo xtask bench` prints this and writes it as markdown and JSON under
+//! `target/bench/` (`report.md`, `report.json`):
+//!
+//! 1. run time: the training step of each workload on the eager mode (forward only:
+//!    eager has no autograd yet), the reference interpreter and the compiled CPU
+//!    backend at 1 and 2 threads (default and min-cut partitions), with the tensor
+//!    memory one step adds according to the buffer plans;
+//! 2. GEMM GFLOP/s next to the `gemm` crate called directly, and a fused 8-op
+//!    elementwise chain's GB/s next to a plain copy, measured in the same run;
+//! 3. compile time per stage, including the backend's, for both workloads;
+//! 4. scaling: per-stage compile times from about 100 to 100k nodes;
+//! 5. saved activation bytes per partitioner against PyTorch's anchors.
+//!
+//! `AOTGRAD_BENCH_RUNS` sets the repetitions (default 15); `AOTGRAD_BENCH_QUICK=1`
+//! skips the two largest scaling sizes.
 
 use anyhow::Result;
+use aotgrad::runtime::Partitioner;
+use aotgrad::AotConfig;
+use aotgrad_benches::runtime::*;
 use aotgrad_benches::*;
+use aotgrad_cpu::CpuBackend;
+use serde_json::{json, Value};
+use std::fmt::Write as _;
 use std::time::Instant;
 
-fn median_ms(runs: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-    let mut v = Vec::with_capacity(runs);
-    for _ in 0..runs {
-        let t = Instant::now();
-        f()?;
-        v.push(t.elapsed().as_secs_f64() * 1e3);
-    }
-    v.sort_by(f64::total_cmp);
-    Ok(v[v.len() / 2])
+fn once_ms<T>(f: impl FnOnce() -> Result<T>) -> Result<(f64, T)> {
+    let t = Instant::now();
+    let v = f()?;
+    Ok((t.elapsed().as_secs_f64() * 1e3, v))
+}
+
+/// Tensor bytes one training step adds, from the buffer plans of the compiled
+/// forward and backward: the forward's outputs (saved values) stay alive while the
+/// backward runs with its arena and gradients.
+fn step_bytes(p: &aotgrad_partition::Partitioned) -> Result<(usize, usize, usize)> {
+    let b = CpuBackend::new(1);
+    let fw = b.compile_graph(&p.forward)?;
+    let bw = b.compile_graph(&p.backward)?;
+    let (fa, fo) = fw.plan_bytes().unwrap_or((0, 0));
+    let (ba, bo) = bw.plan_bytes().unwrap_or((0, 0));
+    Ok((fa + fo, ba + bo, fo + fa.max(ba + bo)))
 }
 
 fn main() -> Result<()> {
     let runs: usize = std::env::var("AOTGRAD_BENCH_RUNS").ok().and_then(|s| s.parse().ok()).unwrap_or(15);
+    let quick = std::env::var_os("AOTGRAD_BENCH_QUICK").is_some();
+    let mut md = String::new();
+    let mut js = serde_json::Map::new();
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let _ = writeln!(md, "# aotgrad bench report\n\n{threads} cores; medians of {runs} runs, all in this one run.\n");
+
+    // 1. Training step.
+    let _ = writeln!(md, "## Training step (forward + backward, loss `sum(model(x))`)\n");
+    let _ = writeln!(
+        md,
+        "| workload | eager fw only | reference | cpu 1 thread | cpu 2 threads | 2t speed-up | cpu 1t default partition | step tensor bytes (plan) |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
+    let mut steps = Vec::new();
+    for w in [mlp()?, transformer()?] {
+        let ins = step_inputs(&w);
+        let eager = median_ms(runs, || eager_forward(&w))?;
+        let time = |cfg: AotConfig| -> Result<f64> {
+            let f = compiled_step(&w, cfg)?;
+            median_ms(runs, || run_step(&f, &ins))
+        };
+        let reference = time(AotConfig::default().reference_backend())?;
+        let c1 = time(AotConfig::default().threads(1))?;
+        let c2 = time(AotConfig::default().threads(2))?;
+        let d1 = time(AotConfig { partitioner: Partitioner::Default, ..AotConfig::default() }.threads(1))?;
+        let p = pipeline(&w, true)?;
+        let (fw_peak, bw_peak, step) = step_bytes(&p)?;
+        let _ = writeln!(
+            md,
+            "| {} | {eager:.2} ms | {reference:.2} ms | {c1:.2} ms | {c2:.2} ms | {:.2}x | {d1:.2} ms | {:.1} MB (fw peak {:.1} MB, bw peak {:.1} MB) |",
+            w.name,
+            c1 / c2,
+            step as f64 / 1e6,
+            fw_peak as f64 / 1e6,
+            bw_peak as f64 / 1e6
+        );
+        steps.push(json!({
+            "workload": w.name, "eager_forward_ms": eager, "reference_ms": reference, "cpu_1t_ms": c1,
+            "cpu_2t_ms": c2, "cpu_1t_default_partition_ms": d1, "step_tensor_bytes": step,
+            "forward_peak_bytes": fw_peak, "backward_peak_bytes": bw_peak,
+        }));
+    }
+    js.insert("training_step".into(), Value::Array(steps));
+
+    // 2. Kernels.
+    let _ = writeln!(md, "\n## Kernels\n\n| what | 1 thread | 2 threads |\n|---|---|---|");
+    let mut kern = Vec::new();
+    for n in [256usize, 512, 1024] {
+        let (o1, d1) = gemm_gflops(n, 1, runs)?;
+        let (o2, d2) = gemm_gflops(n, 2, runs)?;
+        let _ = writeln!(
+            md,
+            "| GEMM f32 {n}³: compiled / gemm crate | {o1:.1} / {d1:.1} GFLOP/s | {o2:.1} / {d2:.1} GFLOP/s |"
+        );
+        kern.push(
+            json!({"gemm": n, "cpu_1t_gflops": o1, "gemm_1t_gflops": d1, "cpu_2t_gflops": o2, "gemm_2t_gflops": d2}),
+        );
+    }
+    for n in [1usize << 16, 1 << 22] {
+        let (o1, c1) = fused_chain_gbps(n, 1, runs)?;
+        let (o2, c2) = fused_chain_gbps(n, 2, runs)?;
+        let _ = writeln!(
+            md,
+            "| fused 8-op chain, {n} f32: compiled / copy | {o1:.1} / {c1:.1} GB/s ({:.0}%) | {o2:.1} / {c2:.1} GB/s ({:.0}%) |",
+            100.0 * o1 / c1,
+            100.0 * o2 / c2
+        );
+        kern.push(
+            json!({"chain_elems": n, "cpu_1t_gbps": o1, "copy_1t_gbps": c1, "cpu_2t_gbps": o2, "copy_2t_gbps": c2}),
+        );
+    }
+    js.insert("kernels".into(), Value::Array(kern));
+
+    // 3. Compile stages.
+    let _ = writeln!(md, "\n## Compile time per stage (ms, medians)\n");
+    let _ = writeln!(
+        md,
+        "| workload | trace | functionalize | joint | simplify | min-cut | backend fw+bw | whole (first call) |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
+    let mut comp = Vec::new();
     for w in [mlp()?, transformer()?] {
         let t = trace_stage(&w)?;
         let f = functionalize_stage(&t)?;
         let j = joint_stage(&t, &f)?;
         let s = simplify_stage(&j)?;
-        let d = default_stage(&s)?;
-        println!("== {} ==", w.name);
-        println!(
-            "nodes: traced {}, functional {}, joint {}, simplified {}",
-            t.graph.nodes.len(),
-            f.graph.nodes.len(),
-            j.graph.nodes.len(),
-            s.graph.nodes.len()
-        );
-        println!(
-            "saved activation bytes: default {} | PyTorch min-cut anchor {}",
-            d.report.activation_bytes, w.pytorch_saved_bytes
-        );
-        let total = graph_flops(&s.graph);
-        println!("joint graph FLOPs: {total}");
-        for budget in [1.0, 0.5, 0.0] {
-            let m = mincut_stage(&s, budget)?;
-            let ratio = m.report.activation_bytes as f64 / w.pytorch_saved_bytes as f64;
-            println!(
-                "  min-cut budget {budget:.1}: {} activation bytes ({ratio:.2}x PyTorch), {} total saved, \
-                 {} ops recomputed, {} recompute FLOPs (+{:.2}% of the joint)",
-                m.report.activation_bytes,
-                m.report.saved_bytes,
-                m.report.recomputed_ops.len(),
-                m.report.recompute_flops,
-                100.0 * m.report.recompute_flops as f64 / total.max(1) as f64
-            );
-        }
-        let stage = |name: &str, ms: f64| println!("  {name:<22} {ms:>9.3} ms (median of {runs})");
-        println!("stage times:");
-        stage("trace", median_ms(runs, || trace_stage(&w).map(drop))?);
-        stage("functionalize", median_ms(runs, || functionalize_stage(&t).map(drop))?);
-        stage("joint", median_ms(runs, || joint_stage(&t, &f).map(drop))?);
-        stage("simplify", median_ms(runs, || simplify_stage(&j).map(drop))?);
-        stage("partition default", median_ms(runs, || default_stage(&s).map(drop))?);
-        stage("partition min-cut", median_ms(runs, || mincut_stage(&s, 1.0).map(drop))?);
-        stage("pipeline (no simplify)", median_ms(runs, || pipeline(&w, false).map(drop))?);
-        stage("pipeline", median_ms(runs, || pipeline(&w, true).map(drop))?);
-    }
-    // Scaling: per-stage times against graph size (one run each: these are large).
-    println!("== scaling (deep narrow MLP, one run per size) ==");
-    for layers in [100usize, 1000, 4000] {
-        let w = deep_mlp(layers)?;
-        let time = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
-            let t = Instant::now();
-            f()?;
-            Ok(t.elapsed().as_secs_f64() * 1e3)
-        };
-        let mut t = None;
-        let tt = time(&mut || {
-            t = Some(trace_stage(&w)?);
+        let p = mincut_stage(&s, 1.0)?;
+        let b = CpuBackend::new(1);
+        let tt = median_ms(runs, || trace_stage(&w).map(drop))?;
+        let tf = median_ms(runs, || functionalize_stage(&t).map(drop))?;
+        let tj = median_ms(runs, || joint_stage(&t, &f).map(drop))?;
+        let ts = median_ms(runs, || simplify_stage(&j).map(drop))?;
+        let tm = median_ms(runs, || mincut_stage(&s, 1.0).map(drop))?;
+        let tb = median_ms(runs, || {
+            b.compile_graph(&p.forward)?;
+            b.compile_graph(&p.backward)?;
             Ok(())
         })?;
-        let t = t.ok_or_else(|| anyhow::anyhow!("no trace"))?;
-        let mut f = None;
-        let tf = time(&mut || {
-            f = Some(functionalize_stage(&t)?);
+        let whole = median_ms(runs, || {
+            let f = compiled_step(&w, AotConfig::default().threads(1))?;
+            f.compile_for(&step_inputs(&w).into_iter().map(Into::into).collect::<Vec<_>>())?;
             Ok(())
         })?;
-        let f = f.ok_or_else(|| anyhow::anyhow!("no functional graph"))?;
-        let mut j = None;
-        let tj = time(&mut || {
-            j = Some(joint_stage(&t, &f)?);
-            Ok(())
-        })?;
-        let j = j.ok_or_else(|| anyhow::anyhow!("no joint"))?;
-        let ts = time(&mut || simplify_stage(&j).map(drop))?;
-        let td = time(&mut || default_stage(&j).map(drop))?;
-        let tm = time(&mut || mincut_stage(&j, 1.0).map(drop))?;
-        println!(
-            "  {layers:>5} layers: {:>6} traced / {:>6} joint nodes | trace {tt:.1} ms, functionalize {tf:.1} ms, \
-             joint {tj:.1} ms, simplify {ts:.1} ms, default {td:.1} ms, min-cut {tm:.1} ms",
-            t.graph.nodes.len(),
+        let _ = writeln!(
+            md,
+            "| {} ({} joint nodes) | {tt:.3} | {tf:.3} | {tj:.3} | {ts:.3} | {tm:.3} | {tb:.3} | {whole:.3} |",
+            w.name,
             j.graph.nodes.len()
         );
+        comp.push(json!({"workload": w.name, "joint_nodes": j.graph.nodes.len(), "trace_ms": tt,
+            "functionalize_ms": tf, "joint_ms": tj, "simplify_ms": ts, "mincut_ms": tm, "backend_ms": tb, "whole_ms": whole}));
     }
+    js.insert("compile".into(), Value::Array(comp));
+
+    // 4. Scaling.
+    let _ = writeln!(md, "\n## Compile scaling (deep narrow MLP, one run per size, µs per joint node in brackets)\n");
+    let _ =
+        writeln!(md, "| layers | joint nodes | trace | functionalize | joint | simplify | min-cut | backend fw+bw |");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
+    let mut scale = Vec::new();
+    let sizes: &[usize] = if quick { &[4, 40, 400] } else { &[4, 40, 400, 4000, 12000] };
+    for &layers in sizes {
+        let w = deep_mlp(layers)?;
+        let (tt, t) = once_ms(|| trace_stage(&w))?;
+        let (tf, f) = once_ms(|| functionalize_stage(&t))?;
+        let (tj, j) = once_ms(|| joint_stage(&t, &f))?;
+        let (ts, s) = once_ms(|| simplify_stage(&j))?;
+        let (tm, p) = once_ms(|| mincut_stage(&s, 1.0))?;
+        let b = CpuBackend::new(1);
+        let (tb, _) = once_ms(|| {
+            b.compile_graph(&p.forward)?;
+            b.compile_graph(&p.backward)?;
+            Ok(())
+        })?;
+        let n = j.graph.nodes.len().max(1) as f64;
+        let per = |ms: f64| format!("{ms:.1} ({:.1})", ms * 1e3 / n);
+        let _ = writeln!(
+            md,
+            "| {layers} | {} | {} | {} | {} | {} | {} | {} |",
+            j.graph.nodes.len(),
+            per(tt),
+            per(tf),
+            per(tj),
+            per(ts),
+            per(tm),
+            per(tb)
+        );
+        scale
+            .push(json!({"layers": layers, "joint_nodes": j.graph.nodes.len(), "trace_ms": tt, "functionalize_ms": tf,
+            "joint_ms": tj, "simplify_ms": ts, "mincut_ms": tm, "backend_ms": tb}));
+    }
+    js.insert("scaling".into(), Value::Array(scale));
+
+    // 5. Saved bytes.
+    let _ = writeln!(md, "\n## Saved activation bytes\n\n| workload | default | min-cut 1.0 | min-cut 0.0 | PyTorch min-cut |\n|---|---|---|---|---|");
+    let mut saved = Vec::new();
+    for w in [mlp()?, transformer()?] {
+        let t = trace_stage(&w)?;
+        let f = functionalize_stage(&t)?;
+        let s = simplify_stage(&joint_stage(&t, &f)?)?;
+        let d = default_stage(&s)?.report.activation_bytes;
+        let m1 = mincut_stage(&s, 1.0)?.report.activation_bytes;
+        let m0 = mincut_stage(&s, 0.0)?.report.activation_bytes;
+        let _ = writeln!(
+            md,
+            "| {} | {d} | {m1} ({:.2}x) | {m0} | {} |",
+            w.name,
+            m1 as f64 / w.pytorch_saved_bytes as f64,
+            w.pytorch_saved_bytes
+        );
+        saved.push(
+            json!({"workload": w.name, "default": d, "mincut_1": m1, "mincut_0": m0, "pytorch": w.pytorch_saved_bytes}),
+        );
+    }
+    js.insert("saved_bytes".into(), Value::Array(saved));
+
+    print!("{md}");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("report.md"), &md)?;
+    std::fs::write(dir.join("report.json"), serde_json::to_string_pretty(&Value::Object(js))?)?;
+    eprintln!("wrote {}", dir.join("report.md").display());
     Ok(())
 }

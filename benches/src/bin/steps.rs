@@ -1,4 +1,4 @@
-//! Quick training-step timing (dev): `cargo run --release -p aotgrad-benches --bin steps`.
+//! Training-step medians per backend (dev): `cargo run --release -p aotgrad-benches --bin steps`; `ONLY=mlp`, `WHICH=cpu1` (reference, cpu1, cpu2), `RUNS=n`; with `AOTGRAD_CPU_PROFILE=1` the compiled graphs print per-kernel times.
 use aotgrad::AotConfig;
 use aotgrad_benches::runtime::*;
 

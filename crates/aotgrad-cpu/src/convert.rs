@@ -224,9 +224,13 @@ impl Vals {
 }
 
 fn gather_elems<S: Elem>(src: &[S], layout: &Layout, kind: Kind) -> Vals {
-    fn go<S: Copy, T>(src: &[S], layout: &Layout, f: impl Fn(S) -> T) -> Vec<T> {
+    fn go<S: Copy, T: Copy>(src: &[S], layout: &Layout, f: impl Fn(S) -> T) -> Vec<T> {
         let mut out = Vec::with_capacity(layout.numel());
-        layout.for_each_offset(|o| out.push(f(src[o])));
+        layout.for_each_run(|o, n, s| match s {
+            1 => out.extend(src[o..o + n].iter().map(|&x| f(x))),
+            0 => out.extend(std::iter::repeat_n(f(src[o]), n)),
+            _ => out.extend((0..n).map(|i| f(src[o + i * s]))),
+        });
         out
     }
     match kind {
@@ -286,7 +290,11 @@ pub(crate) fn copy_strided(op: &str, buf: &Buffer, layout: &Layout) -> Result<Bu
     layout.check_fits(op, buf.len())?;
     fn go<T: Copy>(src: &[T], layout: &Layout) -> Vec<T> {
         let mut out = Vec::with_capacity(layout.numel());
-        layout.for_each_offset(|o| out.push(src[o]));
+        layout.for_each_run(|o, n, s| match s {
+            1 => out.extend_from_slice(&src[o..o + n]),
+            0 => out.extend(std::iter::repeat_n(src[o], n)),
+            _ => out.extend((0..n).map(|i| src[o + i * s])),
+        });
         out
     }
     Ok(match buf {

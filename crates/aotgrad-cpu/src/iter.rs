@@ -185,6 +185,43 @@ impl Layout {
         }
     }
 
+    /// Call `f(start, len, stride)` for every innermost run of elements, in row-major
+    /// logical order: the run's elements are at `start + i * stride` for `i < len`.
+    /// Kernels copy a run with stride 1 as a slice (vectorized), not element by element.
+    #[inline]
+    pub fn for_each_run(&self, mut f: impl FnMut(usize, usize, usize)) {
+        if self.shape.contains(&0) {
+            return;
+        }
+        let (shape, strides) = self.collapsed();
+        let nd = shape.len();
+        if nd == 0 {
+            f(self.offset, 1, 1);
+            return;
+        }
+        let (n, s) = (shape[nd - 1], strides[nd - 1]);
+        let outer = nd - 1;
+        let mut idx = vec![0usize; outer];
+        let mut base = self.offset;
+        loop {
+            f(base, n, s);
+            let mut d = outer;
+            loop {
+                if d == 0 {
+                    return;
+                }
+                d -= 1;
+                idx[d] += 1;
+                base += strides[d];
+                if idx[d] < shape[d] {
+                    break;
+                }
+                base -= strides[d] * shape[d];
+                idx[d] = 0;
+            }
+        }
+    }
+
     /// All storage offsets, in row-major logical order.
     #[cfg(test)]
     pub fn offsets(&self) -> Vec<usize> {
@@ -246,6 +283,9 @@ mod tests {
         ];
         for l in cases {
             assert_eq!(l.offsets(), naive(&l), "{l:?}");
+            let mut runs = Vec::new();
+            l.for_each_run(|o, n, s| runs.extend((0..n).map(|i| o + i * s)));
+            assert_eq!(runs, naive(&l), "runs of {l:?}");
         }
     }
 

@@ -231,6 +231,11 @@ impl CpuCompiledGraph {
         self.fixed.as_ref().map(|i| i.lowered.slots.peak_bytes() + i.lowered.scratch * 8)
     }
 
+    /// `(arena bytes incl. reduction scratch, output bytes)` of one call, for a static graph.
+    pub fn plan_bytes(&self) -> Option<(usize, usize)> {
+        self.fixed.as_ref().map(|i| (i.lowered.slots.arena_bytes + i.lowered.scratch * 8, i.lowered.slots.output_bytes))
+    }
+
     /// What the calls so far allocated.
     pub fn alloc_stats(&self) -> AllocStats {
         *self.stats.lock().unwrap_or_else(|e| e.into_inner())
