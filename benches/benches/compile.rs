@@ -1,5 +1,6 @@
 //! Compile-pipeline benches per stage for the MLP and the transformer block, and the
-//! training step of the MLP through `aot_function` on the reference backend.
+//! training step of both workloads through `aot_function` on the reference backend and
+//! the compiled CPU backend at 1 and 2 threads.
 // `criterion_group!` expands to an undocumented public function.
 #![allow(missing_docs)]
 
@@ -28,28 +29,20 @@ fn stages(c: &mut Criterion) {
 }
 
 fn train_step(c: &mut Criterion) {
-    let w = mlp().expect("mlp");
-    let module = w.module.clone();
-    let names: Vec<String> = module.store().params().iter().map(|(n, _)| n.clone()).collect();
-    let n = names.len();
-    let f = aot_function(
-        move |a: &[Tensor]| {
-            let p = aotgrad::nn::Params::new(names.iter().cloned().zip(a[..n].iter().cloned()));
-            Ok(vec![module.forward(&p, &a[n..])?[0].sum_all()?])
-        },
-        AotConfig::default(),
-    )
-    .expect("aot_function");
-    let inputs = example_inputs(&w);
-    let mut g = c.benchmark_group("train_step/mlp");
-    g.sample_size(10);
-    g.bench_function("reference_backend", |b| {
-        b.iter(|| {
-            let (outs, pending) = f.forward(&inputs).expect("forward");
-            pending.backward(&[outs[0].ones_like().expect("ones")]).expect("backward")
-        })
-    });
-    g.finish();
+    for w in [mlp().expect("mlp"), transformer().expect("transformer")] {
+        let inputs = aotgrad_benches::runtime::step_inputs(&w);
+        let mut g = c.benchmark_group(format!("train_step/{}", w.name));
+        g.sample_size(10);
+        for (name, cfg) in [
+            ("reference", AotConfig::default().reference_backend()),
+            ("cpu_1_thread", AotConfig::default().threads(1)),
+            ("cpu_2_threads", AotConfig::default().threads(2)),
+        ] {
+            let f = aotgrad_benches::runtime::compiled_step(&w, cfg).expect("aot_function");
+            g.bench_function(name, |b| b.iter(|| aotgrad_benches::runtime::run_step(&f, &inputs).expect("step")));
+        }
+        g.finish();
+    }
 }
 
 criterion_group!(benches, stages, train_step);

@@ -83,7 +83,7 @@ fn main() -> Result<()> {
         Some("ci") => ci(),
         Some("bench") => bench(&args[1..]),
         Some("help") | None => {
-            println!("usage: cargo xtask <task>\n\ntasks:\n  ci       fmt check, clippy -D warnings, all tests\n  bench    criterion benches + saved-bytes/stage-time report (--report: report only)");
+            println!("usage: cargo xtask <task>\n\ntasks:\n  ci       fmt check, clippy -D warnings, all tests\n  bench    criterion benches + the report written to target/bench/report.{md,json} (--report: report only)");
             Ok(())
         }
         Some(other) => bail!("unknown task `{other}` (try `cargo xtask help`)"),
