@@ -3,7 +3,8 @@
 //! - `cargo xtask ci`: formatting check, clippy with warnings denied, the whole test suite.
 //!   This is what `.ci/run` and the README's test command run.
 //! - `cargo xtask bench`: criterion benches (compile stages, training step) and the
-//!   report of saved bytes per partitioner and stage medians (`--report` for only it).
+//!   report (`benches/src/bin/report.rs`), also written to `target/bench/report.{md,json}`
+//!   (`--report` for only it).
 
 use anyhow::{bail, Context, Result};
 use std::io::{BufRead, BufReader};
@@ -83,7 +84,7 @@ fn main() -> Result<()> {
         Some("ci") => ci(),
         Some("bench") => bench(&args[1..]),
         Some("help") | None => {
-            println!("usage: cargo xtask <task>\n\ntasks:\n  ci       fmt check, clippy -D warnings, all tests\n  bench    criterion benches + the report written to target/bench/report.{md,json} (--report: report only)");
+            println!("usage: cargo xtask <task>\n\ntasks:\n  ci       fmt check, clippy -D warnings, all tests\n  bench    criterion benches + the report written to target/bench/report.{{md,json}} (--report: report only)");
             Ok(())
         }
         Some(other) => bail!("unknown task `{other}` (try `cargo xtask help`)"),
