@@ -7,7 +7,9 @@
 //!
 //! - [`layers`] holds [`Linear`], [`LayerNorm`], [`Embedding`], [`GeluMlp`], [`Mlp`];
 //! - [`attention`] holds [`MultiHeadSelfAttention`], [`TransformerBlock`];
-//! - [`optim`] holds [`Sgd`];
+//! - [`optim`] holds the [`Optimizer`] interface, [`Sgd`], [`AdamW`] and the
+//!   [`WarmupCosine`] learning-rate schedule;
+//! - [`checkpoint`] saves and loads modules and optimizer state as safetensors;
 //! - [`params`] holds [`ParamStore`], [`Params`].
 //!
 //! Initialization is deterministic (from a seed) and follows PyTorch's default scales:
@@ -15,13 +17,14 @@
 //! layer-norm weights one and biases zero.
 
 pub mod attention;
+pub mod checkpoint;
 pub mod layers;
 pub mod optim;
 pub mod params;
 
 pub use attention::{MultiHeadSelfAttention, TransformerBlock};
 pub use layers::{Embedding, GeluMlp, LayerNorm, Linear, Mlp};
-pub use optim::Sgd;
+pub use optim::{AdamW, Optimizer, OptimizerState, Sgd, WarmupCosine};
 pub use params::{ParamStore, Params};
 
 use aotgrad_ir::SourceLoc;

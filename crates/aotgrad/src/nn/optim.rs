@@ -1,8 +1,85 @@
-//! [`Sgd`]: plain stochastic gradient descent, updating parameters in place.
+//! Optimizers ([`Sgd`], [`AdamW`]) behind one interface ([`Optimizer`]), and the
+//! learning-rate schedule [`WarmupCosine`].
+//!
+//! Every optimizer updates the parameters of a [`ParamStore`] *in place* (the handles
+//! stay the same objects, so a compiled module keeps using them) from the
+//! `(name, gradient)` pairs a compiled backward returns ([`crate::ModuleGrads::params`]).
+//! Its state (moments, step count) is plain named tensors and numbers
+//! ([`OptimizerState`]), which is what a checkpoint stores
+//! ([`crate::nn::checkpoint`]).
+//!
+//! [`AdamW`]'s update is itself compiled: one `aot_function` over the parameters,
+//! gradients and moments, whose in-place updates become one fused kernel per
+//! parameter (functionalized, then written back by the epilogue like any input
+//! mutation), instead of a dozen eager passes over every tensor.
 
 use super::ParamStore;
+use crate::config::AotConfig;
 use crate::error::{Error, Result};
+use crate::runtime::{aot_function, AotFunction};
+use aotgrad_ir::DType;
 use aotgrad_trace::{NoGradGuard, Tensor};
+use std::collections::HashMap;
+
+/// The state of an optimizer, as a checkpoint stores it: named numbers and named
+/// tensors (keys are the optimizer's own, e.g. `exp_avg.fc1.weight`).
+#[derive(Clone, Debug, Default)]
+pub struct OptimizerState {
+    /// The optimizer's kind (`"sgd"`, `"adamw"`): loading into another kind is an error.
+    pub kind: String,
+    /// Scalars: hyperparameters and counters.
+    pub scalars: Vec<(String, f64)>,
+    /// Tensors: per-parameter state.
+    pub tensors: Vec<(String, Tensor)>,
+}
+
+impl OptimizerState {
+    /// The scalar named `key`.
+    pub fn scalar(&self, key: &str) -> Option<f64> {
+        self.scalars.iter().find(|(k, _)| k == key).map(|(_, v)| *v)
+    }
+    /// The tensor named `key`.
+    pub fn tensor(&self, key: &str) -> Option<&Tensor> {
+        self.tensors.iter().find(|(k, _)| k == key).map(|(_, t)| t)
+    }
+}
+
+/// What every optimizer does: one update from gradients, a learning rate a schedule
+/// can set, and a state that round-trips through a checkpoint.
+pub trait Optimizer {
+    /// Update the parameters of `store` in place from `(parameter name, gradient)`
+    /// pairs (parameters without a gradient are left alone).
+    fn step(&mut self, store: &ParamStore, grads: &[(String, Tensor)]) -> Result<()>;
+    /// The current learning rate.
+    fn lr(&self) -> f64;
+    /// Set the learning rate (for a schedule).
+    fn set_lr(&mut self, lr: f64);
+    /// The state to checkpoint.
+    fn state(&self) -> OptimizerState;
+    /// Restore a state saved by [`Optimizer::state`] for the parameters of `store`.
+    fn load_state(&mut self, store: &ParamStore, state: &OptimizerState) -> Result<()>;
+}
+
+fn optim_error(name: &str, msg: impl Into<String>) -> Error {
+    Error::Call { name: name.into(), msg: msg.into() }
+}
+
+/// The parameter named `name` of `store`, and a check that `g` has its shape.
+fn param_for<'s>(opt: &str, store: &'s ParamStore, name: &str, g: &Tensor) -> Result<&'s Tensor> {
+    let p = store
+        .params()
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, t)| t)
+        .ok_or_else(|| optim_error(opt, format!("no parameter named `{name}`")))?;
+    if g.sizes()? != p.sizes()? {
+        return Err(optim_error(
+            opt,
+            format!("gradient of `{name}` has shape {:?}, parameter has {:?}", g.sizes()?, p.sizes()?),
+        ));
+    }
+    Ok(p)
+}
 
 /// Stochastic gradient descent: `p -= lr * grad` for every parameter with a gradient.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -23,20 +100,260 @@ impl Sgd {
     pub fn step(&self, store: &ParamStore, grads: &[(String, Tensor)]) -> Result<()> {
         let _no_grad = NoGradGuard::new();
         for (name, g) in grads {
-            let p = store
-                .params()
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, t)| t)
-                .ok_or_else(|| Error::Call { name: "Sgd".into(), msg: format!("no parameter named `{name}`") })?;
-            if g.sizes()? != p.sizes()? {
-                return Err(Error::Call {
-                    name: "Sgd".into(),
-                    msg: format!("gradient of `{name}` has shape {:?}, parameter has {:?}", g.sizes()?, p.sizes()?),
-                });
-            }
+            let p = param_for("Sgd", store, name, g)?;
             p.sub_(&g.mul(self.lr)?)?;
         }
         Ok(())
+    }
+}
+
+impl Optimizer for Sgd {
+    fn step(&mut self, store: &ParamStore, grads: &[(String, Tensor)]) -> Result<()> {
+        Sgd::step(self, store, grads)
+    }
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+    fn state(&self) -> OptimizerState {
+        OptimizerState { kind: "sgd".into(), scalars: vec![("lr".into(), self.lr)], tensors: Vec::new() }
+    }
+    fn load_state(&mut self, _store: &ParamStore, state: &OptimizerState) -> Result<()> {
+        if state.kind != "sgd" {
+            return Err(optim_error("Sgd", format!("cannot load the state of a `{}` optimizer", state.kind)));
+        }
+        if let Some(lr) = state.scalar("lr") {
+            self.lr = lr;
+        }
+        Ok(())
+    }
+}
+
+/// AdamW (Loshchilov & Hutter; PyTorch's `torch.optim.AdamW`): Adam with decoupled
+/// weight decay. For every parameter `p` with gradient `g`, at step `t` (from 1):
+///
+/// ```text
+/// p ← p · (1 − lr · weight_decay)
+/// m ← β₁ m + (1 − β₁) g          v ← β₂ v + (1 − β₂) g²
+/// p ← p − lr · (m / (1 − β₁ᵗ)) / (sqrt(v / (1 − β₂ᵗ)) + eps)
+/// ```
+///
+/// The moments start at zero and are kept per parameter name (f32 for f32
+/// parameters). The update runs as one compiled function over all parameters that
+/// have gradients (recompiled only when that set changes).
+pub struct AdamW {
+    lr: f64,
+    betas: (f64, f64),
+    eps: f64,
+    weight_decay: f64,
+    steps: u64,
+    /// `(exp_avg, exp_avg_sq)` by parameter name.
+    moments: HashMap<String, (Tensor, Tensor)>,
+    /// The compiled update, keyed by the names it updates (in order).
+    update: Option<(Vec<String>, AotFunction)>,
+}
+
+impl std::fmt::Debug for AdamW {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdamW")
+            .field("lr", &self.lr)
+            .field("betas", &self.betas)
+            .field("eps", &self.eps)
+            .field("weight_decay", &self.weight_decay)
+            .field("steps", &self.steps)
+            .finish()
+    }
+}
+
+impl AdamW {
+    /// AdamW with PyTorch's defaults besides the learning rate: betas `(0.9, 0.999)`,
+    /// eps `1e-8`, weight decay `0.01`.
+    pub fn new(lr: f64) -> AdamW {
+        AdamW::with(lr, (0.9, 0.999), 1e-8, 0.01).expect("the defaults are valid")
+    }
+
+    /// AdamW with every hyperparameter given; errors for values PyTorch rejects
+    /// (negative learning rate, eps or weight decay; betas outside `[0, 1)`).
+    pub fn with(lr: f64, betas: (f64, f64), eps: f64, weight_decay: f64) -> Result<AdamW> {
+        let bad = |what: &str, v: String| Err(optim_error("AdamW", format!("invalid {what}: {v}")));
+        if !(lr >= 0.0 && lr.is_finite()) {
+            return bad("learning rate", lr.to_string());
+        }
+        if !(0.0..1.0).contains(&betas.0) || !(0.0..1.0).contains(&betas.1) {
+            return bad("betas (each must be in [0, 1))", format!("{betas:?}"));
+        }
+        if !(eps >= 0.0 && eps.is_finite()) {
+            return bad("eps", eps.to_string());
+        }
+        if !(weight_decay >= 0.0 && weight_decay.is_finite()) {
+            return bad("weight decay", weight_decay.to_string());
+        }
+        Ok(AdamW { lr, betas, eps, weight_decay, steps: 0, moments: HashMap::new(), update: None })
+    }
+
+    /// Steps taken so far.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// The first and second moment of parameter `name` (after its first step).
+    pub fn moments(&self, name: &str) -> Option<(&Tensor, &Tensor)> {
+        self.moments.get(name).map(|(m, v)| (m, v))
+    }
+
+    /// The compiled update for `names` (parameters, gradients, first moments, second
+    /// moments, then the 0-d `lr`, `1/(1-β₁ᵗ)`, `1/(1-β₂ᵗ)`): in-place updates of the
+    /// parameters and moments.
+    fn compiled_update(&mut self, names: &[String]) -> Result<&AotFunction> {
+        let stale = self.update.as_ref().is_none_or(|(n, _)| n != names);
+        if stale {
+            let n = names.len();
+            let (b1, b2, eps, wd) = (self.betas.0, self.betas.1, self.eps, self.weight_decay);
+            let f = aot_function(
+                move |a: &[Tensor]| {
+                    let (lr, c1, c2) = (&a[4 * n], &a[4 * n + 1], &a[4 * n + 2]);
+                    let decay = lr.mul(-wd)?.add(1.0)?;
+                    for i in 0..n {
+                        let (p, g, m, v) = (&a[i], &a[n + i], &a[2 * n + i], &a[3 * n + i]);
+                        m.mul_(b1)?.add_(&g.mul(1.0 - b1)?)?;
+                        v.mul_(b2)?.add_(&g.mul(g)?.mul(1.0 - b2)?)?;
+                        let denom = v.mul(c2)?.sqrt()?.add(eps)?;
+                        p.mul_(&decay)?.sub_(&m.mul(c1)?.div(&denom)?.mul(lr)?)?;
+                    }
+                    Ok(Vec::new())
+                },
+                AotConfig { name: "adamw_update".into(), ..AotConfig::default() },
+            )?;
+            self.update = Some((names.to_vec(), f));
+        }
+        Ok(&self.update.as_ref().expect("just set").1)
+    }
+}
+
+impl Optimizer for AdamW {
+    fn step(&mut self, store: &ParamStore, grads: &[(String, Tensor)]) -> Result<()> {
+        let _no_grad = NoGradGuard::new();
+        let mut params = Vec::with_capacity(grads.len());
+        for (name, g) in grads {
+            let p = param_for("AdamW", store, name, g)?;
+            if !matches!(p.dtype(), DType::F32 | DType::F64) {
+                return Err(optim_error("AdamW", format!("parameter `{name}` is {:?}, not f32 or f64", p.dtype())));
+            }
+            if !self.moments.contains_key(name) {
+                self.moments.insert(name.clone(), (p.zeros_like()?.detach()?, p.zeros_like()?.detach()?));
+            }
+            params.push(p.clone());
+        }
+        if params.is_empty() {
+            return Ok(());
+        }
+        self.steps += 1;
+        let t = self.steps as f64;
+        let dtype = params[0].dtype();
+        let scalars = [self.lr, 1.0 / (1.0 - self.betas.0.powf(t)), 1.0 / (1.0 - self.betas.1.powf(t))];
+        let names: Vec<String> = grads.iter().map(|(n, _)| n.clone()).collect();
+        let mut args: Vec<Tensor> = params;
+        args.extend(grads.iter().map(|(_, g)| g.clone()));
+        args.extend(names.iter().map(|n| self.moments[n].0.clone()));
+        args.extend(names.iter().map(|n| self.moments[n].1.clone()));
+        for s in scalars {
+            args.push(Tensor::from_f64(&[s], &[], dtype)?);
+        }
+        self.compiled_update(&names)?.call(&args)?;
+        Ok(())
+    }
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+    fn state(&self) -> OptimizerState {
+        let mut names: Vec<&String> = self.moments.keys().collect();
+        names.sort();
+        let mut tensors = Vec::with_capacity(2 * names.len());
+        for n in names {
+            let (m, v) = &self.moments[n];
+            tensors.push((format!("exp_avg.{n}"), m.clone()));
+            tensors.push((format!("exp_avg_sq.{n}"), v.clone()));
+        }
+        OptimizerState {
+            kind: "adamw".into(),
+            scalars: vec![
+                ("lr".into(), self.lr),
+                ("beta1".into(), self.betas.0),
+                ("beta2".into(), self.betas.1),
+                ("eps".into(), self.eps),
+                ("weight_decay".into(), self.weight_decay),
+                ("steps".into(), self.steps as f64),
+            ],
+            tensors,
+        }
+    }
+    fn load_state(&mut self, store: &ParamStore, state: &OptimizerState) -> Result<()> {
+        if state.kind != "adamw" {
+            return Err(optim_error("AdamW", format!("cannot load the state of a `{}` optimizer", state.kind)));
+        }
+        let get = |k: &str| state.scalar(k).ok_or_else(|| optim_error("AdamW", format!("the state has no `{k}`")));
+        let mut loaded = AdamW::with(get("lr")?, (get("beta1")?, get("beta2")?), get("eps")?, get("weight_decay")?)?;
+        loaded.steps = get("steps")? as u64;
+        for (name, p) in store.params() {
+            let (m, v) = (state.tensor(&format!("exp_avg.{name}")), state.tensor(&format!("exp_avg_sq.{name}")));
+            match (m, v) {
+                (Some(m), Some(v)) => {
+                    for (what, t) in [("exp_avg", m), ("exp_avg_sq", v)] {
+                        if t.sizes()? != p.sizes()? || t.dtype() != p.dtype() {
+                            return Err(optim_error(
+                                "AdamW",
+                                format!(
+                                    "{what} of `{name}` is {:?} {:?}, the parameter is {:?} {:?}",
+                                    t.dtype(),
+                                    t.sizes()?,
+                                    p.dtype(),
+                                    p.sizes()?
+                                ),
+                            ));
+                        }
+                    }
+                    loaded.moments.insert(name.clone(), (m.clone(), v.clone()));
+                }
+                (None, None) => {}
+                _ => return Err(optim_error("AdamW", format!("the state has only one moment of `{name}`"))),
+            }
+        }
+        *self = loaded;
+        Ok(())
+    }
+}
+
+/// Linear warmup then cosine decay, by optimizer step: the learning rate rises from
+/// `peak_lr / warmup_steps` to `peak_lr` over the first `warmup_steps` steps, then
+/// follows half a cosine down to `final_lr` at `total_steps` (and stays there).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WarmupCosine {
+    /// The learning rate at the end of the warmup.
+    pub peak_lr: f64,
+    /// The learning rate from `total_steps` on.
+    pub final_lr: f64,
+    /// Steps of linear warmup.
+    pub warmup_steps: u64,
+    /// Steps of the whole schedule (warmup included).
+    pub total_steps: u64,
+}
+
+impl WarmupCosine {
+    /// The learning rate for step `step` (0-based: the `step + 1`-th update).
+    pub fn lr_at(&self, step: u64) -> f64 {
+        if step < self.warmup_steps {
+            return self.peak_lr * (step + 1) as f64 / self.warmup_steps as f64;
+        }
+        let decay_steps = self.total_steps.saturating_sub(self.warmup_steps);
+        if decay_steps == 0 || step >= self.total_steps {
+            return self.final_lr;
+        }
+        let progress = (step - self.warmup_steps) as f64 / decay_steps as f64;
+        self.final_lr + 0.5 * (self.peak_lr - self.final_lr) * (1.0 + (std::f64::consts::PI * progress).cos())
     }
 }
