@@ -2,6 +2,9 @@
 //!
 //! - `cargo xtask ci`: formatting check, clippy with warnings denied, the whole test suite.
 //!   This is what `.ci/run` and the README's test command run.
+//! - `cargo xtask train [ARGS]`: the main job — installs Fashion-MNIST when it is missing
+//!   (Debian's `dataset-fashion-mnist`, when running as root with apt), then runs
+//!   `aotgrad train ARGS` from a release build.
 //! - `cargo xtask bench`: criterion benches (compile stages, training step) and the
 //!   report (`benches/src/bin/report.rs`), also written to `target/bench/report.{md,json}`
 //!   (`--report` for only it).
@@ -57,11 +60,80 @@ fn run_tests(step: &str, args: &[&str]) -> Result<(u64, u64)> {
     Ok((passed, failed))
 }
 
+/// Where Debian's `dataset-fashion-mnist` installs the IDX files.
+const DATASET_DIR: &str = "/usr/share/datasets/fashion-mnist";
+
+/// Make sure Fashion-MNIST is there (unless `AOTGRAD_DATA` points elsewhere): install
+/// the Debian package when this process may (root, apt-get present). Otherwise leave
+/// it to `aotgrad train`, whose error says how to install it.
+fn ensure_dataset() -> Result<()> {
+    if std::env::var_os("AOTGRAD_DATA").is_some()
+        || std::path::Path::new(DATASET_DIR).join("train-images-idx3-ubyte.gz").is_file()
+    {
+        return Ok(());
+    }
+    let root = Command::new("id").arg("-u").output().map(|o| o.stdout.trim_ascii() == b"0").unwrap_or(false);
+    let apt = Command::new("apt-get").arg("--version").stdout(Stdio::null()).status().is_ok();
+    if !(root && apt) {
+        eprintln!("==> dataset: {DATASET_DIR} is missing and this user cannot install it; run `sudo apt-get install dataset-fashion-mnist`");
+        return Ok(());
+    }
+    eprintln!("==> dataset: installing dataset-fashion-mnist (apt-get)");
+    let install = || {
+        Command::new("apt-get")
+            .args(["install", "-y", "-q", "dataset-fashion-mnist"])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+    };
+    if !install().map(|s| s.success()).unwrap_or(false) {
+        // A fresh machine may have no package lists yet.
+        let _ = Command::new("apt-get").args(["update", "-q"]).status();
+        let status = install().context("could not run apt-get")?;
+        if !status.success() {
+            bail!("apt-get install dataset-fashion-mnist failed ({status})");
+        }
+    }
+    Ok(())
+}
+
+/// The main job: `aotgrad train ARGS` from a release build.
+fn train(args: &[String]) -> Result<()> {
+    ensure_dataset()?;
+    let mut cargo_args = vec!["run", "--release", "-q", "-p", "aotgrad-cli", "--bin", "aotgrad", "--", "train"];
+    cargo_args.extend(args.iter().map(String::as_str));
+    run("train", &cargo_args)
+}
+
 fn ci() -> Result<()> {
     run("fmt", &["fmt", "--all", "--", "--check"])?;
     run("clippy", &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
-    // The README's main job must keep working: train through the compiler.
-    run("main job", &["run", "-q", "-p", "aotgrad", "--example", "train"])?;
+    // The README's main job must keep working: a short run on real data that must
+    // learn (one epoch on a subset, asserting the test accuracy).
+    ensure_dataset()?;
+    run(
+        "main job (short)",
+        &[
+            "run",
+            "-q",
+            "-p",
+            "aotgrad-cli",
+            "--bin",
+            "aotgrad",
+            "--",
+            "train",
+            "--epochs",
+            "1",
+            "--train-limit",
+            "12800",
+            "--test-limit",
+            "2000",
+            "--warmup-steps",
+            "20",
+            "--min-accuracy",
+            "0.75",
+            "--no-progress",
+        ],
+    )?;
     let (p1, f1) = run_tests("test", &["test", "--workspace", "--all-targets"])?;
     let (p2, f2) = run_tests("doctest", &["test", "--workspace", "--doc"])?;
     // The plain closing line: the whole suite's count.
@@ -83,8 +155,9 @@ fn main() -> Result<()> {
     match args.first().map(String::as_str) {
         Some("ci") => ci(),
         Some("bench") => bench(&args[1..]),
+        Some("train") => train(&args[1..]),
         Some("help") | None => {
-            println!("usage: cargo xtask <task>\n\ntasks:\n  ci       fmt check, clippy -D warnings, all tests\n  bench    criterion benches + the report written to target/bench/report.{{md,json}} (--report: report only)");
+            println!("usage: cargo xtask <task>\n\ntasks:\n  ci       fmt check, clippy -D warnings, a short main job, all tests\n  train    the main job: install Fashion-MNIST if missing, then `aotgrad train ARGS` (release build; try `-- --help`)\n  bench    criterion benches + the report written to target/bench/report.{{md,json}} (--report: report only)");
             Ok(())
         }
         Some(other) => bail!("unknown task `{other}` (try `cargo xtask help`)"),

@@ -224,6 +224,18 @@ impl Tensor {
     pub fn apply_composite(op: CompositeOp, args: &[&Tensor]) -> Result<Tensor> {
         apply_composite(op, args, &SourceLoc::caller())
     }
+
+    /// Apply any IR op to `args` (in the op's argument order), eagerly or while
+    /// tracing, exactly as the method that records it would: in-place and view ops
+    /// included, composites through [`Tensor::apply_composite`]. `loc` is the source
+    /// location errors and the traced node carry. This is how a graph read from text
+    /// is replayed as a function.
+    pub fn apply_op(op: &Op, args: &[&Tensor], loc: &SourceLoc) -> Result<Tensor> {
+        match op {
+            Op::Composite(c) => apply_composite(c.clone(), args, loc),
+            _ => crate::dispatch::dispatch(op.clone(), args, loc),
+        }
+    }
 }
 
 /// The one entry point of every composite op (see the [module docs](self)).

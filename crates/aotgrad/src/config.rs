@@ -30,6 +30,9 @@ pub struct AotConfig {
     pub partitioner: Partitioner,
     /// Simplify the joint graph with the e-graph pass before partitioning.
     pub simplify: bool,
+    /// Names of the arguments in printed graphs, by argument position (missing ones
+    /// are `arg0`, `arg1`, ...). Only for reading graphs: it changes nothing else.
+    pub arg_names: Vec<String>,
 }
 
 impl Default for AotConfig {
@@ -43,6 +46,7 @@ impl Default for AotConfig {
             backend: Arc::new(CpuBackend::default()),
             partitioner: Partitioner::default(),
             simplify: true,
+            arg_names: Vec::new(),
         }
     }
 }

@@ -37,8 +37,9 @@ pub use error::{Error, Result};
 pub use export::{aot_export_joint_simple, aot_export_module};
 pub use logging::init_logging;
 pub use module::{aot_module, aot_module_simplified, AotModule, ModuleBackward, ModuleGrads};
-pub use runtime::{aot_function, aot_function_args, AotFunction, Arg};
+pub use runtime::{aot_function, aot_function_args, AotFunction, Arg, CompileReport};
 
+pub use aotgrad_autodiff as autodiff;
 pub use aotgrad_cpu as cpu;
 pub use aotgrad_functionalize as functionalize;
 pub use aotgrad_ir as ir;

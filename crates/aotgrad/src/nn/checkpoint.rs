@@ -120,7 +120,9 @@ pub fn load(path: &Path, store: &ParamStore, optimizer: Option<&mut dyn Optimize
     let mut metadata = header.metadata().clone().unwrap_or_default();
     match metadata.remove("format").as_deref() {
         Some(FORMAT) => {}
-        Some(other) => return Err(ckpt_error(path, format!("unknown checkpoint format `{other}` (expected {FORMAT})"))),
+        Some(other) => {
+            return Err(ckpt_error(path, format!("unknown checkpoint format `{other}` (expected {FORMAT})")))
+        }
         None => return Err(ckpt_error(path, "no `format` in the header: not an aotgrad checkpoint")),
     }
     let read = |key: &str| -> Result<Tensor> {
@@ -157,7 +159,8 @@ pub fn load(path: &Path, store: &ParamStore, optimizer: Option<&mut dyn Optimize
         let mut state = OptimizerState { kind: kind.into(), ..OptimizerState::default() };
         if let Some(map) = json["scalars"].as_object() {
             for (k, v) in map {
-                let v = v.as_f64().ok_or_else(|| ckpt_error(path, format!("optimizer scalar `{k}` is not a number")))?;
+                let v =
+                    v.as_f64().ok_or_else(|| ckpt_error(path, format!("optimizer scalar `{k}` is not a number")))?;
                 state.scalars.push((k.clone(), v));
             }
         }

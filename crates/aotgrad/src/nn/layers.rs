@@ -19,6 +19,20 @@ fn config_error(module: &str, msg: impl Into<String>) -> Error {
     Error::Call { name: module.into(), msg: msg.into() }
 }
 
+/// How [`Linear::with_init`] initializes a weight `(out, in)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Init {
+    /// PyTorch's `nn.Linear` default: weight and bias uniform in `±1/sqrt(in)`.
+    PyTorchDefault,
+    /// Kaiming (He) uniform for layers followed by a ReLU-like activation (GELU):
+    /// weight uniform in `±sqrt(6/in)` (gain `sqrt(2)`, fan-in mode); bias zero.
+    KaimingUniform,
+    /// Xavier (Glorot) uniform for layers followed by no or a symmetric activation
+    /// (projections, classifier heads): weight uniform in `±sqrt(6/(in + out))`;
+    /// bias zero.
+    XavierUniform,
+}
+
 /// `y = x W^T + b`, with `weight` of shape `(out, in)` and `bias` of shape `(out)`.
 #[derive(Clone, Debug)]
 pub struct Linear {
@@ -34,14 +48,35 @@ impl Linear {
     /// A linear layer with PyTorch's default initialization: weight and bias uniform
     /// in `±1/sqrt(in_features)`.
     pub fn new(in_features: usize, out_features: usize, bias: bool, dtype: DType, seed: u64) -> Result<Linear> {
+        Linear::with_init(in_features, out_features, bias, Init::PyTorchDefault, dtype, seed)
+    }
+
+    /// A linear layer initialized by `init`.
+    pub fn with_init(
+        in_features: usize,
+        out_features: usize,
+        bias: bool,
+        init: Init,
+        dtype: DType,
+        seed: u64,
+    ) -> Result<Linear> {
         if in_features == 0 || out_features == 0 {
             return Err(config_error("Linear", "in_features and out_features must be positive"));
         }
-        let bound = 1.0 / (in_features as f64).sqrt();
+        let (fan_in, fan_out) = (in_features as f64, out_features as f64);
+        let bound = match init {
+            Init::PyTorchDefault => 1.0 / fan_in.sqrt(),
+            Init::KaimingUniform => (6.0 / fan_in).sqrt(),
+            Init::XavierUniform => (6.0 / (fan_in + fan_out)).sqrt(),
+        };
         let mut store = ParamStore::new();
         store.add_param("weight", uniform(&[out_features, in_features], bound, dtype, child_seed(seed, 0))?)?;
         if bias {
-            store.add_param("bias", uniform(&[out_features], bound, dtype, child_seed(seed, 1))?)?;
+            let b = match init {
+                Init::PyTorchDefault => uniform(&[out_features], 1.0 / fan_in.sqrt(), dtype, child_seed(seed, 1))?,
+                Init::KaimingUniform | Init::XavierUniform => Tensor::zeros(&[out_features], dtype)?,
+            };
+            store.add_param("bias", b)?;
         }
         Ok(Linear { store, has_bias: bias, in_features, out_features })
     }

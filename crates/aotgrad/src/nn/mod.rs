@@ -23,7 +23,7 @@ pub mod optim;
 pub mod params;
 
 pub use attention::{MultiHeadSelfAttention, TransformerBlock};
-pub use layers::{Embedding, GeluMlp, LayerNorm, Linear, Mlp};
+pub use layers::{Embedding, GeluMlp, Init, LayerNorm, Linear, Mlp};
 pub use optim::{AdamW, Optimizer, OptimizerState, Sgd, WarmupCosine};
 pub use params::{ParamStore, Params};
 

@@ -51,6 +51,47 @@ pub(crate) struct Entry {
     compiled: Option<Box<dyn CompiledGraph<CpuTensor>>>,
     /// Joint graph, partition and compiled forward/backward (training entries).
     training: Option<training::TrainingParts>,
+    /// How long each compile stage took.
+    report: CompileReport,
+}
+
+/// How one specialization was compiled: the path and each stage's wall time.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CompileReport {
+    /// The training path (joint graph, partition, forward and backward graphs), or
+    /// the inference path (one graph).
+    pub training: bool,
+    /// The backend that compiled the graphs ([`aotgrad_ir::Backend::name`]).
+    pub backend: String,
+    /// `(stage, seconds)` in order: `trace`, `functionalize`, then `joint`,
+    /// `simplify`, `partition`, `backend forward`, `backend backward` (training) or
+    /// `backend` (inference).
+    pub stages: Vec<(&'static str, f64)>,
+}
+
+impl CompileReport {
+    /// The whole compile time in seconds.
+    pub fn total_seconds(&self) -> f64 {
+        self.stages.iter().map(|(_, s)| s).sum()
+    }
+}
+
+/// Times consecutive stages.
+pub(crate) struct StageTimer {
+    last: std::time::Instant,
+    stages: Vec<(&'static str, f64)>,
+}
+
+impl StageTimer {
+    fn new() -> StageTimer {
+        StageTimer { last: std::time::Instant::now(), stages: Vec::new() }
+    }
+    /// Close the stage `name` that ran since the previous call.
+    pub(crate) fn stage(&mut self, name: &'static str) {
+        let now = std::time::Instant::now();
+        self.stages.push((name, (now - self.last).as_secs_f64()));
+        self.last = now;
+    }
 }
 
 /// Compile a function of tensors. Tracing happens at the first call (and again when
@@ -176,6 +217,11 @@ impl AotFunction {
         self.lock_entries().iter().filter_map(|e| e.training.as_ref()).map(|t| t.joint.clone()).collect()
     }
 
+    /// How each specialization compiled so far was compiled (path, backend, stage times).
+    pub fn compile_reports(&self) -> Vec<CompileReport> {
+        self.lock_entries().iter().map(|e| e.report.clone()).collect()
+    }
+
     /// The traced (pre-functionalization) graphs compiled so far.
     pub fn traced_graphs(&self) -> Vec<Graph> {
         self.lock_entries().iter().map(|e| e.traced.graph.clone()).collect()
@@ -239,8 +285,14 @@ impl AotFunction {
             dynamic,
             duck_shape: self.config.duck_shape,
             decomps: self.config.decomps.clone(),
-            input_names: Some(traced_args.iter().map(|i| format!("arg{i}")).collect()),
+            input_names: Some(
+                traced_args
+                    .iter()
+                    .map(|&i| self.config.arg_names.get(i).cloned().unwrap_or_else(|| format!("arg{i}")))
+                    .collect(),
+            ),
         };
+        let mut timer = StageTimer::new();
         let f = self.f.clone();
         let consts: Vec<Arg> = args.to_vec();
         let slots = slot_of_arg.clone();
@@ -259,6 +311,7 @@ impl AotFunction {
             &examples,
             &tc,
         )?;
+        timer.stage("trace");
         tracing::debug!(target: "aotgrad::trace", "traced graph:\n{}", aotgrad_ir::text::print_graph(&traced.graph));
         let value_rg = traced.value_requires_grad.clone();
         // Autograd sees nothing of a trace run under no-grad (inputs included).
@@ -275,6 +328,7 @@ impl AotFunction {
         let options = Options { keep_input_mutations: self.config.keep_inference_input_mutations && !training_path };
         let mut env: ShapeEnv = traced.shape_env.clone();
         let fz = functionalize(&traced.graph, &facts, &options, &mut env)?;
+        timer.stage("functionalize");
         let (compiled, training) = if training_path {
             let parts = training::compile_training(
                 &fz,
@@ -282,12 +336,20 @@ impl AotFunction {
                 &self.config.partitioner,
                 self.config.simplify,
                 self.config.backend.as_ref(),
+                &mut timer,
             )?;
             (None, Some(parts))
         } else {
-            (Some(self.config.backend.compile(&fz.graph)?), None)
+            let compiled = self.config.backend.compile(&fz.graph)?;
+            timer.stage("backend");
+            (Some(compiled), None)
         };
-        Ok(Entry { sig, traced_args, slot_of_arg, traced, fz, compiled, training })
+        let report = CompileReport {
+            training: training_path,
+            backend: self.config.backend.name().to_string(),
+            stages: timer.stages,
+        };
+        Ok(Entry { sig, traced_args, slot_of_arg, traced, fz, compiled, training, report })
     }
 }
 

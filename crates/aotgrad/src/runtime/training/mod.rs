@@ -81,6 +81,7 @@ pub(crate) fn compile_training(
     partitioner: &Partitioner,
     simplify: bool,
     backend: &dyn aotgrad_ir::Backend<CpuTensor>,
+    timer: &mut super::StageTimer,
 ) -> Result<TrainingParts> {
     let meta = &fz.meta;
     let n_in = fz.graph.inputs.len();
@@ -108,12 +109,14 @@ pub(crate) fn compile_training(
         let cuts = GradCuts { detached: &fz.autograd.detached, straight_through: &fz.autograd.straight_through };
         build_joint_with_cuts(&fz.graph, &requires_grad, &has_tangent, &cuts, env)?
     };
+    timer.stage("joint");
     let joint = if simplify {
         let _span = tracing::debug_span!("simplify").entered();
         simplify_joint(&joint, &SimplifyLimits::default())?
     } else {
         joint
     };
+    timer.stage("simplify");
     let part = {
         let _span = tracing::debug_span!("partition").entered();
         match partitioner {
@@ -123,6 +126,7 @@ pub(crate) fn compile_training(
             }
         }
     };
+    timer.stage("partition");
     tracing::debug!(
         target: "aotgrad::partition",
         "forward graph:\n{}backward graph:\n{}{}",
@@ -131,7 +135,9 @@ pub(crate) fn compile_training(
         part.report
     );
     let fw = backend.compile(&part.forward)?;
+    timer.stage("backend forward");
     let bw = backend.compile(&part.backward)?;
+    timer.stage("backend backward");
     Ok(TrainingParts { joint, part, fw, bw })
 }
 

@@ -1,0 +1,213 @@
+//! `aotgrad`: train Fashion-MNIST through the compiler (`aotgrad train`), explain
+//! every compile stage of a program (`aotgrad explain`).
+
+use aotgrad_cli::data;
+use aotgrad_cli::models::{group, ModelKind};
+use aotgrad_cli::train::{self, BackendChoice, Outputs, TrainOptions};
+use clap::{Args, Parser, Subcommand};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+#[derive(Parser)]
+#[command(name = "aotgrad", version, about = "aotgrad: an ahead-of-time autograd compiler for Rust")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train an image classifier on Fashion-MNIST through aot_module (compiled training
+    /// step, compiled evaluation), with AdamW and a warmup + cosine schedule.
+    Train(TrainArgs),
+    /// Print every stage of compiling PROGRAM (a graph in the IR text format, see
+    /// examples/): traced, functional and joint graphs, view/mutation metadata,
+    /// forward/backward partition with saved values, and the kernel plan.
+    Explain(ExplainArgs),
+}
+
+#[derive(Args)]
+struct ExplainArgs {
+    /// The program file.
+    program: PathBuf,
+    /// Write Graphviz files here (joint.dot with the partition cut, forward.dot, backward.dot).
+    #[arg(long)]
+    dot: Option<PathBuf>,
+    /// Print the same as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Also print each compile stage's time.
+    #[arg(long)]
+    timings: bool,
+}
+
+fn run_explain(a: ExplainArgs) -> Result<(), String> {
+    let ex = aotgrad_cli::explain::explain_file(&a.program, a.dot.as_deref())?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&ex).map_err(|e| e.to_string())?);
+    } else {
+        print!("{}", ex.text());
+        if a.timings {
+            println!("\n== compile stages ==");
+            for (s, t) in &ex.compile_stages {
+                println!("{s}: {:.3} ms", t * 1e3);
+            }
+        }
+    }
+    if let Some(dir) = &a.dot {
+        let names: Vec<&str> = ex.dots.iter().map(|(n, _)| n.as_str()).collect();
+        eprintln!("wrote {} in {}", names.join(", "), dir.display());
+    }
+    Ok(())
+}
+
+#[derive(Args)]
+struct TrainArgs {
+    /// The model: `mlp` (784-256-128-10, GELU) or `vit` (2-block vision transformer).
+    #[arg(long, value_enum, default_value = "mlp")]
+    model: ModelKind,
+    /// Directory with the four IDX files (else $AOTGRAD_DATA, else the
+    /// dataset-fashion-mnist package's /usr/share/datasets/fashion-mnist).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Epochs (default: 10 for mlp, 12 for vit).
+    #[arg(long)]
+    epochs: Option<usize>,
+    /// Mini-batch size.
+    #[arg(long, default_value_t = 128)]
+    batch_size: usize,
+    /// Peak learning rate (default: 2e-3 for mlp, 3e-3 for vit).
+    #[arg(long)]
+    lr: Option<f64>,
+    /// AdamW weight decay.
+    #[arg(long)]
+    weight_decay: Option<f64>,
+    /// Linear warmup steps before the cosine decay.
+    #[arg(long, default_value_t = 200)]
+    warmup_steps: u64,
+    /// Seed of the initialization and the shuffles.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Train on the first N training examples only.
+    #[arg(long)]
+    train_limit: Option<usize>,
+    /// Evaluate on the first N test examples only.
+    #[arg(long)]
+    test_limit: Option<usize>,
+    /// Threads of the compiled CPU backend (0: every core).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// The backend compiling the graphs.
+    #[arg(long, value_enum, default_value = "cpu")]
+    backend: BackendChoice,
+    /// Write metrics.json, curves.svg and checkpoint.safetensors (after every epoch) here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Continue from a checkpoint (default: OUT/checkpoint.safetensors).
+    #[arg(long, num_args = 0..=1)]
+    resume: Option<Option<PathBuf>>,
+    /// Stop after this epoch (the checkpoint in --out lets --resume continue the run).
+    #[arg(long)]
+    stop_after: Option<usize>,
+    /// Exit with an error unless the final test accuracy reaches this fraction.
+    #[arg(long)]
+    min_accuracy: Option<f64>,
+    /// Never draw progress bars.
+    #[arg(long)]
+    no_progress: bool,
+}
+
+fn run_train(a: TrainArgs) -> Result<(), String> {
+    let mut opts = TrainOptions::defaults(a.model);
+    opts.batch_size = a.batch_size;
+    opts.warmup_steps = a.warmup_steps;
+    opts.seed = a.seed;
+    opts.train_limit = a.train_limit;
+    opts.test_limit = a.test_limit;
+    opts.threads = a.threads;
+    opts.backend = a.backend;
+    if let Some(e) = a.epochs {
+        opts.epochs = e;
+    }
+    if let Some(lr) = a.lr {
+        opts.lr = lr;
+    }
+    if let Some(wd) = a.weight_decay {
+        opts.weight_decay = wd;
+    }
+    let resume = match a.resume {
+        None => None,
+        Some(Some(p)) => Some(p),
+        Some(None) => match &a.out {
+            Some(dir) => Some(train::checkpoint_path(dir)),
+            None => return Err("--resume without a path needs --out DIR (it reads DIR/checkpoint.safetensors)".into()),
+        },
+    };
+    let t = Instant::now();
+    let dir = data::find_dir(a.data.as_deref()).map_err(|e| e.to_string())?;
+    let ds = data::load(&dir).map_err(|e| e.to_string())?;
+    let train_split = match opts.train_limit {
+        Some(n) => ds.train.truncated(n),
+        None => ds.train,
+    };
+    let test_split = match opts.test_limit {
+        Some(n) => ds.test.truncated(n),
+        None => ds.test,
+    };
+    println!(
+        "aotgrad train: Fashion-MNIST from {} ({} train / {} test images, read in {:.2} s)",
+        dir.display(),
+        group(train_split.len()),
+        group(test_split.len()),
+        t.elapsed().as_secs_f64()
+    );
+    let outputs = Outputs {
+        dir: a.out.clone(),
+        progress: !a.no_progress && std::io::stderr().is_terminal(),
+        stop_after: a.stop_after,
+    };
+    let mut stdout = std::io::stdout();
+    let report = train::train(&train_split, &test_split, &opts, resume.as_deref(), &outputs, &mut stdout)
+        .map_err(|e| e.to_string())?;
+    print!("{}", train::per_class_table(&report));
+    let acc = report.final_accuracy().unwrap_or(0.0);
+    println!(
+        "done: test accuracy {:.2}% after {} epochs; {} specialization(s) compiled; {:.1} s in all",
+        100.0 * acc,
+        report.epochs.len(),
+        report.compile.len(),
+        report.wall_seconds
+    );
+    if let Some(dir) = &a.out {
+        train::write_outputs(dir, &report).map_err(|e| e.to_string())?;
+        println!(
+            "wrote {}, {} and {}",
+            dir.join("metrics.json").display(),
+            dir.join("curves.svg").display(),
+            train::checkpoint_path(dir).display()
+        );
+    }
+    if let Some(min) = a.min_accuracy {
+        if acc < min {
+            return Err(format!("test accuracy {:.2}% is below --min-accuracy {:.2}%", 100.0 * acc, 100.0 * min));
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Train(a) => run_train(a),
+        Command::Explain(a) => run_explain(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! The image classifiers `aotgrad train` builds: a GELU MLP and a small vision
+//! transformer. Both are [`Module`]s whose forward takes `(images, labels)` —
+//! images `(batch, 784)` f32, labels `(batch)` i64 — and returns
+//! `[cross-entropy loss, logits (batch, 10)]`, so one compiled module serves the
+//! training step (gradient of the loss) and evaluation (the inference path, under
+//! no-grad).
+
+use aotgrad::nn::{child_seed, expect_inputs, Init, LayerNorm, Linear, Module, ParamStore, Params, TransformerBlock};
+use aotgrad::prelude::*;
+
+/// Image side (Fashion-MNIST: 28).
+pub const SIDE: usize = 28;
+/// Number of classes.
+pub const CLASSES: usize = 10;
+
+/// Which model to train.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelKind {
+    /// 784-256-128-10 with GELU.
+    Mlp,
+    /// A 2-block vision transformer over 7×7 patches.
+    Vit,
+}
+
+impl ModelKind {
+    /// Build the model with its default sizes, initialized from `seed`.
+    pub fn build(self, seed: u64) -> aotgrad::Result<Classifier> {
+        match self {
+            ModelKind::Mlp => Classifier::mlp(&[SIDE * SIDE, 256, 128, CLASSES], seed),
+            ModelKind::Vit => Classifier::vit(VitConfig::default(), seed),
+        }
+    }
+}
+
+/// The sizes of the vision transformer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VitConfig {
+    /// Patch side (divides 28): 7 gives 16 tokens of 49 pixels, 4 gives 49 of 16.
+    pub patch: usize,
+    /// Token width.
+    pub d_model: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// Transformer blocks.
+    pub blocks: usize,
+}
+
+impl Default for VitConfig {
+    fn default() -> Self {
+        VitConfig { patch: 7, d_model: 64, heads: 4, blocks: 2 }
+    }
+}
+
+#[derive(Debug)]
+enum Arch {
+    Mlp { layers: Vec<Linear> },
+    Vit(Box<Vit>),
+}
+
+#[derive(Debug)]
+struct Vit {
+    cfg: VitConfig,
+    embed: Linear,
+    blocks: Vec<TransformerBlock>,
+    norm: LayerNorm,
+    head: Linear,
+}
+
+/// A classifier: the architecture plus the cross-entropy loss.
+#[derive(Debug)]
+pub struct Classifier {
+    store: ParamStore,
+    arch: Arch,
+    /// A one-line description (`784-256-128-10 GELU MLP, 235,146 parameters`).
+    pub description: String,
+}
+
+impl Classifier {
+    /// An MLP with GELU between layers (`sizes[0]` inputs, `sizes.last()` classes):
+    /// Kaiming-uniform hidden layers, a Xavier-uniform head.
+    pub fn mlp(sizes: &[usize], seed: u64) -> aotgrad::Result<Classifier> {
+        let mut store = ParamStore::new();
+        let mut layers = Vec::new();
+        for (i, w) in sizes.windows(2).enumerate() {
+            let init = if i + 2 == sizes.len() { Init::XavierUniform } else { Init::KaimingUniform };
+            let l = Linear::with_init(w[0], w[1], true, init, DType::F32, child_seed(seed, i as u64))?;
+            store.add_child(&format!("layers.{i}"), l.store())?;
+            layers.push(l);
+        }
+        let shape = sizes.iter().map(usize::to_string).collect::<Vec<_>>().join("-");
+        let description = format!("{shape} GELU MLP, {} parameters", group(store.num_param_elements()));
+        Ok(Classifier { store, arch: Arch::Mlp { layers }, description })
+    }
+
+    /// A vision transformer: the image cut into `patch × patch` patches by views and a
+    /// reshape, a linear patch embedding (Xavier) plus learned position embeddings
+    /// (normal, std 0.02), pre-LN transformer blocks, mean pooling over the tokens, a
+    /// LayerNorm and a linear head (Xavier).
+    pub fn vit(cfg: VitConfig, seed: u64) -> aotgrad::Result<Classifier> {
+        if cfg.patch == 0 || !SIDE.is_multiple_of(cfg.patch) {
+            return Err(aotgrad::Error::Call {
+                name: "vit".into(),
+                msg: format!("patch size {} does not divide the image side {SIDE}", cfg.patch),
+            });
+        }
+        let tokens = (SIDE / cfg.patch).pow(2);
+        let mut store = ParamStore::new();
+        let embed = Linear::with_init(
+            cfg.patch * cfg.patch,
+            cfg.d_model,
+            true,
+            Init::XavierUniform,
+            DType::F32,
+            child_seed(seed, 0),
+        )?;
+        store.add_child("embed", embed.store())?;
+        store.add_param("pos", Tensor::randn(&[tokens, cfg.d_model], DType::F32, child_seed(seed, 1))?.mul(0.02)?)?;
+        let mut blocks = Vec::new();
+        for b in 0..cfg.blocks {
+            let block = TransformerBlock::new(cfg.d_model, cfg.heads, DType::F32, child_seed(seed, 10 + b as u64))?;
+            store.add_child(&format!("blocks.{b}"), block.store())?;
+            blocks.push(block);
+        }
+        let norm = LayerNorm::new(cfg.d_model, 1e-5, DType::F32)?;
+        store.add_child("norm", norm.store())?;
+        let head = Linear::with_init(cfg.d_model, CLASSES, true, Init::XavierUniform, DType::F32, child_seed(seed, 2))?;
+        store.add_child("head", head.store())?;
+        let description = format!(
+            "ViT ({}×{} patches → {tokens} tokens, d{} h{}, {} blocks), {} parameters",
+            cfg.patch,
+            cfg.patch,
+            cfg.d_model,
+            cfg.heads,
+            cfg.blocks,
+            group(store.num_param_elements())
+        );
+        Ok(Classifier { store, arch: Arch::Vit(Box::new(Vit { cfg, embed, blocks, norm, head })), description })
+    }
+
+    /// The logits `(batch, 10)` of images `(batch, 784)`.
+    pub fn logits(&self, p: &Params, x: &Tensor) -> aotgrad::trace::Result<Tensor> {
+        match &self.arch {
+            Arch::Mlp { layers } => {
+                let mut h = x.clone();
+                for (i, l) in layers.iter().enumerate() {
+                    h = l.apply(&p.scope(&format!("layers.{i}")), &h)?;
+                    if i + 1 < layers.len() {
+                        h = h.gelu()?;
+                    }
+                }
+                Ok(h)
+            }
+            Arch::Vit(vit) => {
+                let Vit { cfg, embed, blocks, norm, head } = vit.as_ref();
+                let (g, s) = ((SIDE / cfg.patch) as i64, cfg.patch as i64);
+                // (B, 784) → (B, g, s, g, s) → (B, g, g, s, s) → (B, g·g, s·s): patches by views.
+                let patches = x.reshape(&[-1, g, s, g, s])?.permute(&[0, 1, 3, 2, 4])?.reshape(&[-1, g * g, s * s])?;
+                let mut h = embed.apply(&p.scope("embed"), &patches)?.add(p.get("pos")?)?;
+                for (b, block) in blocks.iter().enumerate() {
+                    h = block.apply(&p.scope(&format!("blocks.{b}")), &h)?;
+                }
+                let pooled = norm.apply(&p.scope("norm"), &h.mean(&[1], false)?)?;
+                head.apply(&p.scope("head"), &pooled)
+            }
+        }
+    }
+}
+
+impl Module for Classifier {
+    fn store(&self) -> &ParamStore {
+        &self.store
+    }
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad::trace::Result<Vec<Tensor>> {
+        let inputs = expect_inputs("classifier", inputs, 2)?;
+        let logits = self.logits(p, &inputs[0])?;
+        Ok(vec![logits.cross_entropy(&inputs[1])?, logits])
+    }
+}
+
+/// `235146` → `235,146`.
+pub fn group(n: usize) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}

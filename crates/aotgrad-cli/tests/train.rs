@@ -1,0 +1,133 @@
+//! The training loop on a small synthetic image set: it learns, it is deterministic,
+//! a resumed run continues the uninterrupted run's loss curve exactly, a checkpoint
+//! from other options is refused, and both models compile and agree with eager.
+
+use aotgrad::prelude::*;
+use aotgrad_cli::data::Split;
+use aotgrad_cli::models::{Classifier, ModelKind, VitConfig};
+use aotgrad_cli::train::{self, checkpoint_path, Outputs, TrainOptions};
+use std::path::PathBuf;
+
+/// `n` 28×28 images: class `c` lights rows `2c..2c+3` on a noisy background.
+fn synthetic(n: usize, seed: u64) -> Split {
+    let mut state = seed;
+    let mut next = || {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (state >> 33) as u32
+    };
+    let mut images = Vec::with_capacity(n * 784);
+    let mut labels = Vec::with_capacity(n);
+    for i in 0..n {
+        let c = i % 10;
+        labels.push(c as u8);
+        for r in 0..28 {
+            for _ in 0..28 {
+                let lit = r >= 2 * c && r < 2 * c + 3;
+                images.push(if lit { 200 + (next() % 56) as u8 } else { (next() % 90) as u8 });
+            }
+        }
+    }
+    Split { images, labels, rows: 28, cols: 28 }
+}
+
+fn opts(model: ModelKind, epochs: usize) -> TrainOptions {
+    TrainOptions {
+        epochs,
+        batch_size: 32,
+        warmup_steps: 4,
+        threads: 1,
+        eval_batch: 64,
+        ..TrainOptions::defaults(model)
+    }
+}
+
+fn quiet(dir: Option<PathBuf>, stop_after: Option<usize>) -> Outputs {
+    Outputs { dir, progress: false, stop_after }
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("aotgrad-train-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+#[test]
+fn the_mlp_learns_and_reports() {
+    let (tr, te) = (synthetic(320, 1), synthetic(100, 2));
+    let mut log = Vec::new();
+    let out = tmp("learns");
+    let report =
+        train::train(&tr, &te, &opts(ModelKind::Mlp, 3), None, &quiet(Some(out.clone()), None), &mut log).unwrap();
+    let log = String::from_utf8(log).unwrap();
+    assert!(log.contains("backend: compiled CPU, 1 thread(s)"), "{log}");
+    assert!(log.contains("compiled the training step in"), "{log}");
+    assert_eq!(report.epochs.len(), 3);
+    assert_eq!(report.step_losses.len(), 3 * 10);
+    let acc = report.final_accuracy().unwrap();
+    assert!(acc > 0.9, "accuracy {acc} on an easy task; log:\n{log}");
+    assert!(report.epochs[2].train_loss < 0.5 * report.epochs[0].train_loss, "{:?}", report.epochs);
+    // Training step + one evaluation batch size (64) + the last partial batch (36).
+    assert_eq!(report.compile.len(), 3);
+    assert!(report.compile[0].training && !report.compile[1].training);
+    assert_eq!(report.per_class.iter().map(|c| c.2).sum::<usize>(), 100);
+    let table = train::per_class_table(&report);
+    assert!(table.starts_with("class") && table.contains("Ankle boot"), "{table}");
+    train::write_outputs(&out, &report).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("metrics.json")).unwrap()).unwrap();
+    assert_eq!(json["epochs"].as_array().unwrap().len(), 3);
+    let svg = std::fs::read_to_string(out.join("curves.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("test accuracy"), "{}", &svg[..200.min(svg.len())]);
+    assert!(checkpoint_path(&out).is_file());
+}
+
+#[test]
+fn resume_continues_the_same_loss_curve() {
+    let (tr, te) = (synthetic(192, 3), synthetic(40, 4));
+    let o = opts(ModelKind::Mlp, 3);
+    let whole = train::train(&tr, &te, &o, None, &quiet(None, None), &mut Vec::new()).unwrap();
+    // Again from scratch: deterministic.
+    let again = train::train(&tr, &te, &o, None, &quiet(None, None), &mut Vec::new()).unwrap();
+    assert_eq!(whole.step_losses, again.step_losses);
+
+    let dir = tmp("resume");
+    let first = train::train(&tr, &te, &o, None, &quiet(Some(dir.clone()), Some(1)), &mut Vec::new()).unwrap();
+    assert_eq!(first.epochs.len(), 1);
+    let mut log = Vec::new();
+    let rest =
+        train::train(&tr, &te, &o, Some(&checkpoint_path(&dir)), &quiet(Some(dir.clone()), None), &mut log).unwrap();
+    assert!(String::from_utf8(log).unwrap().contains("resumed from"), "says so");
+    assert_eq!(rest.step_losses, whole.step_losses, "the resumed run continues the uninterrupted curve exactly");
+    let accs = |r: &train::TrainReport| r.epochs.iter().map(|e| (e.train_loss, e.test_accuracy)).collect::<Vec<_>>();
+    assert_eq!(accs(&rest), accs(&whole));
+
+    // A checkpoint of other options is refused.
+    let other = TrainOptions { seed: 9, ..o };
+    let e = train::train(&tr, &te, &other, Some(&checkpoint_path(&dir)), &quiet(None, None), &mut Vec::new())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("written with other options"), "{e}");
+}
+
+#[test]
+fn the_vit_compiles_agrees_with_eager_and_trains() {
+    let cfg = VitConfig { patch: 7, d_model: 16, heads: 2, blocks: 1 };
+    let model = Classifier::vit(cfg, 5).unwrap();
+    let split = synthetic(8, 6);
+    let (x, y) = train::batch(&split, &(0..8).collect::<Vec<_>>()).unwrap();
+    let eager = model.forward_eager(&[x.clone(), y.clone()]).unwrap();
+    let compiled = aot_module(std::sync::Arc::new(model), AotConfig::default().threads(1)).unwrap();
+    let outs = no_grad(|| compiled.call(&[x, y])).unwrap();
+    for (e, c) in eager.iter().zip(&outs) {
+        let (e, c) = (e.to_vec_f64().unwrap(), c.to_vec_f64().unwrap());
+        for (a, b) in e.iter().zip(&c) {
+            assert!((a - b).abs() < 1e-4 * (1.0 + a.abs()), "eager {a} vs compiled {b}");
+        }
+    }
+    assert!(Classifier::vit(VitConfig { patch: 5, ..cfg }, 0).unwrap_err().to_string().contains("does not divide"));
+
+    let (tr, te) = (synthetic(160, 7), synthetic(40, 8));
+    let report = train::train(&tr, &te, &opts(ModelKind::Vit, 2), None, &quiet(None, None), &mut Vec::new()).unwrap();
+    assert!(report.step_losses.iter().all(|l| l.is_finite()));
+    assert!(report.epochs[1].train_loss < report.epochs[0].train_loss, "{:?}", report.epochs);
+}
