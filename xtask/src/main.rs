@@ -100,6 +100,8 @@ fn ensure_dataset() -> Result<()> {
 fn train(args: &[String]) -> Result<()> {
     ensure_dataset()?;
     let mut cargo_args = vec!["run", "--release", "-q", "-p", "aotgrad-cli", "--bin", "aotgrad", "--", "train"];
+    // `cargo xtask train -- --help` and `cargo xtask train --help` both reach aotgrad.
+    let args = args.strip_prefix(&["--".to_string()]).unwrap_or(args);
     cargo_args.extend(args.iter().map(String::as_str));
     run("train", &cargo_args)
 }

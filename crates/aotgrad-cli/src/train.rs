@@ -373,14 +373,12 @@ pub fn train(
             if report.compile_stages.is_empty() {
                 if let Some(r) = compiled.function().compile_reports().first() {
                     report.compile_stages = r.stages.iter().map(|(s, t)| (s.to_string(), *t)).collect();
-                    say(
-                        log,
-                        format!(
-                            "compiled the training step in {:.1} ms: {}",
-                            r.total_seconds() * 1e3,
-                            fmt_stages(&r.stages)
-                        ),
+                    let line = format!(
+                        "compiled the training step in {:.1} ms: {}",
+                        r.total_seconds() * 1e3,
+                        fmt_stages(&r.stages)
                     );
+                    bar.suspend(|| say(log, line));
                 }
             }
             report.step_losses.push(loss);
