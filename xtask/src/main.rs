@@ -7,7 +7,9 @@
 //!   `aotgrad train ARGS` from a release build.
 //! - `cargo xtask bench`: criterion benches (compile stages, training step) and the
 //!   report (`benches/src/bin/report.rs`), also written to `target/bench/report.{md,json}`
-//!   (`--report` for only it).
+//!   (`--report` for only it). `cargo xtask bench --compare` runs the bench workloads
+//!   next to their PyTorch versions (`benches/compare/torch_workloads.py`, with the
+//!   Python named by `AOTGRAD_COMPARE_PYTHON`) interleaved in one run, with ratios.
 
 use anyhow::{bail, Context, Result};
 use std::io::{BufRead, BufReader};
@@ -144,6 +146,17 @@ fn ci() -> Result<()> {
 }
 
 fn bench(args: &[String]) -> Result<()> {
+    // `--compare`: only the side-by-side run against PyTorch (needs AOTGRAD_COMPARE_PYTHON).
+    if args.iter().any(|a| a == "--compare") {
+        if std::env::var_os("AOTGRAD_COMPARE_PYTHON").is_none() {
+            bail!(
+                "--compare needs AOTGRAD_COMPARE_PYTHON: a Python with torch, e.g. \
+                 `python3 -m venv ~/torch-venv && ~/torch-venv/bin/pip install torch`, then \
+                 `AOTGRAD_COMPARE_PYTHON=~/torch-venv/bin/python cargo xtask bench --compare`"
+            );
+        }
+        return run("compare", &["run", "--release", "-q", "-p", "aotgrad-benches", "--bin", "compare"]);
+    }
     // Criterion benches (per-stage compile times, training step), then the report of
     // saved bytes, recomputation and stage medians. `--report` skips criterion.
     if !args.iter().any(|a| a == "--report") {
@@ -159,7 +172,7 @@ fn main() -> Result<()> {
         Some("bench") => bench(&args[1..]),
         Some("train") => train(&args[1..]),
         Some("help") | None => {
-            println!("usage: cargo xtask <task>\n\ntasks:\n  ci       fmt check, clippy -D warnings, a short main job, all tests\n  train    the main job: install Fashion-MNIST if missing, then `aotgrad train ARGS` (release build; try `-- --help`)\n  bench    criterion benches + the report written to target/bench/report.{{md,json}} (--report: report only)");
+            println!("usage: cargo xtask <task>\n\ntasks:\n  ci       fmt check, clippy -D warnings, a short main job, all tests\n  train    the main job: install Fashion-MNIST if missing, then `aotgrad train ARGS` (release build; try `-- --help`)\n  bench    criterion benches + the report written to target/bench/report.{{md,json}} (--report: report only;\n           --compare: aotgrad next to PyTorch eager, interleaved, with AOTGRAD_COMPARE_PYTHON=a python with torch)");
             Ok(())
         }
         Some(other) => bail!("unknown task `{other}` (try `cargo xtask help`)"),
