@@ -422,3 +422,28 @@ fn artifacts_round_trip_and_corruption_is_detected() {
     assert!(b.deserialize(bad.as_bytes()).is_err(), "a plan that does not match its graph is rejected");
     assert!(b.deserialize(b"not json").is_err());
 }
+
+#[test]
+fn tiles_of_short_rows_cross_dims_and_thread_chunks() {
+    // Inner dims shorter than a block are evaluated several rows at a time; these
+    // shapes make tiles stop at the end of the second-innermost dim, and (at 2
+    // threads, over 16K elements) start chunks in the middle of a row.
+    for shape in [vec![5usize, 301, 23], vec![3, 7, 40], vec![2, 9000, 2]] {
+        let (a, b, c) = (shape[0], shape[1], shape[2]);
+        // A permuted input: (a, c, b) contiguous, viewed as (a, b, c).
+        let mut xm = m(&[a, c, b], DType::F32);
+        xm.shape.swap(1, 2);
+        xm.strides.swap(1, 2);
+        let bias = m(&[b, 1], DType::F32);
+        let mut g = Graph::new();
+        let x = input(&mut g, "x", xm.clone());
+        let y = input(&mut g, "bias", bias.clone());
+        let e = node(&mut g, Op::Unary(UnaryOp::Exp), &[x]);
+        let s = node(&mut g, Op::Binary(BinaryOp::Add), &[e, y]);
+        let rows = node(&mut g, Op::Reduce { op: ReduceOp::Sum, dims: vec![2], keepdim: true }, &[s]);
+        let cols = node(&mut g, Op::Reduce { op: ReduceOp::Amax, dims: vec![1], keepdim: false }, &[s]);
+        let p = node(&mut g, Op::Binary(BinaryOp::Div), &[s, rows]);
+        g.outputs = vec![p, cols];
+        check(&g, &[tensor_for(&xm, 0.3, false), tensor_for(&bias, 0.7, true)], 1e-5);
+    }
+}

@@ -398,7 +398,8 @@ unsafe fn regs_split<T>(regs: &mut [T], n: usize, d: usize, ops: [usize; 3]) -> 
 /// # Safety
 /// `bufs` cover every access for these offsets.
 #[inline(always)]
-unsafe fn eval_block<T: Num>(body: &CBody, bufs: &[Raw], offs: &[usize], inner: &[usize], regs: &mut [T], n: usize) {
+unsafe fn eval_block<T: Num>(body: &CBody, bufs: &[Raw], t: &Tile<'_>, regs: &mut [T]) {
+    let (offs, inner, n) = (t.offs, t.inner, t.rows * t.len);
     let src = |s: &Src| match s {
         Src::Reg(r) => (*r, None),
         Src::Const(c) => (0, Some(T::from_f64(*c))),
@@ -409,8 +410,16 @@ unsafe fn eval_block<T: Num>(body: &CBody, bufs: &[Raw], offs: &[usize], inner: 
                 let acc = &body.loads[*load];
                 let raw = bufs[acc.buf];
                 let dst = &mut regs[d * RSTRIDE..d * RSTRIDE + n];
-                // SAFETY: the access is in bounds (caller).
-                unsafe { by_dtype!(raw, load_typed, offs[*load], inner[*load], dst) };
+                let (off, st, ost) = (offs[*load], inner[*load], t.outer[*load]);
+                if t.rows == 1 || (st == 0 && ost == 0) {
+                    // SAFETY: the access is in bounds (caller).
+                    unsafe { by_dtype!(raw, load_typed, off, if t.rows == 1 { st } else { 0 }, dst) };
+                } else {
+                    for (r, row) in dst.chunks_exact_mut(t.len).enumerate() {
+                        // SAFETY: as above, row by row.
+                        unsafe { by_dtype!(raw, load_typed, off + r * ost, st, row) };
+                    }
+                }
             }
             LInstr::Fill { v, d } => regs[d * RSTRIDE..d * RSTRIDE + n].fill(T::from_f64(*v)),
             LInstr::Unary { op, a, d } => {
@@ -501,21 +510,46 @@ unsafe fn eval_block<T: Num>(body: &CBody, bufs: &[Raw], offs: &[usize], inner: 
     }
 }
 
-/// Walk `[e0, e1)` of a coalesced iteration space in segments of at most [`BLK`]
-/// elements of one inner run; `f(base offsets, segment start in the inner dim, len)`.
+/// A block of elements: `rows` runs of `len` consecutive elements of the inner dim
+/// (consecutive indices of the dim before it when `rows > 1`). For each access `k`:
+/// `offs[k]` is the first element's offset, `inner[k]` the stride along a run,
+/// `outer[k]` the stride from one run to the next.
+struct Tile<'a> {
+    offs: &'a [usize],
+    inner: &'a [usize],
+    outer: &'a [usize],
+    rows: usize,
+    len: usize,
+}
+
+/// Walk `[e0, e1)` of a coalesced iteration space in tiles of at most [`BLK`]
+/// elements: one inner run (or part of one), or several whole short runs, so that a
+/// short inner dim (a head dim of 32, a softmax row of 128) does not pay the
+/// per-block overhead for a handful of elements.
 #[inline(always)]
-fn segments(shape: &[usize], accs: &[&CAccess], e0: usize, e1: usize, mut f: impl FnMut(&[usize], usize)) {
+fn segments(shape: &[usize], accs: &[&CAccess], e0: usize, e1: usize, mut f: impl FnMut(&Tile<'_>)) {
     let rank = shape.len();
     let inner = shape[rank - 1];
     if inner == 0 {
         return;
     }
+    let inner_strides: Vec<usize> = accs.iter().map(|a| a.strides[rank - 1]).collect();
+    let outer_strides: Vec<usize> = accs.iter().map(|a| if rank >= 2 { a.strides[rank - 2] } else { 0 }).collect();
     let mut offs = vec![0usize; accs.len()];
     let mut e = e0;
     while e < e1 {
         let outer = e / inner;
         let j = e % inner;
-        let len = (inner - j).min(e1 - e).min(BLK);
+        let mut rows = 1;
+        let mut len = (inner - j).min(e1 - e).min(BLK);
+        if j == 0 && rank >= 2 && 2 * inner <= BLK {
+            let left_in_dim = shape[rank - 2] - outer % shape[rank - 2];
+            let r = (BLK / inner).min(left_in_dim).min((e1 - e) / inner);
+            if r >= 2 {
+                rows = r;
+                len = inner;
+            }
+        }
         let mut rem = outer;
         for (k, a) in accs.iter().enumerate() {
             offs[k] = a.offset + j * a.strides[rank - 1];
@@ -527,8 +561,8 @@ fn segments(shape: &[usize], accs: &[&CAccess], e0: usize, e1: usize, mut f: imp
                 offs[k] += i * a.strides[d];
             }
         }
-        f(&offs, len);
-        e += len;
+        f(&Tile { offs: &offs, inner: &inner_strides, outer: &outer_strides, rows, len });
+        e += rows * len;
     }
 }
 
@@ -541,8 +575,6 @@ unsafe fn pointwise_range_impl<T: Num>(k: &CPointwise, bufs: &[Raw], e0: usize, 
     let mut regs = vec![T::ZERO; k.body.nregs * RSTRIDE];
     let mut accs: Vec<&CAccess> = k.body.loads.iter().collect();
     accs.extend(k.stores.iter().map(|(_, a)| a));
-    let rank = k.shape.len();
-    let inner: Vec<usize> = accs.iter().map(|a| a.strides[rank - 1]).collect();
     let nl = k.body.loads.len();
     segments(
         &k.shape,
@@ -550,14 +582,18 @@ unsafe fn pointwise_range_impl<T: Num>(k: &CPointwise, bufs: &[Raw], e0: usize, 
         e0,
         e1,
         #[inline(always)]
-        |offs, len| {
+        |t| {
             // SAFETY: the caller's guarantees.
             unsafe {
-                eval_block(&k.body, bufs, &offs[..nl], &inner[..nl], &mut regs, len);
+                eval_block(&k.body, bufs, t, &mut regs);
+                let n = t.rows * t.len;
                 for (s, (reg, acc)) in k.stores.iter().enumerate() {
                     let raw = bufs[acc.buf];
-                    let vals = &regs[reg * RSTRIDE..reg * RSTRIDE + len];
-                    by_dtype!(raw, store_typed, offs[nl + s], inner[nl + s], vals);
+                    let vals = &regs[reg * RSTRIDE..reg * RSTRIDE + n];
+                    let (off, st, ost) = (t.offs[nl + s], t.inner[nl + s], t.outer[nl + s]);
+                    for (r, row) in vals.chunks_exact(t.len).enumerate() {
+                        by_dtype!(raw, store_typed, off + r * ost, st, row);
+                    }
                 }
             }
         },
@@ -711,53 +747,54 @@ unsafe fn reduce_range_impl<T: Num>(k: &CReduce, bufs: &[Raw], acc: Raw, e0: usi
     let mut accs: Vec<&CAccess> = k.body.loads.iter().collect();
     accs.push(&k.dst);
     let rank = k.shape.len();
-    let inner: Vec<usize> = accs.iter().map(|a| a.strides[rank - 1]).collect();
     let nl = k.body.loads.len();
     let inner_reduced = k.reduced[rank - 1];
     let acc = acc.ptr as *mut f64;
     let op = k.op;
     let v = k.value;
+    let combine = |a: f64, x: f64| match op {
+        ReduceOp::Sum | ReduceOp::Mean => a + x,
+        ReduceOp::Amax => {
+            if x > a || x.is_nan() {
+                x
+            } else {
+                a
+            }
+        }
+        ReduceOp::Amin => {
+            if x < a || x.is_nan() {
+                x
+            } else {
+                a
+            }
+        }
+    };
     segments(
         &k.shape,
         &accs,
         e0,
         e1,
         #[inline(always)]
-        |offs, len| {
+        |t| {
             // SAFETY: the caller's guarantees; the accumulator covers the dst extent.
             unsafe {
-                eval_block(&k.body, bufs, &offs[..nl], &inner[..nl], &mut regs, len);
-                let vals = &regs[v * RSTRIDE..v * RSTRIDE + len];
-                let o = offs[nl];
-                if inner_reduced {
-                    let a = &mut *acc.add(o);
-                    *a = match op {
-                        ReduceOp::Sum | ReduceOp::Mean => *a + sum_f64(vals),
-                        ReduceOp::Amax => combine_extreme(*a, extreme(vals, true).to_f64(), true),
-                        ReduceOp::Amin => combine_extreme(*a, extreme(vals, false).to_f64(), false),
-                    };
-                } else {
-                    let s = inner[nl];
-                    for (i, &x) in vals.iter().enumerate() {
-                        let a = &mut *acc.add(o + i * s);
-                        let x = x.to_f64();
+                eval_block(&k.body, bufs, t, &mut regs);
+                let vals = &regs[v * RSTRIDE..v * RSTRIDE + t.rows * t.len];
+                let (o, s, os) = (t.offs[nl], t.inner[nl], t.outer[nl]);
+                for (r, row) in vals.chunks_exact(t.len).enumerate() {
+                    let o = o + r * os;
+                    if inner_reduced {
+                        let a = &mut *acc.add(o);
                         *a = match op {
-                            ReduceOp::Sum | ReduceOp::Mean => *a + x,
-                            ReduceOp::Amax => {
-                                if x > *a || x.is_nan() {
-                                    x
-                                } else {
-                                    *a
-                                }
-                            }
-                            ReduceOp::Amin => {
-                                if x < *a || x.is_nan() {
-                                    x
-                                } else {
-                                    *a
-                                }
-                            }
+                            ReduceOp::Sum | ReduceOp::Mean => *a + sum_f64(row),
+                            ReduceOp::Amax => combine_extreme(*a, extreme(row, true).to_f64(), true),
+                            ReduceOp::Amin => combine_extreme(*a, extreme(row, false).to_f64(), false),
                         };
+                    } else {
+                        for (i, &x) in row.iter().enumerate() {
+                            let a = &mut *acc.add(o + i * s);
+                            *a = combine(*a, x.to_f64());
+                        }
                     }
                 }
             }
