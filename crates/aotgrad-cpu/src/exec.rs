@@ -43,6 +43,8 @@ pub fn execute(op: &Op, args: &[&CpuTensor], out: &TensorMeta) -> Result<CpuTens
             _ => Err(CpuError::Internal(format!("{}: mutating op without an inner op", op.name()))),
         },
         Aliasing::Fresh => {
+            let elems: u128 = out.shape.iter().map(|d| d.as_const().unwrap_or(0).max(0) as u128).product();
+            crate::storage::check_alloc("the result", out.dtype, elems)?;
             let buf = compute(op, args, out)?;
             materialize(&op.name(), buf, out)
         }

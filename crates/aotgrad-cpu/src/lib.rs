@@ -75,9 +75,28 @@ pub enum CpuError {
         #[source]
         source: Box<CpuError>,
     },
+    /// Memory for a result could not be allocated.
+    #[error("out of memory: cannot allocate {bytes} bytes ({}) for {what}", human_bytes(*.bytes))]
+    OutOfMemory {
+        /// What the memory was for (`the result`, `the compiled graph's outputs`).
+        what: String,
+        /// The bytes asked for.
+        bytes: u128,
+    },
     /// A failed internal invariant: a bug in aotgrad.
     #[error("internal error (a bug in aotgrad, please report it): {0}")]
     Internal(String),
+}
+
+fn human_bytes(b: u128) -> String {
+    let units = ["B", "KB", "MB", "GB", "TB", "PB", "EB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1000.0 && u + 1 < units.len() {
+        v /= 1000.0;
+        u += 1;
+    }
+    format!("{v:.1} {}", units[u])
 }
 
 fn loc_prefix(loc: &Option<SourceLoc>) -> String {

@@ -16,7 +16,9 @@ use aotgrad_ir::{ReduceOp, TensorMeta};
 
 /// Gather `x` with the dims in `reduced` moved last; returns the values (f64 for
 /// floating inputs, i64 otherwise) and the chunk length (product of reduced sizes).
-fn gather_grouped(op: &str, x: &CpuTensor, reduced: &[usize]) -> Result<(Vals, usize)> {
+/// Reduced dims in `broadcast` (stride 0: every index reads the same elements) are
+/// gathered once, as if of size 1; the caller accounts for their copies.
+fn gather_grouped(op: &str, x: &CpuTensor, reduced: &[usize], broadcast: &[usize]) -> Result<(Vals, usize)> {
     let layout = Layout::from_meta(&x.meta)?;
     let rank = layout.shape.len();
     if let Some(&d) = reduced.iter().find(|&&d| d >= rank) {
@@ -24,12 +26,13 @@ fn gather_grouped(op: &str, x: &CpuTensor, reduced: &[usize]) -> Result<(Vals, u
     }
     let mut order: Vec<usize> = (0..rank).filter(|d| !reduced.contains(d)).collect();
     order.extend(reduced.iter().copied());
+    let size = |d: usize| if broadcast.contains(&d) { 1 } else { layout.shape[d] };
     let permuted = Layout {
-        shape: order.iter().map(|&d| layout.shape[d]).collect(),
+        shape: order.iter().map(|&d| size(d)).collect(),
         strides: order.iter().map(|&d| layout.strides[d]).collect(),
         offset: layout.offset,
     };
-    let group: usize = reduced.iter().map(|&d| layout.shape[d]).product();
+    let group: usize = reduced.iter().map(|&d| size(d)).product();
     let kind = if x.meta.dtype.is_float() { Kind::F64 } else { Kind::I64 };
     let guard = x.storage.read();
     Ok((gather_buffer(op, &guard, &permuted, kind)?, group))
@@ -67,7 +70,19 @@ pub(crate) fn reduce(op: ReduceOp, x: &CpuTensor, dims: &[usize], out: &TensorMe
     // Empty dims mean every dim; a 0-d tensor (which accepts dim 0) reduces its one element.
     let rank = x.meta.rank();
     let reduced: Vec<usize> = if dims.is_empty() || rank == 0 { (0..rank).collect() } else { dims.to_vec() };
-    let (vals, group) = gather_grouped(name, x, &reduced)?;
+    // Reduced dims that broadcast (an `expand`ed view: stride 0, size > 1) hold copies
+    // of the same elements: reduce one copy and scale (sum) or keep (mean, amax,
+    // amin), instead of materializing every copy. Not when another dim is empty (the
+    // result is then the empty reduction).
+    let sizes = x.meta.concrete_shape().unwrap_or_default();
+    let strides = x.meta.concrete_strides().unwrap_or_default();
+    let broadcast: Vec<usize> = if sizes.contains(&0) {
+        Vec::new()
+    } else {
+        reduced.iter().copied().filter(|&d| d < rank && sizes[d] > 1 && strides[d] == 0).collect()
+    };
+    let copies: u128 = broadcast.iter().map(|&d| sizes[d] as u128).product();
+    let (vals, group) = gather_grouped(name, x, &reduced, &broadcast)?;
     let n_out: usize = out_shape(out)?.iter().product();
     if vals.len() != n_out * group {
         return Err(CpuError::Internal(format!(
@@ -82,7 +97,7 @@ pub(crate) fn reduce(op: ReduceOp, x: &CpuTensor, dims: &[usize], out: &TensorMe
         Vals::F64(v) => Vals::F64(
             chunks(&v, group, n_out)
                 .map(|c| match op {
-                    ReduceOp::Sum => pairwise_sum(c),
+                    ReduceOp::Sum => pairwise_sum(c) * copies as f64,
                     ReduceOp::Mean => pairwise_sum(c) / group as f64,
                     ReduceOp::Amax => float_extreme(c, true),
                     ReduceOp::Amin => float_extreme(c, false),
@@ -98,7 +113,7 @@ pub(crate) fn reduce(op: ReduceOp, x: &CpuTensor, dims: &[usize], out: &TensorMe
                     .map(|c| match op {
                         ReduceOp::Amax => c.iter().copied().max().unwrap_or(0),
                         ReduceOp::Amin => c.iter().copied().min().unwrap_or(0),
-                        _ => c.iter().fold(0i64, |a, &b| a.wrapping_add(b)),
+                        _ => c.iter().fold(0i64, |a, &b| a.wrapping_add(b)).wrapping_mul(copies as i64),
                     })
                     .collect(),
             )
@@ -118,7 +133,7 @@ pub(crate) fn arg_extreme(max: bool, x: &CpuTensor, dim: usize, out: &TensorMeta
         }
         return Ok(Vals::I64(vec![0; n_out]).into_buffer(out.dtype));
     }
-    let (vals, group) = gather_grouped(name, x, &[dim])?;
+    let (vals, group) = gather_grouped(name, x, &[dim], &[])?;
     if vals.len() != n_out * group {
         return Err(CpuError::Internal(format!("{name}: output size does not match the input")));
     }

@@ -24,6 +24,30 @@ pub enum Buffer {
     F64(Vec<f64>),
 }
 
+/// Results at least this large are checked for allocatability before a kernel runs.
+const PREFLIGHT_BYTES: u128 = 64 << 20;
+
+/// Check that `elems` elements of `dtype` can be allocated (for `what`): an error
+/// naming the bytes instead of the process aborting inside a kernel.
+/// Large sizes are tried for real (reserved, then released at once), so a size the
+/// allocator refuses is reported before any kernel starts.
+pub fn check_alloc(what: &str, dtype: DType, elems: u128) -> crate::Result<()> {
+    check_alloc_bytes(what, elems.saturating_mul(dtype.size_bytes() as u128))
+}
+
+/// [`check_alloc`] for a byte count.
+pub fn check_alloc_bytes(what: &str, bytes: u128) -> crate::Result<()> {
+    let oom = || crate::CpuError::OutOfMemory { what: what.to_string(), bytes };
+    if bytes > isize::MAX as u128 {
+        return Err(oom());
+    }
+    if bytes >= PREFLIGHT_BYTES {
+        let mut probe: Vec<u8> = Vec::new();
+        probe.try_reserve_exact(bytes as usize).map_err(|_| oom())?;
+    }
+    Ok(())
+}
+
 impl Buffer {
     /// A zero-filled buffer.
     pub fn zeros(dtype: DType, len: usize) -> Buffer {

@@ -340,3 +340,68 @@ mod tests {
         assert_eq!(slow.storage_of(x), Some(StorageId(8)));
     }
 }
+
+/// Why [`Graph::verify`] rejected a graph: which node (by position; `None` for the
+/// inputs or the returned values) and what is wrong.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InvalidGraph {
+    /// Position of the offending node in [`Graph::nodes`].
+    pub node: Option<usize>,
+    /// What is wrong.
+    pub msg: String,
+}
+
+impl Graph {
+    /// Check that the graph is a valid program: every value is defined once, before it
+    /// is used; returned values are defined; and every node's recorded metadata is what
+    /// shape inference gives for its op and arguments (checked where the metadata
+    /// involved is concrete: symbolic relations need the trace's shape environment).
+    /// Graphs from text or from a file should pass this before anything runs them.
+    pub fn verify(&self) -> Result<(), InvalidGraph> {
+        let mut metas: HashMap<ValueId, &TensorMeta> = HashMap::new();
+        for i in &self.inputs {
+            if metas.insert(i.id, &i.meta).is_some() {
+                return Err(InvalidGraph { node: None, msg: format!("input %{} is defined twice", i.id.0) });
+            }
+        }
+        for (k, n) in self.nodes.iter().enumerate() {
+            let bad = |msg: String| InvalidGraph { node: Some(k), msg };
+            let mut args = Vec::with_capacity(n.args.len());
+            for a in &n.args {
+                match metas.get(a) {
+                    Some(m) => args.push(*m),
+                    None => {
+                        return Err(bad(format!(
+                            "%{} ({}) uses %{}, which is not defined before it",
+                            n.out.0,
+                            n.op.name(),
+                            a.0
+                        )))
+                    }
+                }
+            }
+            if args.iter().all(|m| m.is_concrete()) && n.meta.is_concrete() {
+                match crate::infer::infer(&n.op, &args, &mut crate::sym::StaticOracle) {
+                    Ok(m) if m == n.meta => {}
+                    Ok(m) => {
+                        return Err(bad(format!(
+                            "%{} ({}) is recorded as {}, but {} gives {m} for its arguments",
+                            n.out.0,
+                            n.op.name(),
+                            n.meta,
+                            n.op.name()
+                        )))
+                    }
+                    Err(e) => return Err(bad(format!("%{} ({}): {e}", n.out.0, n.op.name()))),
+                }
+            }
+            if metas.insert(n.out, &n.meta).is_some() {
+                return Err(bad(format!("%{} is defined twice", n.out.0)));
+            }
+        }
+        if let Some(o) = self.outputs.iter().find(|o| !metas.contains_key(o)) {
+            return Err(InvalidGraph { node: None, msg: format!("the graph returns %{}, which is not defined", o.0) });
+        }
+        Ok(())
+    }
+}

@@ -276,11 +276,14 @@ impl CpuCompiledGraph {
                 return Err(CpuError::Input { index: i, msg: "storage dtype differs from its metadata".into() });
             }
         }
+        let out_bytes: usize = low.out_bufs.iter().map(|(d, n, _)| d.size_bytes().saturating_mul(*n)).sum();
+        crate::storage::check_alloc_bytes("the compiled graph's outputs", out_bytes as u128)?;
         let mut arena = inst.pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let mut allocated = (0usize, 0usize, 0usize);
         let mut arena = match arena.take() {
             Some(a) => a,
             None => {
+                crate::storage::check_alloc_bytes("the compiled graph's buffers", low.slots.arena_bytes as u128)?;
                 let slots: Vec<Buffer> = low.slots.slots.iter().map(|s| Buffer::zeros(s.dtype, s.elems)).collect();
                 allocated.0 = low.slots.arena_bytes + low.scratch * 8;
                 Arena { slots, scratch: vec![0.0; low.scratch] }

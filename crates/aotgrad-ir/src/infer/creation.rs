@@ -14,7 +14,10 @@ pub(crate) fn infer_creation(op: &Op, name: &str, args: &[&TensorMeta]) -> Resul
         _ => arity(name, args, 0)?,
     }
     match op {
-        Op::Full { shape, dtype, .. } => dense(name, shape.clone(), *dtype),
+        Op::Full { shape, dtype, value } => {
+            super::check_scalar_fits(name, *value, *dtype)?;
+            dense(name, shape.clone(), *dtype)
+        }
         Op::Rand { shape, dtype, .. } | Op::Randn { shape, dtype, .. } => {
             if !dtype.is_float() {
                 return Err(ShapeError::DType {
@@ -26,6 +29,9 @@ pub(crate) fn infer_creation(op: &Op, name: &str, args: &[&TensorMeta]) -> Resul
             dense(name, shape.clone(), *dtype)
         }
         Op::Arange { start, end, step, dtype } => {
+            for v in [start, end, step] {
+                super::check_scalar_fits(name, *v, *dtype)?;
+            }
             let n = arange_len(name, *start, *end, *step, *dtype)?;
             dense(name, vec![Dim::Const(n)], *dtype)
         }

@@ -41,7 +41,7 @@ mod tests_ops;
 #[cfg(test)]
 mod tests_views;
 
-use crate::dtype::DType;
+use crate::dtype::{DType, Scalar};
 use crate::error::ShapeError;
 use crate::meta::{DimList, TensorMeta};
 use crate::op::Op;
@@ -313,6 +313,40 @@ pub(crate) fn rng_arity(op: &str, args: &[&TensorMeta], n: usize) -> Result<()> 
         }
     }
     Ok(())
+}
+
+/// Reject a scalar that `dtype` cannot hold, as PyTorch does ("value cannot be
+/// converted to type int32 without overflow"): integers outside an integer dtype's
+/// range, finite floats beyond a floating dtype's largest value, or a float too large
+/// for an integer dtype. NaN and infinities are fine for floating dtypes.
+pub fn check_scalar_fits(op: &str, value: Scalar, dtype: DType) -> Result<()> {
+    let (lo, hi): (f64, f64) = match dtype {
+        DType::Bool => return Ok(()),
+        DType::I32 => (i32::MIN as f64, i32::MAX as f64),
+        DType::I64 => (i64::MIN as f64, i64::MAX as f64),
+        DType::F16 => (-65504.0, 65504.0),
+        DType::BF16 => (-3.389_531_4e38, 3.389_531_4e38),
+        DType::F32 => (f32::MIN as f64, f32::MAX as f64),
+        DType::F64 => return Ok(()),
+    };
+    let fits = match value {
+        Scalar::Bool(_) => true,
+        Scalar::Int(v) => match dtype {
+            DType::I32 => i32::try_from(v).is_ok(),
+            _ => true,
+        },
+        Scalar::Float(v) if dtype.is_float() => !v.is_finite() || (lo..=hi).contains(&v),
+        // A float into an integer dtype truncates toward zero (NaN and infinities never fit).
+        Scalar::Float(v) => v.is_finite() && v.trunc() >= lo && v.trunc() <= hi,
+    };
+    if fits {
+        Ok(())
+    } else {
+        Err(ShapeError::Invalid {
+            op: op.into(),
+            msg: format!("value {value} cannot be converted to type {dtype} without overflow"),
+        })
+    }
 }
 
 /// Reject a constant negative size (symbolic sizes are non-negative by construction),

@@ -32,6 +32,11 @@ pub(crate) fn infer_pointwise(
         Op::BinaryScalar(b, s) => {
             arity(name, args, 1)?;
             let dtype = binary_dtype(name, *b, &[Operand::of(args[0]), Operand::Scalar(*s)])?;
+            // An integer scalar computed in an integer dtype must fit it (a float result
+            // computes in floating point, where any integer does).
+            if matches!(s, Scalar::Int(_)) && !dtype.is_float() {
+                super::check_scalar_fits(name, *s, dtype)?;
+            }
             dense(name, args[0].shape.clone(), dtype)
         }
         Op::Compare(_) => {
@@ -91,9 +96,11 @@ pub(crate) fn infer_pointwise(
             expand_geometry(name, &src.shape, &src.strides, &target, oracle)?;
             Ok(dst.to_contiguous())
         }
-        Op::FullLike { dtype, .. } => {
+        Op::FullLike { dtype, value } => {
             arity(name, args, 1)?;
-            dense(name, args[0].shape.clone(), dtype.unwrap_or(args[0].dtype))
+            let dtype = dtype.unwrap_or(args[0].dtype);
+            super::check_scalar_fits(name, *value, dtype)?;
+            dense(name, args[0].shape.clone(), dtype)
         }
         Op::Bernoulli { p, .. } => {
             rng_arity(name, args, 1)?;

@@ -90,9 +90,17 @@ pub fn print_graph(g: &Graph) -> String {
     print::print_graph(g)
 }
 
-/// Parse the output of [`print_graph`] back into an equal graph.
+/// Parse the output of [`print_graph`] back into an equal graph, and check that it is
+/// a valid program ([`Graph::verify`]); an invalid one is an error at the offending
+/// node's line and column.
 pub fn parse_graph(text: &str) -> Result<Graph, ParseError> {
-    parse::Parser::new(text).graph()
+    parse::Parser::new(text).graph(true)
+}
+
+/// [`parse_graph`] checking the syntax only: for tools that handle graphs which need
+/// not be valid programs (the printer's own round-trip tests).
+pub fn parse_graph_unchecked(text: &str) -> Result<Graph, ParseError> {
+    parse::Parser::new(text).graph(false)
 }
 
 impl fmt::Display for Graph {

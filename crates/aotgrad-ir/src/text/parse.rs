@@ -1,6 +1,8 @@
 //! The parser of the graph text format: a recursive-descent parser over [`Lexer`]
-//! tokens with one token of lookahead. It checks syntax only (a value used before it
-//! is defined parses fine; verifying a graph is another pass's job), so every
+//! tokens with one token of lookahead. After the syntax it checks the program with
+//! [`Graph::verify`] (values defined before use, recorded metadata equal to what
+//! inference gives), reporting the offending node's line: text is user input, and an
+//! invalid program is the writer's error, not a failure later in a backend. Every
 //! [`Graph`] the printer writes parses back to an equal graph.
 
 use super::lex::{error_at, lex_string, Lexer, Spanned, Tok};
@@ -199,7 +201,7 @@ impl<'a> Parser<'a> {
     // ---- graph structure ------------------------------------------------------
 
     /// The whole graph, up to the end of the input.
-    pub(super) fn graph(&mut self) -> PResult<Graph> {
+    pub(super) fn graph(&mut self, verify: bool) -> PResult<Graph> {
         let sp = self.bump()?;
         if sp.tok != Tok::Ident("graph") {
             return Err(self.unexpected(&sp, "`graph` at the start of a graph"));
@@ -218,10 +220,12 @@ impl<'a> Parser<'a> {
             }
         }
         self.expect_punct('{', "after the graph inputs")?;
+        let mut node_starts = Vec::new();
         loop {
             let sp = self.peek()?;
             match sp.tok {
                 Tok::Value(_) => {
+                    node_starts.push(sp.start);
                     let node = self.node()?;
                     g.nodes.push(node);
                 }
@@ -232,7 +236,7 @@ impl<'a> Parser<'a> {
                 }
             }
         }
-        self.bump()?; // `return`
+        let return_at = self.bump()?.start; // `return`
         self.expect_punct('(', "after `return`")?;
         if !self.eat_punct(')')? {
             loop {
@@ -249,6 +253,14 @@ impl<'a> Parser<'a> {
         let sp = self.bump()?;
         if sp.tok != Tok::Eof {
             return Err(self.unexpected(&sp, "end of input after the closing `}`"));
+        }
+        if let Err(e) = if verify { g.verify() } else { Ok(()) } {
+            let at = match e.node {
+                Some(k) => node_starts[k],
+                None if e.msg.starts_with("the graph returns") => return_at,
+                None => 0,
+            };
+            return Err(self.err_at(at, format!("invalid program: {}", e.msg)));
         }
         Ok(g)
     }

@@ -8,15 +8,25 @@ use crate::rng::RngSeed;
 use crate::tensor::Tensor;
 use aotgrad_ir::{DType, Dim, Op, Scalar, SourceLoc};
 
-fn dims(shape: &[usize]) -> Vec<Dim> {
-    shape.iter().map(|&s| Dim::from(s)).collect()
+/// The sizes of a `&[usize]` shape as dims, or an error naming a size too large for a
+/// tensor dimension (at most `i64::MAX`, as in PyTorch).
+pub(crate) fn dims_at(op: &str, shape: &[usize], loc: &SourceLoc) -> Result<Vec<Dim>> {
+    match shape.iter().find(|&&s| s > i64::MAX as usize) {
+        Some(s) => Err(crate::error::Error::invalid(
+            op,
+            loc,
+            format!("size {s} in shape {shape:?} is larger than the largest tensor dimension ({})", i64::MAX),
+        )),
+        None => Ok(shape.iter().map(|&s| Dim::from(s)).collect()),
+    }
 }
 
 impl Tensor {
     /// A tensor filled with `value`.
     #[track_caller]
     pub fn full(shape: &[usize], value: impl Into<Scalar>, dtype: DType) -> Result<Tensor> {
-        dispatch(Op::Full { shape: dims(shape), value: value.into(), dtype }, &[], &SourceLoc::caller())
+        let loc = SourceLoc::caller();
+        dispatch(Op::Full { shape: dims_at("full", shape, &loc)?, value: value.into(), dtype }, &[], &loc)
     }
     /// [`Tensor::full`] with possibly symbolic sizes.
     #[track_caller]
@@ -26,7 +36,8 @@ impl Tensor {
     /// A tensor of zeros.
     #[track_caller]
     pub fn zeros(shape: &[usize], dtype: DType) -> Result<Tensor> {
-        dispatch(Op::Full { shape: dims(shape), value: Scalar::Int(0), dtype }, &[], &SourceLoc::caller())
+        let loc = SourceLoc::caller();
+        dispatch(Op::Full { shape: dims_at("zeros", shape, &loc)?, value: Scalar::Int(0), dtype }, &[], &loc)
     }
     /// [`Tensor::zeros`] with possibly symbolic sizes.
     #[track_caller]
@@ -36,7 +47,8 @@ impl Tensor {
     /// A tensor of ones.
     #[track_caller]
     pub fn ones(shape: &[usize], dtype: DType) -> Result<Tensor> {
-        dispatch(Op::Full { shape: dims(shape), value: Scalar::Int(1), dtype }, &[], &SourceLoc::caller())
+        let loc = SourceLoc::caller();
+        dispatch(Op::Full { shape: dims_at("ones", shape, &loc)?, value: Scalar::Int(1), dtype }, &[], &loc)
     }
     /// [`Tensor::ones`] with possibly symbolic sizes.
     #[track_caller]
@@ -57,13 +69,9 @@ impl Tensor {
     /// Uniform values in `[0, 1)`; the same seed gives the same values.
     #[track_caller]
     pub fn rand(shape: &[usize], dtype: DType, seed: impl Into<RngSeed>) -> Result<Tensor> {
-        let shape = dims(shape);
-        random(
-            |seed, offset| Op::Rand { shape: shape.clone(), dtype, seed, offset },
-            &[],
-            seed.into(),
-            &SourceLoc::caller(),
-        )
+        let loc = SourceLoc::caller();
+        let shape = dims_at("rand", shape, &loc)?;
+        random(|seed, offset| Op::Rand { shape: shape.clone(), dtype, seed, offset }, &[], seed.into(), &loc)
     }
     /// [`Tensor::rand`] with possibly symbolic sizes.
     #[track_caller]
@@ -78,13 +86,9 @@ impl Tensor {
     /// Standard normal values; the same seed gives the same values.
     #[track_caller]
     pub fn randn(shape: &[usize], dtype: DType, seed: impl Into<RngSeed>) -> Result<Tensor> {
-        let shape = dims(shape);
-        random(
-            |seed, offset| Op::Randn { shape: shape.clone(), dtype, seed, offset },
-            &[],
-            seed.into(),
-            &SourceLoc::caller(),
-        )
+        let loc = SourceLoc::caller();
+        let shape = dims_at("randn", shape, &loc)?;
+        random(|seed, offset| Op::Randn { shape: shape.clone(), dtype, seed, offset }, &[], seed.into(), &loc)
     }
     /// [`Tensor::randn`] with possibly symbolic sizes.
     #[track_caller]

@@ -34,7 +34,11 @@ element!(f64, F64);
 
 impl Tensor {
     fn from_data_at(data: usize, shape: &[usize], op: &str, loc: &SourceLoc) -> Result<()> {
-        let n: usize = shape.iter().product();
+        crate::ops::creation::dims_at(op, shape, loc)?;
+        let n = shape.iter().try_fold(1usize, |a, &s| a.checked_mul(s)).filter(|&n| n <= i64::MAX as usize);
+        let Some(n) = n else {
+            return Err(Error::invalid(op, loc, format!("shape {shape:?} has more elements than fit in i64")));
+        };
         if n != data {
             return Err(Error::invalid(op, loc, format!("{data} elements given for shape {shape:?} ({n} elements)")));
         }

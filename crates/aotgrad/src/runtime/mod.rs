@@ -35,6 +35,21 @@ pub struct AotFunction {
     config: AotConfig,
     entries: Mutex<Vec<Arc<Entry>>>,
     arity: Mutex<Option<usize>>,
+    /// Held while compiling, so concurrent first calls compile each signature once
+    /// (the others wait, then find the new entry).
+    compile_lock: Mutex<()>,
+    /// The thread holding `compile_lock` (a function that calls itself while being
+    /// traced compiles the inner call without waiting for itself).
+    compiling_thread: Mutex<Option<std::thread::ThreadId>>,
+}
+
+/// Clears [`AotFunction::compiling_thread`] when a compile ends, however it ends.
+struct CompilingGuard<'a>(&'a Mutex<Option<std::thread::ThreadId>>);
+
+impl Drop for CompilingGuard<'_> {
+    fn drop(&mut self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
 }
 
 /// One compiled specialization of the function.
@@ -114,7 +129,14 @@ pub fn aot_function_args<F>(f: F, config: AotConfig) -> Result<AotFunction>
 where
     F: Fn(&[Arg]) -> aotgrad_trace::Result<Vec<Tensor>> + Send + Sync + 'static,
 {
-    Ok(AotFunction { f: Arc::new(f), config, entries: Mutex::new(Vec::new()), arity: Mutex::new(None) })
+    Ok(AotFunction {
+        f: Arc::new(f),
+        config,
+        entries: Mutex::new(Vec::new()),
+        arity: Mutex::new(None),
+        compile_lock: Mutex::new(()),
+        compiling_thread: Mutex::new(None),
+    })
 }
 
 /// Symbol values of one call.
@@ -172,6 +194,19 @@ impl AotFunction {
             }
         }
         let sig = CallSig::of(args);
+        if let Some(found) = self.lookup(&sig, args) {
+            return Ok(found);
+        }
+        let me = std::thread::current().id();
+        let nested = *self.compiling_thread.lock().unwrap_or_else(|e| e.into_inner()) == Some(me);
+        let _lock = if nested { None } else { Some(self.compile_lock.lock().unwrap_or_else(|e| e.into_inner())) };
+        let _holder = if nested {
+            None
+        } else {
+            *self.compiling_thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(me);
+            Some(CompilingGuard(&self.compiling_thread))
+        };
+        // Another thread may have compiled this signature while we waited.
         if let Some(found) = self.lookup(&sig, args) {
             return Ok(found);
         }
