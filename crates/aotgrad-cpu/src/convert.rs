@@ -244,6 +244,8 @@ fn gather_elems<S: Elem>(src: &[S], layout: &Layout, kind: Kind) -> Vals {
 /// Read the elements of `buf` at `layout` (which must fit), converted to `kind`.
 pub(crate) fn gather_buffer(op: &str, buf: &Buffer, layout: &Layout, kind: Kind) -> Result<Vals> {
     layout.check_fits(op, buf.len())?;
+    // A broadcast view can name far more elements than its storage holds.
+    crate::storage::check_alloc_bytes(&format!("{op}'s elements"), layout.numel() as u128 * 8)?;
     Ok(gather_unchecked(buf, layout, kind))
 }
 
@@ -288,6 +290,7 @@ pub(crate) fn gather_index(op: &str, t: &CpuTensor) -> Result<Vec<i64>> {
 /// A contiguous copy (same dtype) of the elements of `buf` at `layout`.
 pub(crate) fn copy_strided(op: &str, buf: &Buffer, layout: &Layout) -> Result<Buffer> {
     layout.check_fits(op, buf.len())?;
+    crate::storage::check_alloc(&format!("{op}'s elements"), buf.dtype(), layout.numel() as u128)?;
     fn go<T: Copy>(src: &[T], layout: &Layout) -> Vec<T> {
         let mut out = Vec::with_capacity(layout.numel());
         layout.for_each_run(|o, n, s| match s {

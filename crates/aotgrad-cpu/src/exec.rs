@@ -44,7 +44,9 @@ pub fn execute(op: &Op, args: &[&CpuTensor], out: &TensorMeta) -> Result<CpuTens
         },
         Aliasing::Fresh => {
             let elems: u128 = out.shape.iter().map(|d| d.as_const().unwrap_or(0).max(0) as u128).product();
-            crate::storage::check_alloc("the result", out.dtype, elems)?;
+            // Kernels compute in 8-byte lanes (f64/i64) before casting: check that much.
+            let bytes = elems.saturating_mul(out.dtype.size_bytes() as u128);
+            crate::storage::check_alloc_probe("the result", bytes, elems.saturating_mul(8))?;
             let buf = compute(op, args, out)?;
             materialize(&op.name(), buf, out)
         }

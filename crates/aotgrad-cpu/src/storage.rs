@@ -37,13 +37,19 @@ pub fn check_alloc(what: &str, dtype: DType, elems: u128) -> crate::Result<()> {
 
 /// [`check_alloc`] for a byte count.
 pub fn check_alloc_bytes(what: &str, bytes: u128) -> crate::Result<()> {
+    check_alloc_probe(what, bytes, bytes)
+}
+
+/// Check that `probe` bytes can be allocated; the error reports `bytes` (what the
+/// caller will keep, when its working memory is larger than its result).
+pub fn check_alloc_probe(what: &str, bytes: u128, probe: u128) -> crate::Result<()> {
     let oom = || crate::CpuError::OutOfMemory { what: what.to_string(), bytes };
-    if bytes > isize::MAX as u128 {
+    if probe > isize::MAX as u128 {
         return Err(oom());
     }
-    if bytes >= PREFLIGHT_BYTES {
-        let mut probe: Vec<u8> = Vec::new();
-        probe.try_reserve_exact(bytes as usize).map_err(|_| oom())?;
+    if probe >= PREFLIGHT_BYTES {
+        let mut v: Vec<u8> = Vec::new();
+        v.try_reserve_exact(probe as usize).map_err(|_| oom())?;
     }
     Ok(())
 }

@@ -125,3 +125,78 @@ fn concurrent_first_calls_compile_each_signature_once() {
     }
     assert_eq!(f.num_compiled(), 6);
 }
+
+mod fuzz {
+    //! The public construction API over random sizes near the integer limits, random
+    //! strides and offsets, and random scalars per dtype: every call returns (a tensor
+    //! or an error) without panicking. Sizes are either tiny or far too large to
+    //! allocate, so nothing here allocates much.
+    use super::*;
+    use proptest::prelude::*;
+
+    const HUGE: [usize; 6] = [1 << 40, 1 << 62, i64::MAX as usize, 1 << 63, (1 << 63) + 1, usize::MAX];
+    const DTYPES: [DType; 7] = [DType::Bool, DType::I32, DType::I64, DType::F16, DType::BF16, DType::F32, DType::F64];
+
+    fn size() -> impl Strategy<Value = usize> {
+        prop_oneof![4 => 0usize..4, 1 => proptest::sample::select(HUGE.to_vec())]
+    }
+    fn shape() -> impl Strategy<Value = Vec<usize>> {
+        proptest::collection::vec(size(), 0..4)
+    }
+    fn scalar() -> impl Strategy<Value = Scalar> {
+        prop_oneof![
+            any::<i64>().prop_map(Scalar::Int),
+            any::<f64>().prop_map(Scalar::Float),
+            proptest::sample::select(vec![f64::NAN, f64::INFINITY, -0.0, 65504.0, 65520.0, 3.4e38, 1e39, 2.5e9])
+                .prop_map(Scalar::Float),
+            any::<bool>().prop_map(Scalar::Bool),
+        ]
+    }
+    fn dtype() -> impl Strategy<Value = DType> {
+        proptest::sample::select(DTYPES.to_vec())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+        #[test]
+        fn constructors_never_panic(shape in shape(), s in scalar(), dtype in dtype(), n in 0usize..5) {
+            let _ = Tensor::from_vec(vec![1.0f32; n], &shape);
+            let _ = Tensor::zeros(&shape, dtype);
+            let _ = Tensor::full(&shape, s, dtype);
+            let _ = Tensor::rand(&shape, DType::F32, 0);
+            // arange's length follows the scalar: skip lengths that are allocatable but
+            // large (only small and impossible ones keep the test cheap).
+            let len = match s { Scalar::Int(v) => v.unsigned_abs() as f64, Scalar::Float(v) => v.abs(), Scalar::Bool(_) => 1.0 };
+            if !(1e5..1e14).contains(&len) {
+                let _ = Tensor::arange(s, 4, 1, dtype);
+            }
+        }
+
+        #[test]
+        fn views_never_panic(size in shape(), stride in proptest::collection::vec(size(), 0..4), offset in size()) {
+            let base = Tensor::arange(0, 16, 1, DType::F32).unwrap();
+            let n = size.len().min(stride.len());
+            if let Ok(v) = base.as_strided(&size[..n], &stride[..n], offset) {
+                let _ = v.to_vec_f64();
+                let _ = v.sum_all();
+                let _ = v.contiguous();
+            }
+            let dims: Vec<i64> = size.iter().map(|&s| s as i64).collect();
+            let _ = base.view(&dims);
+            let _ = base.reshape(&[1, 16]).and_then(|b| b.expand(&dims));
+        }
+
+        #[test]
+        fn scalar_ops_never_panic(s in scalar(), dtype in dtype()) {
+            if let Ok(x) = Tensor::zeros(&[2], dtype) {
+                let _ = x.add(s);
+                let _ = x.mul(s);
+                let _ = x.add_(s);
+                let _ = x.fill_(s);
+                let _ = x.clamp(Some(s), Some(s));
+                let _ = x.pow(s);
+            }
+        }
+    }
+}

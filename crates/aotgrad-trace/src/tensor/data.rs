@@ -35,10 +35,13 @@ element!(f64, F64);
 impl Tensor {
     fn from_data_at(data: usize, shape: &[usize], op: &str, loc: &SourceLoc) -> Result<()> {
         crate::ops::creation::dims_at(op, shape, loc)?;
-        let n = shape.iter().try_fold(1usize, |a, &s| a.checked_mul(s)).filter(|&n| n <= i64::MAX as usize);
-        let Some(n) = n else {
+        // Sizes count as at least 1 here, as contiguous strides do (an empty tensor's
+        // strides must fit too).
+        let fits = shape.iter().try_fold(1i64, |a, &s| a.checked_mul((s as i64).max(1))).is_some();
+        if !fits {
             return Err(Error::invalid(op, loc, format!("shape {shape:?} has more elements than fit in i64")));
-        };
+        }
+        let n: usize = shape.iter().product();
         if n != data {
             return Err(Error::invalid(op, loc, format!("{data} elements given for shape {shape:?} ({n} elements)")));
         }
