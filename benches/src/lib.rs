@@ -148,3 +148,41 @@ pub fn graph_flops(g: &aotgrad_ir::Graph) -> u64 {
     }
     total
 }
+
+/// A pathological program shape for compile scaling: `view` (a chain of `n` views and
+/// transposes), `chain` (`n` ops of matmul → softmax → relu), `fanout` (one input
+/// feeding `n / 2` scaled copies summed up). Returns the compiled function (on one
+/// thread) and its inputs; `train` makes the input require grad (the training path).
+pub fn pathological(kind: &str, n: usize, train: bool) -> Result<(aotgrad::AotFunction, Vec<Tensor>)> {
+    let k = kind.to_string();
+    let f = move |a: &[Tensor]| -> aotgrad_trace::Result<Vec<Tensor>> {
+        let mut x = a[0].clone();
+        match k.as_str() {
+            "view" => {
+                for i in 0..n {
+                    x = if i % 2 == 0 { x.view(&[4, 4])? } else { x.transpose(0, 1)? };
+                }
+                Ok(vec![x.mul(2.0)?])
+            }
+            "chain" => {
+                for _ in 0..n / 3 {
+                    x = x.matmul(&a[1])?.softmax(-1)?.relu()?;
+                }
+                Ok(vec![x.sum_all()?])
+            }
+            _ => {
+                let mut acc = x.mul(1.0)?;
+                for i in 0..n / 2 {
+                    acc = acc.add(&x.mul(i as f64)?)?;
+                }
+                Ok(vec![acc.sum_all()?])
+            }
+        }
+    };
+    let x = Tensor::randn(&[4, 4], DType::F32, 0)?;
+    let w = Tensor::randn(&[4, 4], DType::F32, 1)?;
+    if train {
+        x.set_requires_grad(true)?;
+    }
+    Ok((aotgrad::aot_function(f, aotgrad::AotConfig::default().threads(1))?, vec![x, w]))
+}

@@ -42,6 +42,12 @@ fn step_bytes(p: &aotgrad_partition::Partitioned) -> Result<(usize, usize, usize
     Ok((fa + fo, ba + bo, fo + fa.max(ba + bo)))
 }
 
+fn rss(key: &str) -> Option<i64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with(key))?;
+    Some(line.split_whitespace().nth(1)?.parse::<i64>().ok()? * 1024)
+}
+
 fn main() -> Result<()> {
     let runs: usize = std::env::var("AOTGRAD_BENCH_RUNS").ok().and_then(|s| s.parse().ok()).unwrap_or(15);
     let quick = std::env::var_os("AOTGRAD_BENCH_QUICK").is_some();
@@ -196,6 +202,44 @@ fn main() -> Result<()> {
             "joint_ms": tj, "simplify_ms": ts, "mincut_ms": tm, "backend_ms": tb}));
     }
     js.insert("scaling".into(), Value::Array(scale));
+
+    // 4b. Pathological program shapes (every stage near-linear in the node count).
+    let _ = writeln!(md, "\n## Compile scaling on pathological shapes (training path, one run per size; µs per op)\n");
+    let _ = writeln!(md, "| shape | ops | whole compile | µs/op | slowest stage | peak RSS growth per op |");
+    let _ = writeln!(md, "|---|---|---|---|---|---|");
+    let mut patho = Vec::new();
+    for kind in ["view", "chain", "fanout"] {
+        let sizes: &[usize] = match (quick, kind) {
+            (true, _) => &[1000],
+            // The chain's e-graph simplification is still superlinear: 100k takes minutes.
+            (false, "chain") => &[1000, 10000],
+            _ => &[1000, 10000, 100000],
+        };
+        for &n in sizes {
+            let (af, ins) = aotgrad_benches::pathological(kind, n, true)?;
+            let base = rss("VmRSS:");
+            let reset = std::fs::write("/proc/self/clear_refs", "5").is_ok();
+            af.forward(&ins)?;
+            let peak = match (reset, base, rss("VmHWM:")) {
+                (true, Some(b), Some(p)) => Some((p - b).max(0) as f64 / n as f64),
+                _ => None,
+            };
+            let r = af.compile_reports().into_iter().next().expect("compiled");
+            let total = r.total_seconds();
+            let (slow, st) = r.stages.iter().fold(("", 0.0), |a, (s, t)| if *t > a.1 { (s, *t) } else { a });
+            let _ = writeln!(
+                md,
+                "| {kind} | {n} | {:.1} ms | {:.1} | {slow} {:.1} ms | {} |",
+                total * 1e3,
+                total * 1e6 / n as f64,
+                st * 1e3,
+                peak.map_or("n/a".into(), |b| format!("{:.1} KB", b / 1e3))
+            );
+            patho.push(json!({"shape": kind, "ops": n, "compile_s": total, "us_per_op": total * 1e6 / n as f64,
+                "stages": r.stages.iter().map(|(s, t)| json!([s, t])).collect::<Vec<_>>(), "peak_rss_bytes_per_op": peak}));
+        }
+    }
+    js.insert("pathological".into(), Value::Array(patho));
 
     // 5. Saved bytes.
     let _ = writeln!(md, "\n## Saved activation bytes\n\n| workload | default | min-cut 1.0 | min-cut 0.0 | PyTorch min-cut |\n|---|---|---|---|---|");

@@ -37,11 +37,63 @@ pub(crate) struct Root {
     pub grad: bool,
 }
 
+/// The view ops from a root to a value, shared by prefix: a view extends its base's
+/// chain by one link instead of copying it, so a program of `n` chained views costs
+/// `O(n)`, not `O(n^2)`.
+#[derive(Clone, Default)]
+pub(crate) struct Chain(Option<std::sync::Arc<Link>>);
+
+struct Link {
+    op: Op,
+    parent: Chain,
+    len: usize,
+}
+
+impl Drop for Chain {
+    /// Unlink iteratively: a chain of 100k views must not recurse 100k deep.
+    fn drop(&mut self) {
+        let mut cur = self.0.take();
+        while let Some(link) = cur {
+            match std::sync::Arc::try_unwrap(link) {
+                Ok(mut l) => cur = l.parent.0.take(),
+                Err(_) => break,
+            }
+        }
+    }
+}
+
+impl Chain {
+    /// `self` followed by `op`.
+    pub fn push(&self, op: Op) -> Chain {
+        Chain(Some(std::sync::Arc::new(Link { op, parent: self.clone(), len: self.len() + 1 })))
+    }
+    pub fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |l| l.len)
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+    pub fn last(&self) -> Option<&Op> {
+        self.0.as_ref().map(|l| &l.op)
+    }
+    /// The ops from the root on.
+    pub fn ops(&self) -> Vec<&Op> {
+        let mut v = Vec::with_capacity(self.len());
+        let mut c = self;
+        while let Some(l) = &c.0 {
+            v.push(&l.op);
+            c = &l.parent;
+        }
+        v.reverse();
+        v
+    }
+}
+
 /// A traced value: its root, the views from the root to it, and a cached functional value.
 #[derive(Clone)]
 pub(crate) struct TVal {
     pub root: usize,
-    pub chain: Vec<Op>,
+    pub chain: Chain,
     pub fv: ValueId,
     pub gen: u32,
     /// The traced input whose handle this value is (after its own mutations).
@@ -82,7 +134,8 @@ impl Pass<'_, '_> {
         let (mut x, gen) = (root.cur, root.gen);
         // A detached value ends in a fresh `alias`: its own last op when that is one.
         let own_alias = t.detached && matches!(t.chain.last(), Some(Op::Alias));
-        for op in &t.chain[..t.chain.len() - usize::from(own_alias)] {
+        let ops = t.chain.ops();
+        for op in &ops[..ops.len() - usize::from(own_alias)] {
             x = self.b.apply_view(op, x, loc)?;
         }
         if t.detached {
@@ -148,8 +201,10 @@ impl Pass<'_, '_> {
                 let v = self.b.add_input(inp.name.clone(), inp.meta.clone())?;
                 let grad = self.input_grad(i);
                 let r = self.new_root(v, &inp.meta, Some(gidx), vec![i], grad);
-                self.vals
-                    .insert(inp.id, TVal { root: r, chain: vec![], fv: v, gen: 0, handle: Some(i), detached: false });
+                self.vals.insert(
+                    inp.id,
+                    TVal { root: r, chain: Chain::default(), fv: v, gen: 0, handle: Some(i), detached: false },
+                );
                 convention.args.push(ArgSlot::Input(gidx));
                 continue;
             };
@@ -172,7 +227,10 @@ impl Pass<'_, '_> {
             let op = Op::AsStrided { size: inp.meta.shape.clone(), stride: inp.meta.strides.clone(), offset: rel };
             let cur = self.roots[r].cur;
             let fv = self.b.apply_view(&op, cur, &None)?;
-            self.vals.insert(inp.id, TVal { root: r, chain: vec![op], fv, gen: 0, handle: Some(i), detached: false });
+            self.vals.insert(
+                inp.id,
+                TVal { root: r, chain: Chain::default().push(op), fv, gen: 0, handle: Some(i), detached: false },
+            );
             convention.args.push(ArgSlot::ViewOfBase { base: base_idx });
         }
         convention.num_graph_inputs = self.b.graph.inputs.len();
@@ -192,8 +250,10 @@ impl Pass<'_, '_> {
                     self.autograd.detached.push(v);
                 }
                 let r = self.new_root(v, &node.meta, None, vec![], grad);
-                self.vals
-                    .insert(node.out, TVal { root: r, chain: vec![], fv: v, gen: 0, handle: None, detached: false });
+                self.vals.insert(
+                    node.out,
+                    TVal { root: r, chain: Chain::default(), fv: v, gen: 0, handle: None, detached: false },
+                );
                 Ok(())
             }
             Aliasing::View | Aliasing::MutatesMeta => self.view(node),
@@ -235,7 +295,7 @@ impl Pass<'_, '_> {
             // as_strided reads the storage as of now: the root's current value.
             let cur = root.cur;
             let fv = self.b.apply_view(&op, cur, loc)?;
-            (vec![op], fv)
+            (Chain::default().push(op), fv)
         } else {
             let x = self.fresh(node.args[0], loc)?;
             // A detached alias (`detach`) is itself the fresh `alias` a detached value
@@ -247,9 +307,7 @@ impl Pass<'_, '_> {
             } else {
                 self.b.apply_view(&inner, x, loc)?
             };
-            let mut chain = t0.chain.clone();
-            chain.push(inner.clone());
-            (chain, fv)
+            (t0.chain.push(inner.clone()), fv)
         };
         let fv = if detached && !meta_mutation && !matches!(inner, Op::Alias) {
             let d = self.b.detached_alias(fv, loc)?;
@@ -277,7 +335,8 @@ impl Pass<'_, '_> {
         }
         let t0 = self.tval(node.args[0])?;
         let root_cur = self.roots[t0.root].cur;
-        let y = if t0.chain.iter().any(|op| matches!(op, Op::Expand(_) | Op::AsStrided { .. })) {
+        let chain_ops = t0.chain.ops();
+        let y = if chain_ops.iter().any(|op| matches!(op, Op::Expand(_) | Op::AsStrided { .. })) {
             // `expand` has no structured inverse, and either op can repeat elements in
             // the middle of a chain (scattering back through such a view would let a
             // stale copy win). Eager only accepts the write when the target itself
@@ -305,13 +364,13 @@ impl Pass<'_, '_> {
         } else {
             // Values along the chain, from the root's current value.
             let mut xs = vec![root_cur];
-            for op in t0.chain.iter().take(t0.chain.len().saturating_sub(1)) {
+            for op in chain_ops.iter().take(chain_ops.len().saturating_sub(1)) {
                 let last = xs[xs.len() - 1];
                 xs.push(self.b.apply_view(op, last, loc)?);
             }
             let mut y = new;
-            for k in (0..t0.chain.len()).rev() {
-                y = self.b.scatter_back(&t0.chain[k], xs[k], y, loc)?;
+            for k in (0..chain_ops.len()).rev() {
+                y = self.b.scatter_back(chain_ops[k], xs[k], y, loc)?;
             }
             y
         };

@@ -64,7 +64,9 @@ pub fn plan_slots(plan: &KernelPlan, extents: &[usize]) -> SlotPlan {
     let nb = plan.buffers.len();
     let mut slot_of = vec![None; nb];
     let mut slots: Vec<Slot> = Vec::new();
-    let mut free: Vec<usize> = Vec::new();
+    // Free slots by dtype, ordered by (elements, slot): best fit in O(log n).
+    let mut free: std::collections::HashMap<aotgrad_ir::DType, std::collections::BTreeSet<(usize, usize)>> =
+        std::collections::HashMap::new();
     // Buffers by defining kernel.
     let mut defs: Vec<Vec<usize>> = vec![Vec::new(); plan.kernels.len()];
     let mut ends: Vec<Vec<usize>> = vec![Vec::new(); plan.kernels.len() + 1];
@@ -86,28 +88,20 @@ pub fn plan_slots(plan: &KernelPlan, extents: &[usize]) -> SlotPlan {
     for i in 0..plan.kernels.len() {
         for &b in &ends[i] {
             if let Some(s) = slot_of[b] {
-                free.push(s);
+                let slot: &Slot = &slots[s];
+                free.entry(slot.dtype).or_default().insert((slot.elems, s));
             }
         }
         for &b in &defs[i] {
             let dtype = plan.buffers[b].layout.dtype;
             let need = extents[b];
-            let fits = free
-                .iter()
-                .enumerate()
-                .filter(|(_, &s)| slots[s].dtype == dtype && slots[s].elems >= need)
-                .min_by_key(|(_, &s)| slots[s].elems)
-                .map(|(i, _)| i);
-            let pick = fits.or_else(|| {
-                free.iter()
-                    .enumerate()
-                    .filter(|(_, &s)| slots[s].dtype == dtype)
-                    .max_by_key(|(_, &s)| slots[s].elems)
-                    .map(|(i, _)| i)
-            });
+            let pool = free.entry(dtype).or_default();
+            // The smallest free slot that holds it, else the largest (grown to fit).
+            let pick = pool.range((need, 0)..).next().copied().or_else(|| pool.iter().next_back().copied());
             let s = match pick {
-                Some(i) => {
-                    let s = free.swap_remove(i);
+                Some(key) => {
+                    pool.remove(&key);
+                    let s = key.1;
                     slots[s].elems = slots[s].elems.max(need);
                     s
                 }

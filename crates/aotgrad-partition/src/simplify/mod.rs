@@ -103,6 +103,8 @@ pub fn simplify_with_stats(g: &Graph, limits: &SimplifyLimits) -> Result<(Graph,
             n.op.name()
         )));
     }
+    let collapsed = collapse_view_chains(g);
+    let g = collapsed.as_ref().unwrap_or(g);
     let (egraph, loaded) = load(g)?;
     let rules = all_rules().map_err(PartitionError::Internal)?;
     let runner = Runner::<ENode, MetaAnalysis, ()>::new(MetaAnalysis::default())
@@ -249,4 +251,65 @@ fn extract_from(
     };
     let out = extract::rebuild(eg, g, roots, &sel, &order, &locs)?;
     Ok(extract::preserve_aliasing(g, out).filter(|r| r.nodes.len() <= max_nodes))
+}
+
+/// Views chained deeper than this are collapsed before equality saturation.
+const MAX_VIEW_CHAIN: usize = 8;
+
+/// Collapse long chains of views, in one linear pass, before the e-graph sees them:
+/// a view whose metadata equals its chain's source is that source, and a view
+/// `MAX_VIEW_CHAIN` links deep becomes one `as_strided` of the source (views are
+/// storage positions, so the composition is exactly the last view's own metadata).
+/// The e-graph's view-chain rules are quadratic on such chains; short chains, which
+/// are what models produce, are left to them. `None` when nothing changes.
+fn collapse_view_chains(g: &Graph) -> Option<Graph> {
+    // (source, depth) of each view value.
+    let mut chain: HashMap<ValueId, (ValueId, usize)> = HashMap::new();
+    let mut subst: HashMap<ValueId, ValueId> = HashMap::new();
+    let metas: HashMap<ValueId, &aotgrad_ir::TensorMeta> =
+        g.inputs.iter().map(|i| (i.id, &i.meta)).chain(g.nodes.iter().map(|n| (n.out, &n.meta))).collect();
+    let mut out = g.clone();
+    let mut changed = false;
+    let mut nodes = Vec::with_capacity(g.nodes.len());
+    for n in &g.nodes {
+        let mut n = n.clone();
+        for a in &mut n.args {
+            if let Some(s) = subst.get(a) {
+                *a = *s;
+            }
+        }
+        if n.op.is_view() && n.args.len() == 1 {
+            let a = n.args[0];
+            let (src, depth) = chain.get(&a).copied().unwrap_or((a, 0));
+            if depth >= 1 && metas.get(&src) == Some(&&n.meta) {
+                // The chain came back to its source's own layout: it is the source.
+                subst.insert(n.out, src);
+                changed = true;
+                continue;
+            }
+            if depth + 1 >= MAX_VIEW_CHAIN && n.meta.is_concrete() {
+                n.op = aotgrad_ir::Op::AsStrided {
+                    size: n.meta.shape.clone(),
+                    stride: n.meta.strides.clone(),
+                    offset: n.meta.offset.clone(),
+                };
+                n.args = vec![src];
+                chain.insert(n.out, (src, 1));
+                changed = true;
+            } else {
+                chain.insert(n.out, (src, depth + 1));
+            }
+        }
+        nodes.push(n);
+    }
+    if !changed {
+        return None;
+    }
+    out.nodes = nodes;
+    for o in &mut out.outputs {
+        if let Some(s) = subst.get(o) {
+            *o = *s;
+        }
+    }
+    Some(out)
 }
