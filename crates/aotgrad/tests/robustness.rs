@@ -232,3 +232,33 @@ fn long_view_chains_collapse_and_keep_their_values() {
     assert_eq!(g1, g0);
     assert!(n1 < 40 && n0 > 400, "simplified joint: {n1} nodes, unsimplified {n0}");
 }
+
+#[test]
+fn long_programs_simplify_window_by_window_and_keep_their_values() {
+    // ~1,500 ops: the joint graph is several simplification windows long.
+    let f = |a: &[Tensor]| {
+        let mut x = a[0].clone();
+        for i in 0..500 {
+            x = x.mul(&a[1])?.add(0.01 * (i % 7) as f64)?.tanh()?;
+        }
+        Ok(vec![x.sum_all()?])
+    };
+    let run = |simplify: bool| {
+        let x = Tensor::randn(&[4, 4], DType::F32, 5).unwrap().requires_grad(true).unwrap();
+        let w = Tensor::randn(&[4, 4], DType::F32, 6).unwrap().requires_grad(true).unwrap();
+        let af = aot_function(f, AotConfig { simplify, ..AotConfig::default().threads(1) }).unwrap();
+        let (outs, back) = af.forward(&[x, w]).unwrap();
+        let grads = back.backward(&[outs[0].ones_like().unwrap()]).unwrap();
+        let joint = af.joint_graphs()[0].graph.nodes.len();
+        let g: Vec<Vec<f64>> = grads.iter().map(|g| g.as_ref().unwrap().to_vec_f64().unwrap()).collect();
+        (outs[0].item().unwrap(), g, joint)
+    };
+    let (v1, g1, n1) = run(true);
+    let (v0, g0, n0) = run(false);
+    assert!(n0 > 4096, "the unsimplified joint graph spans several windows: {n0} nodes");
+    assert!(n1 < n0, "windows still simplify: {n1} vs {n0} nodes");
+    assert!((v1 - v0).abs() <= 1e-5 * (1.0 + v0.abs()), "{v1} vs {v0}");
+    for (a, b) in g1.iter().flatten().zip(g0.iter().flatten()) {
+        assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "gradient {a} vs {b}");
+    }
+}

@@ -372,7 +372,22 @@ pub(crate) fn check_sizes_non_negative(op: &str, shape: &[Dim]) -> Result<()> {
 /// A fresh dense row-major result at offset 0 (after [`check_sizes_non_negative`]).
 pub(crate) fn dense(op: &str, shape: Vec<Dim>, dtype: DType) -> Result<TensorMeta> {
     check_sizes_non_negative(op, &shape)?;
-    Ok(TensorMeta::contiguous(shape, dtype))
+    // Row-major strides with checked arithmetic: symbolic sizes (from parsed text, say)
+    // can have coefficients whose products overflow.
+    let mut strides = vec![Dim::Const(1); shape.len()];
+    let mut acc = Dim::Const(1);
+    for i in (0..shape.len()).rev() {
+        strides[i] = acc.clone();
+        let s = match &shape[i] {
+            Dim::Const(c) => Dim::Const((*c).max(1)),
+            d => d.clone(),
+        };
+        acc = acc.checked_mul(&s).ok_or_else(|| ShapeError::Invalid {
+            op: op.into(),
+            msg: format!("the strides of shape {} overflow i64", shape_str(&shape)),
+        })?;
+    }
+    Ok(TensorMeta { shape, strides, offset: Dim::Const(0), dtype })
 }
 
 /// Require `dim < rank` for a dim already given as non-negative (rank 0 accepts dim 0

@@ -105,6 +105,119 @@ pub fn simplify_with_stats(g: &Graph, limits: &SimplifyLimits) -> Result<(Graph,
     }
     let collapsed = collapse_view_chains(g);
     let g = collapsed.as_ref().unwrap_or(g);
+    if g.nodes.len() > 2 * WINDOW {
+        return simplify_windowed(g, limits);
+    }
+    simplify_whole(g, limits)
+}
+
+/// Graphs longer than twice this many nodes are simplified window by window: each
+/// window of consecutive nodes is one e-graph (values from earlier windows are its
+/// inputs, values used later its outputs), so the cost grows linearly with the graph
+/// and every window gets the full limits, instead of one e-graph hitting its node
+/// limit and leaving a long program unsimplified. Rewrites across a window boundary
+/// are missed; CSE across windows too (both rare in the long programs this is for).
+const WINDOW: usize = 2048;
+
+fn simplify_windowed(g: &Graph, limits: &SimplifyLimits) -> Result<(Graph, SimplifyStats)> {
+    use aotgrad_ir::{Input, StorageId, TensorMeta};
+    let n = g.nodes.len();
+    let mut last_use: HashMap<ValueId, usize> = HashMap::new();
+    for (k, node) in g.nodes.iter().enumerate() {
+        for a in &node.args {
+            last_use.insert(*a, k);
+        }
+    }
+    for o in &g.outputs {
+        last_use.insert(*o, n);
+    }
+    let mut meta_of: HashMap<ValueId, (&TensorMeta, StorageId)> = HashMap::new();
+    for i in &g.inputs {
+        meta_of.insert(i.id, (&i.meta, i.storage));
+    }
+    for node in &g.nodes {
+        meta_of.insert(node.out, (&node.meta, node.storage));
+    }
+    let mut out = Graph { inputs: g.inputs.clone(), nodes: Vec::with_capacity(n), outputs: Vec::new() };
+    // Original value -> (value in `out`, its storage in `out`).
+    let mut map: HashMap<ValueId, (ValueId, StorageId)> = g.inputs.iter().map(|i| (i.id, (i.id, i.storage))).collect();
+    let (mut next_v, mut next_s) = (g.next_value().0, g.next_storage().0);
+    let mut stats = SimplifyStats {
+        nodes_before: n,
+        nodes_after: 0,
+        egraph_nodes: 0,
+        egraph_classes: 0,
+        iterations: 0,
+        stop_reason: String::new(),
+        outcome: SimplifyOutcome::Unchanged,
+    };
+    let missing = |v: &ValueId| PartitionError::Internal(format!("simplify: window input {v} has no value"));
+    for (w, chunk) in g.nodes.chunks(WINDOW).enumerate() {
+        let end = w * WINDOW + chunk.len();
+        let defined: std::collections::HashSet<ValueId> = chunk.iter().map(|c| c.out).collect();
+        let mut sub = Graph::new();
+        let mut seen = std::collections::HashSet::new();
+        for node in chunk {
+            for a in &node.args {
+                if !defined.contains(a) && seen.insert(*a) {
+                    let (meta, storage) = meta_of.get(a).ok_or_else(|| missing(a))?;
+                    sub.inputs.push(Input {
+                        id: *a,
+                        name: format!("v{}", a.0),
+                        meta: (*meta).clone(),
+                        storage: *storage,
+                    });
+                }
+            }
+        }
+        sub.nodes = chunk.to_vec();
+        sub.outputs = chunk.iter().map(|c| c.out).filter(|v| last_use.get(v).is_some_and(|&u| u >= end)).collect();
+        let (s, st) = simplify_whole(&sub, limits)?;
+        stats.egraph_nodes += st.egraph_nodes;
+        stats.egraph_classes += st.egraph_classes;
+        stats.iterations = stats.iterations.max(st.iterations);
+        stats.stop_reason = st.stop_reason;
+        if st.outcome != SimplifyOutcome::Unchanged {
+            stats.outcome = SimplifyOutcome::Rewritten;
+        }
+        if s.inputs.len() != sub.inputs.len() || s.outputs.len() != sub.outputs.len() {
+            return Err(PartitionError::Internal("simplify: a window changed its inputs or outputs".into()));
+        }
+        let mut vmap: HashMap<ValueId, (ValueId, StorageId)> = HashMap::new();
+        let mut smap: HashMap<StorageId, StorageId> = HashMap::new();
+        for (si, orig) in s.inputs.iter().zip(&sub.inputs) {
+            let m = *map.get(&orig.id).ok_or_else(|| missing(&orig.id))?;
+            vmap.insert(si.id, m);
+            smap.insert(si.storage, m.1);
+        }
+        for mut node in s.nodes {
+            for a in &mut node.args {
+                *a = vmap.get(a).ok_or_else(|| missing(a))?.0;
+            }
+            let storage = *smap.entry(node.storage).or_insert_with(|| {
+                next_s += 1;
+                StorageId(next_s - 1)
+            });
+            let id = ValueId(next_v);
+            next_v += 1;
+            vmap.insert(node.out, (id, storage));
+            node.out = id;
+            node.storage = storage;
+            out.nodes.push(node);
+        }
+        for (so, orig) in s.outputs.iter().zip(&sub.outputs) {
+            map.insert(*orig, *vmap.get(so).ok_or_else(|| missing(so))?);
+        }
+    }
+    out.outputs = g.outputs.iter().map(|o| map.get(o).map(|m| m.0).ok_or_else(|| missing(o))).collect::<Result<_>>()?;
+    verify_graph(&out)?;
+    stats.nodes_after = out.nodes.len();
+    tracing::debug!(?stats, "simplified by windows");
+    Ok((out, stats))
+}
+
+/// Equality saturation over the whole graph `g` (no view-chain pre-pass).
+fn simplify_whole(g: &Graph, limits: &SimplifyLimits) -> Result<(Graph, SimplifyStats)> {
     let (egraph, loaded) = load(g)?;
     let rules = all_rules().map_err(PartitionError::Internal)?;
     let runner = Runner::<ENode, MetaAnalysis, ()>::new(MetaAnalysis::default())
