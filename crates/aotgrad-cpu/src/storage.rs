@@ -123,6 +123,11 @@ impl Storage {
         self.version.fetch_add(1, Ordering::Relaxed);
         self.buf.write().unwrap_or_else(|e| e.into_inner())
     }
+    /// Count a change made without writing the buffer: an in-place metadata op
+    /// (`t_`, `transpose_`, `as_strided_`, ...), which PyTorch's version counter counts.
+    pub fn bump_version(&self) {
+        self.version.fetch_add(1, Ordering::Relaxed);
+    }
     /// How many times the storage was written.
     pub fn version(&self) -> u64 {
         self.version.load(Ordering::Relaxed)

@@ -172,6 +172,11 @@ pub(crate) fn dispatch(op: Op, args: &[&Tensor], loc: &SourceLoc) -> Result<Tens
         }
         Aliasing::MutatesData | Aliasing::MutatesMeta => {
             let target = args.first().ok_or_else(|| Error::Internal(format!("{name}: no self argument")))?;
+            // In-place metadata ops change no data but count as a modification of the
+            // storage every view shares, as PyTorch's `_version` does.
+            if let (Aliasing::MutatesMeta, Repr::Eager(t)) = (aliasing, &repr) {
+                t.storage.bump_version();
+            }
             let base = {
                 let mut st = target.lock();
                 st.repr = repr;

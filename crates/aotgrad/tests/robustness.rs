@@ -262,3 +262,30 @@ fn long_programs_simplify_window_by_window_and_keep_their_values() {
         assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "gradient {a} vs {b}");
     }
 }
+
+#[test]
+fn metadata_in_place_ops_bump_the_shared_version_counter() {
+    // PyTorch 2.15: every in-place op bumps `_version`, shared by all views of the storage.
+    let a = Tensor::zeros(&[2, 3], DType::F32).unwrap();
+    let v = a.view(&[6]).unwrap();
+    assert_eq!((a.version().unwrap(), v.version().unwrap()), (0, 0));
+    a.t_().unwrap();
+    assert_eq!((a.version().unwrap(), v.version().unwrap()), (1, 1));
+    a.transpose_(0, 1).unwrap();
+    a.unsqueeze_(0).unwrap();
+    a.squeeze_().unwrap();
+    a.as_strided_(&[3, 2], &[1, 3], 0).unwrap();
+    assert_eq!(v.version().unwrap(), 5);
+    v.add_(1.0).unwrap();
+    assert_eq!(a.version().unwrap(), 6);
+    // Views and out-of-place ops do not.
+    let _ = a.t().unwrap().mul(2.0).unwrap();
+    assert_eq!(a.version().unwrap(), 6);
+    // A compiled function's metadata mutation of an input bumps the caller's counter.
+    let f = aot_function(|x: &[Tensor]| Ok(vec![x[0].t_()?.mul(2.0)?]), AotConfig::default()).unwrap();
+    let x = Tensor::zeros(&[2, 3], DType::F32).unwrap();
+    f.call(std::slice::from_ref(&x)).unwrap();
+    assert_eq!(x.shape().len(), 2);
+    assert_eq!(x.strides(), vec![1.into(), 3.into()]);
+    assert!(x.version().unwrap() >= 1);
+}

@@ -184,7 +184,18 @@ impl Tensor {
             _ => false,
         }
     }
-    /// How many times the storage of an eager tensor has been written.
+    /// PyTorch's `_version`: the version counter shared by every view of an eager
+    /// tensor's storage, bumped by every in-place op (data or metadata: `add_`, `t_`,
+    /// `as_strided_`, ...).
+    #[track_caller]
+    pub fn version(&self) -> Result<u64> {
+        match &self.lock().repr {
+            Repr::Eager(t) => Ok(t.storage.version()),
+            Repr::Fake(_) => Err(Error::mode("version", &SourceLoc::caller(), "a fake tensor has no storage")),
+        }
+    }
+    /// How many times the storage of an eager tensor has been modified (see
+    /// [`Tensor::version`]).
     #[track_caller]
     pub fn storage_version(&self) -> Result<u64> {
         match &self.lock().repr {
