@@ -16,7 +16,9 @@ pub struct AotConfig {
     /// (instead of returning the new values and copying them back in the epilogue).
     pub keep_inference_input_mutations: bool,
     /// `(argument index, dim)` pairs traced as symbols (dynamic shapes); everything
-    /// else is specialized, and a call with other metadata recompiles.
+    /// else is specialized, and a call with other metadata recompiles. For
+    /// [`crate::aot_module`] the index counts the module's inputs (what `forward` is
+    /// called with), not the lifted parameters and buffers.
     pub dynamic: Vec<(usize, usize)>,
     /// Duck sizing: dynamic dims with equal sizes share one symbol.
     pub duck_shape: bool,

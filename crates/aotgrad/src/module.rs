@@ -104,11 +104,19 @@ impl ModuleBackward {
 /// Compile a module: parameters, then buffers, then the user inputs become the
 /// compiled function's arguments. Compiles at the first call (see the
 /// [module docs](self) for how this differs from [`aot_module_simplified`]).
-pub fn aot_module(module: Arc<dyn Module>, config: AotConfig) -> Result<AotModule> {
+pub fn aot_module(module: Arc<dyn Module>, mut config: AotConfig) -> Result<AotModule> {
     let store = module.store();
     let names: Arc<[String]> = store.names().into();
     let num_params = store.params().len();
     let n = names.len();
+    // `dynamic` names user inputs; the compiled function's arguments start with the
+    // lifted parameters and buffers.
+    for (arg, _) in &mut config.dynamic {
+        *arg += n;
+    }
+    if !config.arg_names.is_empty() {
+        config.arg_names = names.iter().cloned().chain(config.arg_names.iter().cloned()).collect();
+    }
     let m = module.clone();
     let lifted = names.clone();
     let name = config.name.clone();

@@ -315,3 +315,21 @@ fn simplified_compiling_leaves_the_global_generator_alone() {
     assert!(got.iter().all(|&v| v == 0.0 || v == 6.0));
     assert!(got.contains(&0.0) && got.contains(&6.0));
 }
+
+#[test]
+fn aot_module_dynamic_dims_name_the_user_inputs() {
+    // `(0, 0)`: the batch dim of the first *user* input, not of the first parameter.
+    let lin = Arc::new(Linear::new(4, 3, true, DType::F32, 0).unwrap());
+    let config = AotConfig { dynamic: vec![(0, 0)], ..AotConfig::default() };
+    let m = aot_module(lin.clone(), config).unwrap();
+    for batch in [2usize, 5, 7] {
+        let x = Tensor::randn(&[batch, 4], DType::F32, batch as u64).unwrap();
+        let out = no_grad(|| m.call(std::slice::from_ref(&x))).unwrap();
+        let want = lin.forward_eager(&[x]).unwrap();
+        assert_close("linear", &out[0].to_vec_f64().unwrap(), &want[0].to_vec_f64().unwrap(), 1e-6, 1e-5);
+    }
+    assert_eq!(m.function().num_compiled(), 1, "one entry with a symbolic batch serves every batch size");
+    let traced = &m.function().traced_graphs()[0];
+    assert!(traced.inputs[0].meta.is_concrete(), "the weight stays specialized: {}", traced.inputs[0].meta);
+    assert!(!traced.inputs[2].meta.is_concrete(), "the input's batch is a symbol: {}", traced.inputs[2].meta);
+}
