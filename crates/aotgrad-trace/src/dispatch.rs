@@ -103,6 +103,56 @@ fn check_inplace(op: &str, s0: &TState, loc: &SourceLoc) -> Result<()> {
     Ok(())
 }
 
+/// The storage range `[offset, offset + numel)` of a concrete layout that is
+/// non-overlapping and dense (its strides are a permutation of row-major ones), the
+/// only layouts whose overlap PyTorch decides exactly.
+fn dense_range(m: &TensorMeta) -> Option<(usize, usize)> {
+    let shape = m.concrete_shape()?;
+    let strides = m.concrete_strides()?;
+    let offset = m.concrete_offset()?;
+    let numel: usize = shape.iter().product();
+    if numel == 0 {
+        return None;
+    }
+    let mut dims: Vec<(usize, usize)> =
+        shape.iter().zip(&strides).filter(|(s, _)| **s > 1).map(|(a, b)| (*b, *a)).collect();
+    dims.sort_unstable();
+    let mut expected = 1usize;
+    for (stride, size) in dims {
+        if stride != expected {
+            return None;
+        }
+        expected = expected.checked_mul(size)?;
+    }
+    Some((offset, offset.checked_add(numel)?))
+}
+
+/// PyTorch's `assert_no_partial_overlap` for in-place ops: the written tensor may be
+/// read whole with its own strides (`x.add_(x)`), but not another window of the same
+/// memory (`x.add_(x[1])`, `x.add_(x.t())`).
+fn check_no_partial_overlap(op: &str, args: &[&Tensor], loc: &SourceLoc) -> Result<()> {
+    let Some((target, rest)) = args.split_first() else { return Ok(()) };
+    let tm = target.meta();
+    let Some(a) = dense_range(&tm) else { return Ok(()) };
+    for other in rest {
+        if !target.shares_storage_with(other) {
+            continue;
+        }
+        let om = other.meta();
+        let Some(b) = dense_range(&om) else { continue };
+        let full = a == b && tm.strides == om.strides;
+        if !full && a.0 < b.1 && b.0 < a.1 {
+            return Err(Error::invalid(
+                op,
+                loc,
+                "unsupported operation: some elements of the input tensor and the written-to tensor refer to a \
+                 single memory location. Please clone() the tensor before performing the operation.",
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Apply `op` to `args` in the mode they (and the active trace) select.
 pub(crate) fn dispatch(op: Op, args: &[&Tensor], loc: &SourceLoc) -> Result<Tensor> {
     let name = op.name();
@@ -112,6 +162,9 @@ pub(crate) fn dispatch(op: Op, args: &[&Tensor], loc: &SourceLoc) -> Result<Tens
     let aliasing = op.aliasing();
     let grad = is_grad_enabled();
     let first = || states.first().ok_or_else(|| Error::Internal(format!("{name}: op without a self argument")));
+    if aliasing == Aliasing::MutatesData {
+        check_no_partial_overlap(&name, args, loc)?;
+    }
     if matches!(aliasing, Aliasing::MutatesData | Aliasing::MutatesMeta) && grad {
         check_inplace(&name, first()?, loc)?;
     }

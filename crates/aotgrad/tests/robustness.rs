@@ -289,3 +289,26 @@ fn metadata_in_place_ops_bump_the_shared_version_counter() {
     assert_eq!(x.strides(), vec![1.into(), 3.into()]);
     assert!(x.version().unwrap() >= 1);
 }
+
+#[test]
+fn in_place_ops_refuse_partially_overlapping_operands() {
+    // PyTorch 2.15: "unsupported operation: some elements of the input tensor and the
+    // written-to tensor refer to a single memory location".
+    let x = Tensor::arange(0, 3, 1, DType::F32).unwrap();
+    let e = err(x.add_(&x.select(0, 1).unwrap()));
+    assert!(e.contains("refer to a single memory location"), "{e}");
+    let m = Tensor::arange(0, 4, 1, DType::F32).unwrap().view(&[2, 2]).unwrap();
+    assert!(err(m.add_(&m.t().unwrap())).contains("single memory location"));
+    let v = Tensor::arange(0, 6, 1, DType::F32).unwrap();
+    let (lo, hi) = (v.slice(0, Some(0), Some(4), 1).unwrap(), v.slice(0, Some(2), Some(6), 1).unwrap());
+    assert!(err(lo.copy_(&hi)).contains("single memory location"));
+    // The same check while tracing: the compiled function refuses like eager.
+    let f = aot_function(|a: &[Tensor]| Ok(vec![a[0].add_(&a[0].select(0, 1)?)?]), AotConfig::default()).unwrap();
+    let e = f.call(&[Tensor::zeros(&[3], DType::F32).unwrap()]).expect_err("refused").to_string();
+    assert!(e.contains("single memory location"), "{e}");
+    // Whole overlap and disjoint windows are fine.
+    x.add_(&x).unwrap();
+    assert_eq!(x.to_vec_f64().unwrap(), vec![0.0, 2.0, 4.0]);
+    lo.slice(0, Some(0), Some(2), 1).unwrap().copy_(&hi.slice(0, Some(2), Some(4), 1).unwrap()).unwrap();
+    assert_eq!(v.to_vec_f64().unwrap(), vec![4.0, 5.0, 2.0, 3.0, 4.0, 5.0]);
+}
