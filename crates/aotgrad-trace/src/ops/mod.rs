@@ -9,6 +9,7 @@
 //! - [`creation`]: constructors and random tensors;
 //! - [`indexing`]: gathers, scatters and `cat`.
 
+pub mod composed;
 pub mod creation;
 pub mod indexing;
 pub mod inplace;
