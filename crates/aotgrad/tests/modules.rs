@@ -333,3 +333,27 @@ fn aot_module_dynamic_dims_name_the_user_inputs() {
     assert!(traced.inputs[0].meta.is_concrete(), "the weight stays specialized: {}", traced.inputs[0].meta);
     assert!(!traced.inputs[2].meta.is_concrete(), "the input's batch is a symbol: {}", traced.inputs[2].meta);
 }
+
+#[test]
+fn causal_attention_does_not_see_later_positions() {
+    let attn = MultiHeadSelfAttention::new(8, 2, true, DType::F64, 3).unwrap();
+    let causal = Arc::new(attn.clone().causal(true));
+    let x = Tensor::randn(&[1, 4, 8], DType::F64, 1).unwrap();
+    // Change only position 2.
+    let mut v = x.to_vec_f64().unwrap();
+    for e in &mut v[16..24] {
+        *e += 1.0;
+    }
+    let x2 = Tensor::from_f64(&v, &[1, 4, 8], DType::F64).unwrap();
+    let run = |m: &dyn Module, x: &Tensor| m.forward_eager(std::slice::from_ref(x)).unwrap()[0].to_vec_f64().unwrap();
+    let (a, b) = (run(causal.as_ref(), &x), run(causal.as_ref(), &x2));
+    assert_eq!(a[..16], b[..16], "positions 0 and 1 do not see position 2");
+    assert_ne!(a[16..24], b[16..24]);
+    let (c, d) = (run(&attn, &x), run(&attn, &x2));
+    assert_ne!(c[..8], d[..8], "without the mask position 0 sees position 2");
+    // Position 0 attends only to itself: its output is out(v_0), independent of the rest.
+    let compiled = aot_module(causal.clone(), AotConfig::default()).unwrap();
+    let out = no_grad(|| compiled.call(std::slice::from_ref(&x))).unwrap()[0].to_vec_f64().unwrap();
+    assert_close("causal compiled", &out, &a, 1e-10, 1e-9);
+    assert!(TransformerBlock::new(8, 2, DType::F64, 0).unwrap().causal(true).attn.causal);
+}

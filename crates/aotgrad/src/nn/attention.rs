@@ -20,9 +20,18 @@ pub struct MultiHeadSelfAttention {
     pub projections: Vec<Linear>,
     /// The output projection.
     pub out: Linear,
+    /// Causal masking: position `i` attends to positions `<= i` only (a language
+    /// model must not see the next token). Off by default; see [`Self::causal`].
+    pub causal: bool,
 }
 
 impl MultiHeadSelfAttention {
+    /// This attention with causal masking on or off.
+    pub fn causal(mut self, causal: bool) -> Self {
+        self.causal = causal;
+        self
+    }
+
     /// `fused_qkv` selects one `qkv` projection (parameters `qkv.weight`, `qkv.bias`)
     /// instead of `q`, `k`, `v`; the output projection is `out`.
     pub fn new(d_model: usize, num_heads: usize, fused_qkv: bool, dtype: DType, seed: u64) -> Result<Self> {
@@ -47,7 +56,7 @@ impl MultiHeadSelfAttention {
         }
         let out = Linear::new(d_model, d_model, true, dtype, child_seed(seed, 3))?;
         store.add_child("out", out.store())?;
-        Ok(MultiHeadSelfAttention { store, d_model, num_heads, projections, out })
+        Ok(MultiHeadSelfAttention { store, d_model, num_heads, projections, out, causal: false })
     }
 
     /// Apply to `x` of shape `(batch, seq, d_model)`.
@@ -81,7 +90,23 @@ impl MultiHeadSelfAttention {
             (heads("q", lq)?, heads("k", lk)?, heads("v", lv)?)
         };
         let scale = 1.0 / (dh as f64).sqrt();
-        let scores = q.matmul(&k.transpose(-2, -1)?)?.mul(scale)?;
+        let mut scores = q.matmul(&k.transpose(-2, -1)?)?.mul(scale)?;
+        if self.causal {
+            // Key positions after the query's get -inf before the softmax (weight 0).
+            let seq = match s.as_const() {
+                Some(n) => n,
+                None => {
+                    return Err(aotgrad_trace::Error::Invalid {
+                        op: "MultiHeadSelfAttention".into(),
+                        loc,
+                        msg: format!("causal masking needs a concrete sequence length, got {s}"),
+                    })
+                }
+            };
+            let rows = Tensor::arange(0, seq, 1, DType::I64)?.unsqueeze(1)?;
+            let cols = Tensor::arange(0, seq, 1, DType::I64)?.unsqueeze(0)?;
+            scores = scores.masked_fill(&cols.gt(&rows)?, f64::NEG_INFINITY)?;
+        }
         let ctx = scores.softmax(-1)?.matmul(&v)?; // (B, H, S, Dh)
         let merged = ctx.transpose(1, 2)?.reshape_dims(&[b, s, Dim::from(self.d_model)])?;
         self.out.apply(&p.scope("out"), &merged)
@@ -111,6 +136,14 @@ pub struct TransformerBlock {
     pub ln2: LayerNorm,
     /// The MLP (`d_model → 4·d_model → d_model`).
     pub mlp: GeluMlp,
+}
+
+impl TransformerBlock {
+    /// This block with causal self-attention on or off.
+    pub fn causal(mut self, causal: bool) -> Self {
+        self.attn.causal = causal;
+        self
+    }
 }
 
 impl TransformerBlock {
