@@ -104,3 +104,23 @@ fn compiled_equals_eager_and_gradients_are_right() {
         .collect();
     assert_eq!(g[0].as_ref().unwrap().to_vec_f64().unwrap(), want);
 }
+
+#[test]
+fn var_std_and_argmax_over_everything() {
+    let x = t(&[1.0, 2.0, 3.0, 4.0, 6.0, 8.0], &[2, 3]);
+    // torch.tensor([[1., 2, 3], [4, 6, 8]]).var() = 6.8 ; .var(1) = [1, 4]; .var(1, correction=0) = [2/3, 8/3]
+    assert!((x.var(&[], 1, false).unwrap().item().unwrap() - 6.8).abs() < 1e-12);
+    assert_eq!(x.var(&[1], 1, false).unwrap().to_vec_f64().unwrap(), vec![1.0, 4.0]);
+    let v0 = x.var(&[-1], 0, true).unwrap();
+    assert_eq!(v0.sizes().unwrap(), vec![2, 1]);
+    let want = [2.0 / 3.0, 8.0 / 3.0];
+    for (a, b) in v0.to_vec_f64().unwrap().iter().zip(want) {
+        assert!((a - b).abs() < 1e-12);
+    }
+    assert_eq!(x.std(&[1], 1, false).unwrap().to_vec_f64().unwrap(), vec![1.0, 2.0]);
+    assert!(Tensor::from_i64(&[1, 2], &[2]).unwrap().var(&[], 1, false).is_err());
+    // A single element with correction 1: 0 / 0 = NaN, as in PyTorch.
+    assert!(t(&[5.0], &[1]).var(&[], 1, false).unwrap().item().unwrap().is_nan());
+    assert_eq!(x.argmax_all().unwrap().item().unwrap(), 5.0);
+    assert_eq!(x.argmin_all().unwrap().item().unwrap(), 0.0);
+}

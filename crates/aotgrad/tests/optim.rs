@@ -164,3 +164,45 @@ fn checkpoint_errors_name_the_file_and_tensor() {
     let e = checkpoint::load(&tmp("missing.safetensors"), a.store(), None).unwrap_err().to_string();
     assert!(e.contains("missing.safetensors"), "{e}");
 }
+
+#[test]
+fn adam_adds_the_l2_penalty_to_the_gradient() {
+    // torch.optim.Adam(weight_decay=wd): g <- g + wd * p, then the Adam update.
+    let p0 = [0.5, -1.5, 2.0];
+    let grads: Vec<Vec<f64>> = (0..5).map(|t| (0..3).map(|i| ((t + 2 * i) % 5) as f64 / 4.0 - 0.5).collect()).collect();
+    let store = store_with(&p0);
+    let mut opt = AdamW::adam(0.1, (0.9, 0.99), 1e-8, 0.3).unwrap();
+    for g in &grads {
+        opt.step(&store, &[("w".into(), Tensor::from_f64(g, &[3], DType::F32).unwrap())]).unwrap();
+    }
+    let (mut p, mut m, mut v) = (p0.to_vec(), vec![0.0; 3], vec![0.0; 3]);
+    for (t, g) in grads.iter().enumerate() {
+        let t = (t + 1) as f64;
+        for i in 0..3 {
+            let gi = g[i] + 0.3 * p[i];
+            m[i] = 0.9 * m[i] + 0.1 * gi;
+            v[i] = 0.99 * v[i] + 0.01 * gi * gi;
+            p[i] -= 0.1 * (m[i] / (1.0 - 0.9f64.powf(t))) / ((v[i] / (1.0 - 0.99f64.powf(t))).sqrt() + 1e-8);
+        }
+    }
+    close(&store.params()[0].1.to_vec_f64().unwrap(), &p, 1e-5);
+    assert_eq!(opt.state().kind, "adam");
+    let e = AdamW::new(0.1).load_state(&store, &opt.state()).unwrap_err().to_string();
+    assert!(e.contains("cannot load the state of a `adam` optimizer"), "{e}");
+}
+
+#[test]
+fn clip_grad_norm_scales_to_the_max_norm() {
+    let g1 = Tensor::from_f64(&[3.0, 0.0], &[2], DType::F32).unwrap();
+    let g2 = Tensor::from_f64(&[4.0], &[1], DType::F32).unwrap();
+    let grads = vec![("a".to_string(), g1.clone()), ("b".to_string(), g2.clone())];
+    // Norm 5; clipped to 1: every element scaled by 1 / (5 + 1e-6).
+    let norm = aotgrad::nn::clip_grad_norm(&grads, 1.0).unwrap();
+    assert!((norm - 5.0).abs() < 1e-12);
+    close(&g1.to_vec_f64().unwrap(), &[0.6, 0.0], 1e-6);
+    close(&g2.to_vec_f64().unwrap(), &[0.8], 1e-6);
+    // Under the limit: untouched.
+    assert!((aotgrad::nn::clip_grad_norm(&grads, 10.0).unwrap() - 1.0).abs() < 1e-5);
+    close(&g2.to_vec_f64().unwrap(), &[0.8], 1e-6);
+    assert!(aotgrad::nn::clip_grad_norm(&grads, -1.0).is_err());
+}

@@ -137,4 +137,48 @@ impl Tensor {
         let each = ((size + chunks - 1) / chunks).max(1);
         self.split(each, dim)
     }
+
+    /// Variance over `dims` (all dims when empty) with Bessel's `correction`
+    /// (PyTorch's default 1: divide by `N - 1`): `sum((x - mean)^2) / (N - correction)`.
+    #[track_caller]
+    pub fn var(&self, dims: &[i64], correction: i64, keepdim: bool) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        if !self.dtype().is_float() {
+            return Err(Error::invalid("var", &loc, format!("needs a floating input, got {}", self.dtype())));
+        }
+        let rank = self.dim();
+        let reduced: Vec<usize> = if dims.is_empty() {
+            (0..rank).collect()
+        } else {
+            dims.iter().map(|&d| wrap_dim("var", d, rank, &loc)).collect::<Result<_>>()?
+        };
+        let mut n: i64 = 1;
+        for &d in &reduced {
+            n *= concrete_size(self, "var", d, &loc)?;
+        }
+        let all: Vec<i64> = reduced.iter().map(|&d| d as i64).collect();
+        let centered = self.sub(&self.mean(&all, true)?)?;
+        let ss = centered.mul(&centered)?.sum(&all, keepdim)?;
+        // PyTorch divides by max(0, N - correction) (giving inf or NaN when it is 0).
+        ss.div((n - correction).max(0) as f64)
+    }
+
+    /// Standard deviation: `sqrt(var(dims, correction))`.
+    #[track_caller]
+    pub fn std(&self, dims: &[i64], correction: i64, keepdim: bool) -> Result<Tensor> {
+        self.var(dims, correction, keepdim)?.sqrt()
+    }
+
+    /// Index of the first maximum of all elements (of the flattened tensor), as
+    /// PyTorch's `argmax()` without a dim.
+    #[track_caller]
+    pub fn argmax_all(&self) -> Result<Tensor> {
+        self.flatten()?.argmax(0, false)
+    }
+
+    /// Index of the first minimum of all elements (of the flattened tensor).
+    #[track_caller]
+    pub fn argmin_all(&self) -> Result<Tensor> {
+        self.flatten()?.argmin(0, false)
+    }
 }

@@ -7,7 +7,8 @@
 //!
 //! - [`layers`] holds [`Linear`], [`LayerNorm`], [`Embedding`], [`GeluMlp`], [`Mlp`];
 //! - [`attention`] holds [`MultiHeadSelfAttention`], [`TransformerBlock`];
-//! - [`optim`] holds the [`Optimizer`] interface, [`Sgd`], [`AdamW`] and the
+//! - [`optim`] holds the [`Optimizer`] interface, [`Sgd`], [`AdamW`] (and Adam, via
+//!   [`AdamW::adam`]), [`clip_grad_norm`] and the
 //!   [`WarmupCosine`] learning-rate schedule;
 //! - [`checkpoint`] saves and loads modules and optimizer state as safetensors;
 //! - [`params`] holds [`ParamStore`], [`Params`].
@@ -24,7 +25,7 @@ pub mod params;
 
 pub use attention::{MultiHeadSelfAttention, TransformerBlock};
 pub use layers::{Embedding, GeluMlp, Init, LayerNorm, Linear, Mlp};
-pub use optim::{AdamW, Optimizer, OptimizerState, Sgd, WarmupCosine};
+pub use optim::{clip_grad_norm, AdamW, Optimizer, OptimizerState, Sgd, WarmupCosine};
 pub use params::{ParamStore, Params};
 
 use aotgrad_ir::SourceLoc;

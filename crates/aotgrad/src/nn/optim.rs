@@ -148,6 +148,8 @@ pub struct AdamW {
     betas: (f64, f64),
     eps: f64,
     weight_decay: f64,
+    /// Weight decay decoupled from the gradient (AdamW) or added to it (Adam's L2).
+    decoupled: bool,
     steps: u64,
     /// `(exp_avg, exp_avg_sq)` by parameter name.
     moments: HashMap<String, (Tensor, Tensor)>,
@@ -190,7 +192,16 @@ impl AdamW {
         if !(weight_decay >= 0.0 && weight_decay.is_finite()) {
             return bad("weight decay", weight_decay.to_string());
         }
-        Ok(AdamW { lr, betas, eps, weight_decay, steps: 0, moments: HashMap::new(), update: None })
+        Ok(AdamW { lr, betas, eps, weight_decay, decoupled: true, steps: 0, moments: HashMap::new(), update: None })
+    }
+
+    /// Adam (PyTorch's `torch.optim.Adam`): the same update, but `weight_decay` is an
+    /// L2 penalty added to the gradient (`g + weight_decay * p`) before the moments,
+    /// not a decoupled decay of the parameters.
+    pub fn adam(lr: f64, betas: (f64, f64), eps: f64, weight_decay: f64) -> Result<AdamW> {
+        let mut a = AdamW::with(lr, betas, eps, weight_decay)?;
+        a.decoupled = false;
+        Ok(a)
     }
 
     /// Steps taken so far.
@@ -210,21 +221,30 @@ impl AdamW {
         let stale = self.update.as_ref().is_none_or(|(n, _)| n != names);
         if stale {
             let n = names.len();
-            let (b1, b2, eps, wd) = (self.betas.0, self.betas.1, self.eps, self.weight_decay);
+            let (b1, b2, eps, wd, decoupled) =
+                (self.betas.0, self.betas.1, self.eps, self.weight_decay, self.decoupled);
             let f = aot_function(
                 move |a: &[Tensor]| {
                     let (lr, c1, c2) = (&a[4 * n], &a[4 * n + 1], &a[4 * n + 2]);
                     let decay = lr.mul(-wd)?.add(1.0)?;
                     for i in 0..n {
-                        let (p, g, m, v) = (&a[i], &a[n + i], &a[2 * n + i], &a[3 * n + i]);
+                        let (p, m, v) = (&a[i], &a[2 * n + i], &a[3 * n + i]);
+                        // Adam's L2 penalty joins the gradient; AdamW's decay scales p.
+                        let g = if decoupled || wd == 0.0 { a[n + i].clone() } else { a[n + i].add(&p.mul(wd)?)? };
                         m.mul_(b1)?.add_(&g.mul(1.0 - b1)?)?;
-                        v.mul_(b2)?.add_(&g.mul(g)?.mul(1.0 - b2)?)?;
+                        v.mul_(b2)?.add_(&g.mul(&g)?.mul(1.0 - b2)?)?;
                         let denom = v.mul(c2)?.sqrt()?.add(eps)?;
-                        p.mul_(&decay)?.sub_(&m.mul(c1)?.div(&denom)?.mul(lr)?)?;
+                        if decoupled {
+                            p.mul_(&decay)?;
+                        }
+                        p.sub_(&m.mul(c1)?.div(&denom)?.mul(lr)?)?;
                     }
                     Ok(Vec::new())
                 },
-                AotConfig { name: "adamw_update".into(), ..AotConfig::default() },
+                AotConfig {
+                    name: if decoupled { "adamw_update" } else { "adam_update" }.into(),
+                    ..AotConfig::default()
+                },
             )?;
             self.update = Some((names.to_vec(), f));
         }
@@ -280,7 +300,7 @@ impl Optimizer for AdamW {
             tensors.push((format!("exp_avg_sq.{n}"), v.clone()));
         }
         OptimizerState {
-            kind: "adamw".into(),
+            kind: if self.decoupled { "adamw" } else { "adam" }.into(),
             scalars: vec![
                 ("lr".into(), self.lr),
                 ("beta1".into(), self.betas.0),
@@ -293,12 +313,17 @@ impl Optimizer for AdamW {
         }
     }
     fn load_state(&mut self, store: &ParamStore, state: &OptimizerState) -> Result<()> {
-        if state.kind != "adamw" {
-            return Err(optim_error("AdamW", format!("cannot load the state of a `{}` optimizer", state.kind)));
+        let want = if self.decoupled { "adamw" } else { "adam" };
+        if state.kind != want {
+            return Err(optim_error(
+                if self.decoupled { "AdamW" } else { "Adam" },
+                format!("cannot load the state of a `{}` optimizer", state.kind),
+            ));
         }
         let get = |k: &str| state.scalar(k).ok_or_else(|| optim_error("AdamW", format!("the state has no `{k}`")));
         let mut loaded = AdamW::with(get("lr")?, (get("beta1")?, get("beta2")?), get("eps")?, get("weight_decay")?)?;
         loaded.steps = get("steps")? as u64;
+        loaded.decoupled = self.decoupled;
         for (name, p) in store.params() {
             let (m, v) = (state.tensor(&format!("exp_avg.{name}")), state.tensor(&format!("exp_avg_sq.{name}")));
             match (m, v) {
@@ -356,4 +381,26 @@ impl WarmupCosine {
         let progress = (step - self.warmup_steps) as f64 / decay_steps as f64;
         self.final_lr + 0.5 * (self.peak_lr - self.final_lr) * (1.0 + (std::f64::consts::PI * progress).cos())
     }
+}
+
+/// Scale the gradients in place so that their total L2 norm is at most `max_norm`
+/// (PyTorch's `clip_grad_norm_`: the factor is `max_norm / (norm + 1e-6)`, applied
+/// only when below 1). Returns the total norm before clipping.
+pub fn clip_grad_norm(grads: &[(String, Tensor)], max_norm: f64) -> Result<f64> {
+    if max_norm.is_nan() || max_norm < 0.0 {
+        return Err(optim_error("clip_grad_norm", format!("max_norm must be non-negative, got {max_norm}")));
+    }
+    let _no_grad = NoGradGuard::new();
+    let mut sq = 0.0;
+    for (_, g) in grads {
+        sq += g.mul(g)?.sum_all()?.item()?;
+    }
+    let norm = sq.sqrt();
+    let coef = max_norm / (norm + 1e-6);
+    if coef < 1.0 {
+        for (_, g) in grads {
+            g.mul_(coef)?;
+        }
+    }
+    Ok(norm)
 }
