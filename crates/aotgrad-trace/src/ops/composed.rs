@@ -1,7 +1,8 @@
 //! Ops written in terms of core ops, as PyTorch's own decompositions write them:
 //! `masked_fill`/`masked_fill_` (a `where`), `tril`/`triu` (a `where` with an index
 //! mask from `arange`), `stack` (unsqueezes and a `cat`), `split`/`chunk` (narrowed
-//! views). They trace, compile and differentiate through the core ops they emit, so
+//! views), `var`/`std` (with a correction) and `argmax_all`/`argmin_all` (over the
+//! flattened tensor). They trace, compile and differentiate through the core ops they emit, so
 //! eager, fake and compiled modes agree by construction.
 
 use crate::error::{Error, Result};
