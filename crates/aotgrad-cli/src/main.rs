@@ -198,6 +198,7 @@ fn run_train(a: TrainArgs) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    aotgrad::init_logging();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Train(a) => run_train(a),

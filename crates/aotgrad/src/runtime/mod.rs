@@ -211,6 +211,20 @@ impl AotFunction {
             return Ok(found);
         }
         let entry = Arc::new(self.compile(sig, args)?);
+        {
+            let r = &entry.report;
+            let stages: Vec<String> = r.stages.iter().map(|(s, t)| format!("{s} {:.2} ms", t * 1e3)).collect();
+            tracing::info!(
+                target: "aotgrad::compile",
+                "compiled `{}` ({}, {} traced nodes) in {:.2} ms on {}: {}",
+                self.config.name,
+                if r.training { "training" } else { "inference" },
+                entry.traced.graph.nodes.len(),
+                r.total_seconds() * 1e3,
+                r.backend,
+                stages.join(", ")
+            );
+        }
         let env = entry_bindings(&entry, args).ok_or_else(|| {
             Error::Internal("a freshly compiled entry does not accept the call that traced it".into())
         })?;
