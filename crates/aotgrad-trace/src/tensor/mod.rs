@@ -6,6 +6,7 @@
 //! clone. The data copy op is [`Tensor::clone_tensor`].
 
 mod data;
+mod display;
 
 use crate::error::{Error, Result};
 use crate::trace::TraceCtx;
