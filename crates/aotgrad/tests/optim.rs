@@ -206,3 +206,32 @@ fn clip_grad_norm_scales_to_the_max_norm() {
     close(&g2.to_vec_f64().unwrap(), &[0.8], 1e-6);
     assert!(aotgrad::nn::clip_grad_norm(&grads, -1.0).is_err());
 }
+
+#[test]
+fn sgd_momentum_weight_decay_and_nesterov_match_their_definition() {
+    let p0 = [1.0, -2.0];
+    let grads: Vec<Vec<f64>> = vec![vec![0.5, 1.0], vec![-1.0, 0.25], vec![0.0, -0.5], vec![2.0, 1.0]];
+    for nesterov in [false, true] {
+        let store = store_with(&p0);
+        let opt = Sgd::with(0.1, 0.9, 0.05, nesterov).unwrap();
+        for g in &grads {
+            opt.step(&store, &[("w".into(), Tensor::from_f64(g, &[2], DType::F32).unwrap())]).unwrap();
+        }
+        // torch.optim.SGD(lr=0.1, momentum=0.9, weight_decay=0.05, nesterov=...), by hand.
+        let (mut p, mut b) = (p0.to_vec(), vec![0.0; 2]);
+        for (t, g) in grads.iter().enumerate() {
+            for i in 0..2 {
+                let d = g[i] + 0.05 * p[i];
+                b[i] = if t == 0 { d } else { 0.9 * b[i] + d };
+                let step = if nesterov { d + 0.9 * b[i] } else { b[i] };
+                p[i] -= 0.1 * step;
+            }
+        }
+        close(&store.params()[0].1.to_vec_f64().unwrap(), &p, 1e-6);
+        let st = Optimizer::state(&opt);
+        assert_eq!(st.tensors.len(), 1, "one momentum buffer");
+        close(&st.tensors[0].1.to_vec_f64().unwrap(), &b, 1e-6);
+    }
+    assert!(Sgd::with(0.1, 0.0, 0.0, true).unwrap_err().to_string().contains("Nesterov"));
+    assert!(Sgd::with(-0.1, 0.0, 0.0, false).is_err());
+}

@@ -81,17 +81,56 @@ fn param_for<'s>(opt: &str, store: &'s ParamStore, name: &str, g: &Tensor) -> Re
     Ok(p)
 }
 
-/// Stochastic gradient descent: `p -= lr * grad` for every parameter with a gradient.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// Stochastic gradient descent (PyTorch's `torch.optim.SGD`, dampening 0): for every
+/// parameter `p` with gradient `g`,
+///
+/// ```text
+/// d = g + weight_decay * p
+/// b = d (first step), else momentum * b + d      (when momentum > 0)
+/// d = d + momentum * b (nesterov), else b        (when momentum > 0)
+/// p -= lr * d
+/// ```
+///
+/// The momentum buffers are kept per parameter name (behind a lock, so `step` takes
+/// `&self`).
+#[derive(Debug, Default)]
 pub struct Sgd {
     /// The learning rate.
     pub lr: f64,
+    /// Momentum factor (0: plain SGD).
+    pub momentum: f64,
+    /// L2 penalty added to the gradient.
+    pub weight_decay: f64,
+    /// Nesterov momentum.
+    pub nesterov: bool,
+    buffers: std::sync::Mutex<HashMap<String, Tensor>>,
+}
+
+impl Clone for Sgd {
+    fn clone(&self) -> Sgd {
+        let buffers = self.buffers.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        Sgd { buffers: std::sync::Mutex::new(buffers), ..*self }
+    }
 }
 
 impl Sgd {
-    /// SGD with learning rate `lr`.
+    /// Plain SGD with learning rate `lr`.
     pub fn new(lr: f64) -> Sgd {
-        Sgd { lr }
+        Sgd { lr, ..Sgd::default() }
+    }
+
+    /// SGD with momentum, weight decay and optionally Nesterov momentum; errors for
+    /// values PyTorch rejects (negative ones; Nesterov without momentum).
+    pub fn with(lr: f64, momentum: f64, weight_decay: f64, nesterov: bool) -> Result<Sgd> {
+        for (what, v) in [("learning rate", lr), ("momentum", momentum), ("weight decay", weight_decay)] {
+            if v.is_nan() || v < 0.0 || v.is_infinite() {
+                return Err(optim_error("Sgd", format!("invalid {what}: {v}")));
+            }
+        }
+        if nesterov && momentum == 0.0 {
+            return Err(optim_error("Sgd", "Nesterov momentum requires a momentum"));
+        }
+        Ok(Sgd { lr, momentum, weight_decay, nesterov, buffers: Default::default() })
     }
 
     /// Update the parameters of `store` in place (under no-grad, so autograd does not
@@ -99,9 +138,22 @@ impl Sgd {
     /// The parameter handles stay the same objects, so compiled modules keep using them.
     pub fn step(&self, store: &ParamStore, grads: &[(String, Tensor)]) -> Result<()> {
         let _no_grad = NoGradGuard::new();
+        let mut buffers = self.buffers.lock().unwrap_or_else(|e| e.into_inner());
         for (name, g) in grads {
             let p = param_for("Sgd", store, name, g)?;
-            p.sub_(&g.mul(self.lr)?)?;
+            let mut d = if self.weight_decay != 0.0 { g.add(&p.mul(self.weight_decay)?)? } else { g.clone() };
+            if self.momentum != 0.0 {
+                let b = match buffers.get(name) {
+                    Some(b) => b.mul_(self.momentum)?.add_(&d)?,
+                    None => {
+                        let b = d.detach()?.clone_tensor()?;
+                        buffers.insert(name.clone(), b.clone());
+                        b
+                    }
+                };
+                d = if self.nesterov { d.add(&b.mul(self.momentum)?)? } else { b };
+            }
+            p.sub_(&d.mul(self.lr)?)?;
         }
         Ok(())
     }
@@ -118,15 +170,41 @@ impl Optimizer for Sgd {
         self.lr = lr;
     }
     fn state(&self) -> OptimizerState {
-        OptimizerState { kind: "sgd".into(), scalars: vec![("lr".into(), self.lr)], tensors: Vec::new() }
+        let buffers = self.buffers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut names: Vec<&String> = buffers.keys().collect();
+        names.sort();
+        OptimizerState {
+            kind: "sgd".into(),
+            scalars: vec![
+                ("lr".into(), self.lr),
+                ("momentum".into(), self.momentum),
+                ("weight_decay".into(), self.weight_decay),
+                ("nesterov".into(), f64::from(u8::from(self.nesterov))),
+            ],
+            tensors: names.into_iter().map(|n| (format!("momentum_buffer.{n}"), buffers[n].clone())).collect(),
+        }
     }
-    fn load_state(&mut self, _store: &ParamStore, state: &OptimizerState) -> Result<()> {
+    fn load_state(&mut self, store: &ParamStore, state: &OptimizerState) -> Result<()> {
         if state.kind != "sgd" {
             return Err(optim_error("Sgd", format!("cannot load the state of a `{}` optimizer", state.kind)));
         }
-        if let Some(lr) = state.scalar("lr") {
-            self.lr = lr;
+        let mut buffers = HashMap::new();
+        for (name, p) in store.params() {
+            if let Some(b) = state.tensor(&format!("momentum_buffer.{name}")) {
+                if b.sizes()? != p.sizes()? {
+                    return Err(optim_error(
+                        "Sgd",
+                        format!("the momentum buffer of `{name}` does not match its shape"),
+                    ));
+                }
+                buffers.insert(name.clone(), b.clone());
+            }
         }
+        self.lr = state.scalar("lr").unwrap_or(self.lr);
+        self.momentum = state.scalar("momentum").unwrap_or(self.momentum);
+        self.weight_decay = state.scalar("weight_decay").unwrap_or(self.weight_decay);
+        self.nesterov = state.scalar("nesterov").is_some_and(|v| v != 0.0);
+        *self.buffers.lock().unwrap_or_else(|e| e.into_inner()) = buffers;
         Ok(())
     }
 }
