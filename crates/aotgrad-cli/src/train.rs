@@ -229,7 +229,7 @@ fn evaluate(compiled: &AotModule, test: &Split, eval_batch: usize) -> Result<(f6
     Ok((loss_sum / n, correct as f64 / n, per_class))
 }
 
-fn fmt_stages(stages: &[(&'static str, f64)]) -> String {
+fn fmt_stages(stages: &[(String, f64)]) -> String {
     stages.iter().map(|(s, t)| format!("{s} {:.1} ms", t * 1e3)).collect::<Vec<_>>().join(" · ")
 }
 

@@ -25,6 +25,10 @@ impl Backend<CpuTensor> for ReferenceBackend {
     fn name(&self) -> &str {
         NAME
     }
+    fn cache_identity(&self) -> Option<String> {
+        // The artifact is the graph's text: it runs anywhere this version runs.
+        Some(format!("{NAME} {} format text", env!("CARGO_PKG_VERSION")))
+    }
     fn compile(&self, graph: &Graph) -> Result<Box<dyn CompiledGraph<CpuTensor>>, BackendError> {
         Ok(Box::new(InterpretedGraph { graph: graph.clone() }))
     }

@@ -27,6 +27,13 @@ pub trait Backend<T>: Send + Sync {
     fn compile(&self, graph: &Graph) -> Result<Box<dyn CompiledGraph<T>>, BackendError>;
     /// Rebuild an artifact from [`CompiledGraph::serialize`]'s bytes.
     fn deserialize(&self, bytes: &[u8]) -> Result<Box<dyn CompiledGraph<T>>, BackendError>;
+    /// What an artifact depends on beyond the graph: the backend's name, its artifact
+    /// format version and the target it compiled for (CPU features, an adapter). Cache
+    /// keys include it, and a loaded artifact must match it. `None` (the default) says
+    /// the backend's artifacts must not be cached: the cache is bypassed.
+    fn cache_identity(&self) -> Option<String> {
+        None
+    }
 }
 
 /// A compiled graph, ready to run.

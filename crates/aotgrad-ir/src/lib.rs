@@ -8,11 +8,13 @@
 //! - [`graph`]: [`Graph`], its inputs and nodes, storage identity, source locations;
 //! - [`text`]: a printer and a parser for graphs that round-trip exactly;
 //! - [`builder`]: [`GraphBuilder`], the graph-under-construction passes build with;
-//! - [`backend`]: the interface every backend implements (compile, run, serialize).
+//! - [`backend`]: the interface every backend implements (compile, run, serialize);
+//! - [`codec`]: the one binary encoding of artifacts and cache entries.
 #![warn(missing_docs)]
 
 pub mod backend;
 pub mod builder;
+pub mod codec;
 pub mod dtype;
 pub mod error;
 pub mod graph;

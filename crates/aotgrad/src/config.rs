@@ -1,6 +1,7 @@
 //! Configuration of compiled functions.
 
 use crate::runtime::Partitioner;
+pub use aotgrad_cache::Cache;
 use aotgrad_cpu::{CpuBackend, CpuTensor};
 use aotgrad_ir::Backend;
 use aotgrad_trace::DecompTable;
@@ -35,6 +36,10 @@ pub struct AotConfig {
     /// Names of the arguments in printed graphs, by argument position (missing ones
     /// are `arg0`, `arg1`, ...). Only for reading graphs: it changes nothing else.
     pub arg_names: Vec<String>,
+    /// The compiled-result cache. By default the environment decides
+    /// ([`Cache::from_env`]: a disk cache when `AOTGRAD_CACHE_DIR` is set); set it
+    /// with [`AotConfig::cache`] or turn it off with [`AotConfig::no_cache`].
+    pub cache: Option<Arc<Cache>>,
 }
 
 impl Default for AotConfig {
@@ -49,8 +54,24 @@ impl Default for AotConfig {
             partitioner: Partitioner::default(),
             simplify: true,
             arg_names: Vec::new(),
+            cache: env_cache(),
         }
     }
+}
+
+/// The cache the environment configures, made once per process (an invalid setting
+/// is reported once and leaves the cache off).
+fn env_cache() -> Option<Arc<Cache>> {
+    static CACHE: std::sync::OnceLock<Option<Arc<Cache>>> = std::sync::OnceLock::new();
+    CACHE
+        .get_or_init(|| match Cache::from_env() {
+            Ok(c) => c.map(Arc::new),
+            Err(e) => {
+                tracing::warn!(target: "aotgrad::cache", "result cache off: {e}");
+                None
+            }
+        })
+        .clone()
 }
 
 impl AotConfig {
@@ -58,6 +79,16 @@ impl AotConfig {
     /// thread, deterministic and free of any thread pool).
     pub fn threads(mut self, threads: usize) -> AotConfig {
         self.backend = Arc::new(CpuBackend::new(threads));
+        self
+    }
+    /// Keep compiled results in `cache` (and look them up there).
+    pub fn cache(mut self, cache: Arc<Cache>) -> AotConfig {
+        self.cache = Some(cache);
+        self
+    }
+    /// Compile without a result cache, whatever the environment says.
+    pub fn no_cache(mut self) -> AotConfig {
+        self.cache = None;
         self
     }
     /// Run graphs on the reference interpreter instead of compiling them.
@@ -77,6 +108,7 @@ impl fmt::Debug for AotConfig {
             .field("backend", &self.backend.name())
             .field("partitioner", &self.partitioner)
             .field("simplify", &self.simplify)
+            .field("cache", &self.cache)
             .finish()
     }
 }

@@ -40,6 +40,10 @@ pub enum Error {
         /// What is not supported, and how to fix it.
         msg: String,
     },
+    /// A cache or precompiled-function file that cannot be used (a miss is never an
+    /// error: this is for explicit loads and cache configuration).
+    #[error("cache: {0}")]
+    Cache(String),
     /// A failed internal invariant: a bug.
     #[error("internal error (a bug in aotgrad, please report it): {0}")]
     Internal(String),

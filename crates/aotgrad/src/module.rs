@@ -18,7 +18,8 @@
 use crate::config::AotConfig;
 use crate::error::{Error, Result};
 use crate::nn::{Module, Params};
-use crate::runtime::{aot_function_args, AotFunction, Arg, ArgSig, CallSig, Leafness, PendingBackward};
+use crate::runtime::{aot_function_args, call_sig, AotFunction, Arg, PendingBackward};
+use aotgrad_cache::{ArgSig, CallSig, Leafness};
 use aotgrad_ir::TensorMeta;
 use aotgrad_trace::Tensor;
 use std::sync::Arc;
@@ -243,7 +244,7 @@ struct Frozen {
 
 impl Frozen {
     fn of(args: &[Arg]) -> Frozen {
-        Frozen { sig: CallSig::of(args), metas: args.iter().map(|a| a.tensor().map(Tensor::meta)).collect() }
+        Frozen { sig: call_sig(args), metas: args.iter().map(|a| a.tensor().map(Tensor::meta)).collect() }
     }
 
     /// What differs between this (the compiled-for call) and `got`, if anything.

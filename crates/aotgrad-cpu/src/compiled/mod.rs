@@ -518,9 +518,33 @@ impl CompiledGraph<CpuTensor> for CpuCompiledGraph {
     }
 }
 
+/// The CPU features the compiled kernels may use, as a stable string (part of the
+/// cache identity: an artifact is only loaded where it was compiled for).
+pub fn cpu_target() -> String {
+    let mut feats: Vec<&str> = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        for (name, on) in [
+            ("sse4.2", std::arch::is_x86_feature_detected!("sse4.2")),
+            ("avx", std::arch::is_x86_feature_detected!("avx")),
+            ("avx2", std::arch::is_x86_feature_detected!("avx2")),
+            ("fma", std::arch::is_x86_feature_detected!("fma")),
+            ("avx512f", std::arch::is_x86_feature_detected!("avx512f")),
+        ] {
+            if on {
+                feats.push(name);
+            }
+        }
+    }
+    format!("{}-{}[{}]", std::env::consts::ARCH, std::env::consts::OS, feats.join(","))
+}
+
 impl Backend<CpuTensor> for CpuBackend {
     fn name(&self) -> &str {
         NAME
+    }
+    fn cache_identity(&self) -> Option<String> {
+        Some(format!("{NAME} {} format aotgrad-cpu/1 target {}", env!("CARGO_PKG_VERSION"), cpu_target()))
     }
     fn compile(&self, graph: &Graph) -> Result<Box<dyn CompiledGraph<CpuTensor>>, BackendError> {
         Ok(Box::new(self.compile_graph(graph)?))

@@ -47,7 +47,7 @@ pub struct SavedValue {
 }
 
 /// What a partition saves and recomputes.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PartitionReport {
     /// Saved values: description (`%N "name"` for primals, `%N (op)` for nodes),
     /// metadata, bytes.

@@ -4,7 +4,8 @@
 //! ([`alias_classes`]), and their metadata (matched against the traced, possibly
 //! symbolic, metadata, binding the symbols).
 
-use aotgrad_ir::{DType, Dim, SymId, TensorMeta};
+use aotgrad_cache::{ArgSig, CallSig, Leafness};
+use aotgrad_ir::{Dim, SymId, TensorMeta};
 use aotgrad_trace::Tensor;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -61,74 +62,37 @@ impl From<bool> for Arg {
     }
 }
 
-/// What a call's arguments look like, minus the metadata that symbols may absorb.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) enum ArgSig {
-    Tensor {
-        dtype: DType,
-        rank: usize,
-        requires_grad: bool,
-        /// With grad mode on: the autograd state tracing depends on (`None` under no-grad).
-        leafness: Option<Leafness>,
-        /// The first argument that is the same tensor object (itself if none).
-        same_object_as: usize,
-        /// The first argument sharing its storage (itself if none).
-        storage_class: usize,
-    },
-    Int(i64),
-    Float(u64),
-    Bool(bool),
-    None,
+/// The autograd state of a tensor argument that a trace under grad mode depends on
+/// (see [`Leafness`]).
+fn leafness_of(t: &Tensor) -> Leafness {
+    Leafness { is_leaf: t.is_leaf(), base: t.base().map(|b| (b.is_leaf(), b.is_requires_grad())) }
 }
 
-/// The autograd state of a tensor argument that a trace under grad mode depends on:
-/// eager refuses an in-place op on a leaf that requires grad, or on a view of one, so
-/// two calls that differ here may not share a compiled entry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Leafness {
-    pub is_leaf: bool,
-    /// For a view: its base's `(is_leaf, requires_grad)`.
-    pub base: Option<(bool, bool)>,
-}
-
-impl Leafness {
-    fn of(t: &Tensor) -> Leafness {
-        Leafness { is_leaf: t.is_leaf(), base: t.base().map(|b| (b.is_leaf(), b.is_requires_grad())) }
-    }
-}
-
-/// The signature of one call.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) struct CallSig {
-    pub args: Vec<ArgSig>,
-    pub grad_enabled: bool,
-}
-
-impl CallSig {
-    pub fn of(args: &[Arg]) -> CallSig {
-        let grad_enabled = aotgrad_trace::is_grad_enabled();
-        let tensors: Vec<Option<&Tensor>> = args.iter().map(Arg::tensor).collect();
-        let classes = alias_classes(&tensors);
-        let sigs = args
-            .iter()
-            .zip(classes)
-            .map(|(a, (same_object_as, storage_class))| match a {
-                Arg::Tensor(t) => ArgSig::Tensor {
-                    dtype: t.dtype(),
-                    rank: t.dim(),
-                    requires_grad: t.is_requires_grad(),
-                    leafness: grad_enabled.then(|| Leafness::of(t)),
-                    same_object_as,
-                    storage_class,
-                },
-                Arg::Int(v) => ArgSig::Int(*v),
-                Arg::Float(v) => ArgSig::Float(v.to_bits()),
-                Arg::Bool(v) => ArgSig::Bool(*v),
-                Arg::None => ArgSig::None,
-            })
-            .collect();
-        CallSig { args: sigs, grad_enabled }
-    }
+/// The signature of one call: argument kinds, dtypes, ranks, requires-grad flags,
+/// leafness (with grad mode on), aliasing pattern, plain values.
+pub(crate) fn call_sig(args: &[Arg]) -> CallSig {
+    let grad_enabled = aotgrad_trace::is_grad_enabled();
+    let tensors: Vec<Option<&Tensor>> = args.iter().map(Arg::tensor).collect();
+    let classes = alias_classes(&tensors);
+    let sigs = args
+        .iter()
+        .zip(classes)
+        .map(|(a, (same_object_as, storage_class))| match a {
+            Arg::Tensor(t) => ArgSig::Tensor {
+                dtype: t.dtype(),
+                rank: t.dim(),
+                requires_grad: t.is_requires_grad(),
+                leafness: grad_enabled.then(|| leafness_of(t)),
+                same_object_as,
+                storage_class,
+            },
+            Arg::Int(v) => ArgSig::Int(*v),
+            Arg::Float(v) => ArgSig::Float(v.to_bits()),
+            Arg::Bool(v) => ArgSig::Bool(*v),
+            Arg::None => ArgSig::None,
+        })
+        .collect();
+    CallSig { args: sigs, grad_enabled }
 }
 
 /// For each position of `tensors`: the first position holding the same tensor object,
@@ -212,10 +176,10 @@ mod tests {
     fn call_sig_records_leafness_only_with_grad_on() {
         let leaf = Tensor::zeros(&[3], DType::F32).expect("zeros").requires_grad(true).expect("float");
         let view = leaf.view(&[3]).expect("view");
-        let sig = CallSig::of(&[Arg::from(&view)]);
+        let sig = call_sig(&[Arg::from(&view)]);
         let want = Leafness { is_leaf: false, base: Some((true, true)) };
         assert!(matches!(sig.args[0], ArgSig::Tensor { leafness: Some(l), .. } if l == want), "{sig:?}");
-        let sig = aotgrad_trace::no_grad(|| CallSig::of(&[Arg::from(&view)]));
+        let sig = aotgrad_trace::no_grad(|| call_sig(&[Arg::from(&view)]));
         assert!(matches!(sig.args[0], ArgSig::Tensor { leafness: None, .. }), "{sig:?}");
     }
 }

@@ -41,7 +41,7 @@ pub(crate) fn apply(
     inputs: &[CpuTensor],
     outs: &[CpuTensor],
 ) -> Result<Vec<Tensor>> {
-    let meta = &entry.fz.meta;
+    let meta = &entry.m().meta;
     if outs.len() < meta.num_graph_outputs() {
         return Err(Error::Internal(format!(
             "graph returned {} values, expected {}",

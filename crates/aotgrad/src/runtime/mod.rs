@@ -2,28 +2,39 @@
 //!
 //! A call (1) computes the call signature and looks for a compiled entry whose
 //! signature matches and whose traced metadata binds to the arguments' metadata with
-//! every guard holding, else compiles one: trace over fake tensors (the same tensor
-//! object passed twice is traced once: *dedupe*), functionalize (merging aliased,
-//! mutated inputs into *synthetic bases*), compile with the backend; (2) builds the
+//! every guard holding, else makes one: trace over fake tensors (the same tensor
+//! object passed twice is traced once: *dedupe*); with a cache, the trace yields the
+//! cache key and a stored result whose guards hold is loaded; otherwise functionalize
+//! (merging aliased, mutated inputs into *synthetic bases*) and compile with the
+//! backend, producing an [`AotResult`] (stored when there is a cache); (2) builds the
 //! graph inputs from the caller's tensors; (3) runs the compiled graph; (4) runs the
 //! epilogue (the private `epilogue` module).
+//!
+//! Every entry is instantiated from an [`AotResult`] by one function
+//! (`Entry::instantiate`), whether the result was just compiled, loaded from the
+//! cache, or read from a precompiled file (module `cached`).
 
 mod args;
+mod cached;
 mod epilogue;
 mod training;
+
+pub use cached::{CacheStats, EntrySource};
 
 pub use args::Arg;
 pub use training::{Partitioner, PendingBackward};
 
 use crate::config::AotConfig;
 use crate::error::{Error, Result};
+use aotgrad_cache::{AotResult, Artifact, GraphDumps, GraphText, ResultMeta, RngSlots, TrainingMeta};
+pub(crate) use aotgrad_cache::{ArgSig, CallSig};
 use aotgrad_cpu::CpuTensor;
-use aotgrad_functionalize::{functionalize, Functionalized, Options, TraceFacts};
+use aotgrad_functionalize::{functionalize, AutogradFacts, Functionalized, Options, TraceFacts};
 use aotgrad_ir::{CompiledGraph, Graph, SymId, TensorMeta, ValueId};
 use aotgrad_meta::ArgSlot;
 use aotgrad_trace::{trace, ShapeEnv, Tensor, TraceConfig, Traced};
 use args::bind;
-pub(crate) use args::{alias_classes, ArgSig, CallSig, Leafness};
+pub(crate) use args::{alias_classes, call_sig};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -31,8 +42,11 @@ type UserFn = dyn Fn(&[Arg]) -> aotgrad_trace::Result<Vec<Tensor>> + Send + Sync
 
 /// A function compiled ahead of time; call it like the original.
 pub struct AotFunction {
-    f: Arc<UserFn>,
+    /// The user's function (`None` for a function loaded from a precompiled file).
+    f: Option<Arc<UserFn>>,
     config: AotConfig,
+    /// The result cache (from [`AotConfig::cache`]), and what it did.
+    cache: cached::CacheState,
     entries: Mutex<Vec<Arc<Entry>>>,
     arity: Mutex<Option<usize>>,
     /// Held while compiling, so concurrent first calls compile each signature once
@@ -52,22 +66,70 @@ impl Drop for CompilingGuard<'_> {
     }
 }
 
-/// One compiled specialization of the function.
+/// One compiled specialization of the function: an [`AotResult`] and its runnable
+/// graphs.
 pub(crate) struct Entry {
-    sig: CallSig,
-    /// Traced input `k` is user argument `traced_args[k]`.
-    traced_args: Vec<usize>,
-    /// The traced input of each user argument (`None` for non-tensors; an argument
-    /// passed twice maps to one traced input). Valid for every call matching `sig`.
-    slot_of_arg: Vec<Option<usize>>,
-    traced: Traced,
-    fz: Functionalized,
-    /// The inference graph's artifact (inference entries).
-    compiled: Option<Box<dyn CompiledGraph<CpuTensor>>>,
-    /// Joint graph, partition and compiled forward/backward (training entries).
+    result: Arc<AotResult<CpuTensor>>,
+    /// The inference graph (inference entries).
+    compiled: Option<Arc<dyn CompiledGraph<CpuTensor>>>,
+    /// The compiled forward and backward (training entries).
     training: Option<training::TrainingParts>,
-    /// How long each compile stage took.
-    report: CompileReport,
+    /// Where the result came from.
+    source: EntrySource,
+}
+
+impl Entry {
+    /// Make the runnable entry of `result`: the one path for fresh, cached and
+    /// precompiled results. Loaded artifacts must come from a backend with the same
+    /// cache identity as `backend`.
+    pub(crate) fn instantiate(
+        result: Arc<AotResult<CpuTensor>>,
+        backend: &dyn aotgrad_ir::Backend<CpuTensor>,
+        source: EntrySource,
+    ) -> Result<Entry> {
+        let m = &result.meta;
+        if source != EntrySource::Compiled {
+            let here = backend.cache_identity().unwrap_or_default();
+            if m.backend_identity != here {
+                return Err(Error::Cache(format!(
+                    "the result was compiled by `{}` and this function uses `{here}`",
+                    m.backend_identity
+                )));
+            }
+        }
+        let fw = result.forward.load(backend)?;
+        let (compiled, training) = match (&m.training, &result.backward) {
+            (Some(_), Some(bw)) => (None, Some(training::TrainingParts { fw, bw: bw.load(backend)? })),
+            (None, None) => (Some(fw), None),
+            _ => return Err(Error::Cache("a training result needs exactly one backward artifact".into())),
+        };
+        Ok(Entry { result, compiled, training, source })
+    }
+
+    /// The result's runtime metadata.
+    pub(crate) fn m(&self) -> &ResultMeta {
+        &self.result.meta
+    }
+
+    /// The training metadata of a training entry.
+    pub(crate) fn tm(&self) -> Result<&TrainingMeta> {
+        self.m().training.as_ref().ok_or_else(|| Error::Internal("not a training entry".into()))
+    }
+
+    /// Metadata of functional-graph output `go`.
+    pub(crate) fn graph_output_meta(&self, go: usize) -> Result<&TensorMeta> {
+        self.m().graph_output_metas.get(go).ok_or_else(|| Error::Internal(format!("no graph output {go}")))
+    }
+
+    fn report(&self) -> CompileReport {
+        let m = self.m();
+        CompileReport {
+            training: m.training.is_some(),
+            backend: m.backend.clone(),
+            stages: m.stages.clone(),
+            source: self.source,
+        }
+    }
 }
 
 /// How one specialization was compiled: the path and each stage's wall time.
@@ -80,8 +142,11 @@ pub struct CompileReport {
     pub backend: String,
     /// `(stage, seconds)` in order: `trace`, `functionalize`, then `joint`,
     /// `simplify`, `partition`, `backend forward`, `backend backward` (training) or
-    /// `backend` (inference).
-    pub stages: Vec<(&'static str, f64)>,
+    /// `backend` (inference). For a loaded result: the times of the compile that made
+    /// it.
+    pub stages: Vec<(String, f64)>,
+    /// Whether this process compiled it or loaded it.
+    pub source: EntrySource,
 }
 
 impl CompileReport {
@@ -107,6 +172,9 @@ impl StageTimer {
         self.stages.push((name, (now - self.last).as_secs_f64()));
         self.last = now;
     }
+    fn into_stages(self) -> Vec<(String, f64)> {
+        self.stages.into_iter().map(|(s, t)| (s.to_string(), t)).collect()
+    }
 }
 
 /// Compile a function of tensors. Tracing happens at the first call (and again when
@@ -129,9 +197,11 @@ pub fn aot_function_args<F>(f: F, config: AotConfig) -> Result<AotFunction>
 where
     F: Fn(&[Arg]) -> aotgrad_trace::Result<Vec<Tensor>> + Send + Sync + 'static,
 {
+    let cache = cached::CacheState::new(config.cache.clone());
     Ok(AotFunction {
-        f: Arc::new(f),
+        f: Some(Arc::new(f)),
         config,
+        cache,
         entries: Mutex::new(Vec::new()),
         arity: Mutex::new(None),
         compile_lock: Mutex::new(()),
@@ -193,7 +263,7 @@ impl AotFunction {
                 return Err(self.call_error(format!("argument {i} is a fake tensor; call with real tensors")));
             }
         }
-        let sig = CallSig::of(args);
+        let sig = call_sig(args);
         if let Some(found) = self.lookup(&sig, args) {
             return Ok(found);
         }
@@ -210,16 +280,16 @@ impl AotFunction {
         if let Some(found) = self.lookup(&sig, args) {
             return Ok(found);
         }
-        let entry = Arc::new(self.compile(sig, args)?);
-        {
-            let r = &entry.report;
+        let entry = Arc::new(self.make_entry(sig, args)?);
+        if entry.source == EntrySource::Compiled {
+            let r = entry.report();
             let stages: Vec<String> = r.stages.iter().map(|(s, t)| format!("{s} {:.2} ms", t * 1e3)).collect();
             tracing::info!(
                 target: "aotgrad::compile",
                 "compiled `{}` ({}, {} traced nodes) in {:.2} ms on {}: {}",
                 self.config.name,
                 if r.training { "training" } else { "inference" },
-                entry.traced.graph.nodes.len(),
+                entry.m().traced_nodes,
                 r.total_seconds() * 1e3,
                 r.backend,
                 stages.join(", ")
@@ -243,37 +313,83 @@ impl AotFunction {
 
     /// The functional graphs compiled so far (one per specialization).
     pub fn compiled_graphs(&self) -> Vec<Graph> {
-        self.lock_entries().iter().map(|e| e.fz.graph.clone()).collect()
+        self.graphs_of(|d| Some(&d.functional))
     }
 
     /// The functionalization results (graph, view/mutation metadata, calling
     /// convention) compiled so far, one per specialization.
     pub fn functionalized(&self) -> Vec<Functionalized> {
-        self.lock_entries().iter().map(|e| e.fz.clone()).collect()
+        self.lock_entries()
+            .iter()
+            .filter_map(|e| {
+                let m = e.m();
+                Some(Functionalized {
+                    graph: e.result.graphs.functional.graph().ok()?.as_ref().clone(),
+                    meta: m.meta.clone(),
+                    convention: m.convention.clone(),
+                    autograd: AutogradFacts {
+                        detached: m.detached.clone(),
+                        straight_through: m.straight_through.clone(),
+                    },
+                })
+            })
+            .collect()
     }
 
     /// For training entries: the forward and backward graphs and the partition report.
     pub fn training_graphs(&self) -> Vec<(Graph, Graph, aotgrad_partition::PartitionReport)> {
         self.lock_entries()
             .iter()
-            .filter_map(|e| e.training.as_ref())
-            .map(|t| (t.part.forward.clone(), t.part.backward.clone(), t.part.report.clone()))
+            .filter_map(|e| {
+                let t = e.m().training.as_ref()?;
+                let g = &e.result.graphs;
+                let fw = g.forward.as_ref()?.graph().ok()?;
+                let bw = g.backward.as_ref()?.graph().ok()?;
+                Some((fw.as_ref().clone(), bw.as_ref().clone(), t.partition.clone()))
+            })
             .collect()
     }
 
     /// For training entries: the joint graphs (after simplification).
     pub fn joint_graphs(&self) -> Vec<aotgrad_autodiff::JointGraph> {
-        self.lock_entries().iter().filter_map(|e| e.training.as_ref()).map(|t| t.joint.clone()).collect()
+        self.lock_entries()
+            .iter()
+            .filter_map(|e| {
+                let t = e.m().training.as_ref()?;
+                let graph = e.result.graphs.joint.as_ref()?.graph().ok()?.as_ref().clone();
+                Some(aotgrad_autodiff::JointGraph {
+                    graph,
+                    num_primals: t.num_primals,
+                    num_tangents: t.num_tangents,
+                    num_fw_outputs: t.num_fw_outputs,
+                    tangent_outputs: t.tangent_outputs.clone(),
+                    grad_primals: t.grad_primals.clone(),
+                })
+            })
+            .collect()
     }
 
-    /// How each specialization compiled so far was compiled (path, backend, stage times).
+    /// How each specialization compiled so far was compiled (path, backend, stage
+    /// times) and whether it was loaded.
     pub fn compile_reports(&self) -> Vec<CompileReport> {
-        self.lock_entries().iter().map(|e| e.report.clone()).collect()
+        self.lock_entries().iter().map(|e| e.report()).collect()
     }
 
     /// The traced (pre-functionalization) graphs compiled so far.
     pub fn traced_graphs(&self) -> Vec<Graph> {
-        self.lock_entries().iter().map(|e| e.traced.graph.clone()).collect()
+        self.graphs_of(|d| Some(&d.traced))
+    }
+
+    /// The compiled results, one per specialization (what the cache stores).
+    pub fn results(&self) -> Vec<Arc<AotResult<CpuTensor>>> {
+        self.lock_entries().iter().map(|e| e.result.clone()).collect()
+    }
+
+    fn graphs_of(&self, pick: impl Fn(&GraphDumps) -> Option<&GraphText>) -> Vec<Graph> {
+        self.lock_entries()
+            .iter()
+            .filter_map(|e| pick(&e.result.graphs)?.graph().ok().map(|g| g.as_ref().clone()))
+            .collect()
     }
 
     fn lock_entries(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Entry>>> {
@@ -300,11 +416,37 @@ impl AotFunction {
 
     fn lookup(&self, sig: &CallSig, args: &[Arg]) -> Option<(Arc<Entry>, Bindings)> {
         let entries = self.lock_entries();
-        entries.iter().filter(|e| e.sig == *sig).find_map(|e| entry_bindings(e, args).map(|env| (e.clone(), env)))
+        entries.iter().filter(|e| e.m().sig == *sig).find_map(|e| entry_bindings(e, args).map(|env| (e.clone(), env)))
     }
 
-    fn compile(&self, sig: CallSig, args: &[Arg]) -> Result<Entry> {
-        let _span = tracing::debug_span!("aot_compile", name = %self.config.name).entered();
+    /// Trace the call, then load its result from the cache or compile it.
+    fn make_entry(&self, sig: CallSig, args: &[Arg]) -> Result<Entry> {
+        let Some(f) = self.f.clone() else {
+            return Err(self.call_error(format!(
+                "this function was loaded from a precompiled file and none of its {} specialization(s) accepts \
+                 this call ({}); precompile it for calls like this one",
+                self.num_compiled(),
+                cached::describe_call(args)
+            )));
+        };
+        let mut timer = StageTimer::new();
+        let call = self.trace_call(&f, &sig, args)?;
+        timer.stage("trace");
+        let key = self.cache.key_for(&self.config, &sig, &call.traced);
+        if let Some(key) = &key {
+            if let Some(entry) = self.cache.load(&self.config, key, args)? {
+                return Ok(entry);
+            }
+        }
+        let result = Arc::new(self.compile_traced(sig, call, timer)?);
+        if let Some(key) = &key {
+            self.cache.store(key, &result);
+        }
+        Entry::instantiate(result, self.config.backend.as_ref(), EntrySource::Compiled)
+    }
+
+    fn trace_call(&self, f: &Arc<UserFn>, sig: &CallSig, args: &[Arg]) -> Result<TracedCall> {
+        let _span = tracing::debug_span!("aot_trace", name = %self.config.name).entered();
         // Dedupe: one traced input per distinct tensor object (the signature names,
         // for each argument, the first argument that is the same object).
         let mut traced_args: Vec<usize> = Vec::new();
@@ -341,8 +483,7 @@ impl AotFunction {
                     .collect(),
             ),
         };
-        let mut timer = StageTimer::new();
-        let f = self.f.clone();
+        let f = f.clone();
         let consts: Vec<Arg> = args.to_vec();
         let slots = slot_of_arg.clone();
         let traced = trace(
@@ -360,8 +501,14 @@ impl AotFunction {
             &examples,
             &tc,
         )?;
-        timer.stage("trace");
         tracing::debug!(target: "aotgrad::trace", "traced graph:\n{}", aotgrad_ir::text::print_graph(&traced.graph));
+        Ok(TracedCall { traced, traced_args, slot_of_arg })
+    }
+
+    /// Functionalize and compile a traced call into a fresh [`AotResult`].
+    fn compile_traced(&self, sig: CallSig, call: TracedCall, mut timer: StageTimer) -> Result<AotResult<CpuTensor>> {
+        let _span = tracing::debug_span!("aot_compile", name = %self.config.name).entered();
+        let TracedCall { traced, traced_args, slot_of_arg } = call;
         let value_rg = traced.value_requires_grad.clone();
         // Autograd sees nothing of a trace run under no-grad (inputs included).
         let grad_on = sig.grad_enabled;
@@ -378,41 +525,99 @@ impl AotFunction {
         let mut env: ShapeEnv = traced.shape_env.clone();
         let fz = functionalize(&traced.graph, &facts, &options, &mut env)?;
         timer.stage("functionalize");
-        let (compiled, training) = if training_path {
-            let parts = training::compile_training(
+        let backend = self.config.backend.as_ref();
+        let (forward, backward, training, joint_graphs) = if training_path {
+            let c = training::compile_training(
                 &fz,
                 &mut env,
                 &self.config.partitioner,
                 self.config.simplify,
-                self.config.backend.as_ref(),
+                backend,
                 &mut timer,
             )?;
-            (None, Some(parts))
+            (c.fw, Some(c.bw), Some(c.meta), Some(c.graphs))
         } else {
-            let compiled = self.config.backend.compile(&fz.graph)?;
+            let compiled = backend.compile(&fz.graph)?;
             timer.stage("backend");
-            (Some(compiled), None)
+            (Arc::from(compiled), None, None, None)
         };
-        let report = CompileReport {
-            training: training_path,
-            backend: self.config.backend.name().to_string(),
-            stages: timer.stages,
+        let graph_output_metas = fz
+            .graph
+            .outputs
+            .iter()
+            .map(|&v| {
+                fz.graph.meta_of(v).cloned().ok_or_else(|| Error::Internal(format!("graph output {v} has no meta")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let (joint, fw_graph, bw_graph) = match joint_graphs {
+            Some([j, f, b]) => (Some(j), Some(f), Some(b)),
+            None => (None, None, None),
         };
-        Ok(Entry { sig, traced_args, slot_of_arg, traced, fz, compiled, training, report })
+        let meta = ResultMeta {
+            name: self.config.name.clone(),
+            sig,
+            input_metas: traced.graph.inputs.iter().map(|i| i.meta.clone()).collect(),
+            traced_args,
+            slot_of_arg,
+            guards: traced.shape_env.guards().to_vec(),
+            rng: traced.rng.map(|r| RngSlots { seed_input: r.seed_input, base_input: r.base_input, ops: r.ops }),
+            meta: fz.meta.clone(),
+            convention: fz.convention.clone(),
+            graph_inputs: fz.graph.inputs.len(),
+            graph_output_metas,
+            detached: fz.autograd.detached.clone(),
+            straight_through: fz.autograd.straight_through.clone(),
+            training,
+            backend: backend.name().to_string(),
+            backend_identity: backend.cache_identity().unwrap_or_default(),
+            traced_nodes: traced.graph.nodes.len(),
+            stages: timer.into_stages(),
+        };
+        let live = |g: Graph| GraphText::Live(Arc::new(g));
+        Ok(AotResult {
+            meta,
+            forward: Artifact::live(forward),
+            backward: backward.map(Artifact::live),
+            graphs: GraphDumps {
+                traced: live(traced.graph),
+                functional: live(fz.graph),
+                joint: joint.map(live),
+                forward: fw_graph.map(live),
+                backward: bw_graph.map(live),
+            },
+        })
     }
+}
+
+/// A traced call: the trace and how the call's arguments map to its inputs.
+pub(crate) struct TracedCall {
+    traced: Traced,
+    /// Traced input `k` is user argument `traced_args[k]`.
+    traced_args: Vec<usize>,
+    /// The traced input of each user argument (`None` for non-tensors; an argument
+    /// passed twice maps to one traced input).
+    slot_of_arg: Vec<Option<usize>>,
 }
 
 /// Bind the entry's symbols from the call's tensors and check its guards.
 fn entry_bindings(entry: &Entry, args: &[Arg]) -> Option<Bindings> {
+    result_bindings(entry.m(), args)
+}
+
+/// Bind a result's symbols from the call's tensors and check its guards.
+pub(crate) fn result_bindings(m: &ResultMeta, args: &[Arg]) -> Option<Bindings> {
+    if m.slot_of_arg.len() != args.len() {
+        return None;
+    }
     let mut env = Bindings::new();
-    for (k, &i) in entry.traced_args.iter().enumerate() {
+    for (k, &i) in m.traced_args.iter().enumerate() {
         let t = args.get(i)?.tensor()?;
-        if !bind(&entry.traced.graph.inputs.get(k)?.meta, &t.meta(), &mut env) {
+        if !bind(m.input_metas.get(k)?, &t.meta(), &mut env) {
             return None;
         }
     }
     let lookup = |s: SymId| env.get(&s).copied();
-    entry.traced.shape_env.guards().iter().all(|g| g.check(&lookup)).then_some(env)
+    m.guards.iter().all(|g| g.check(&lookup)).then_some(env)
 }
 
 /// Evaluate traced metadata under a call's bindings.
@@ -428,6 +633,7 @@ pub(crate) fn concrete(meta: &TensorMeta, env: &Bindings) -> Result<TensorMeta> 
 /// The caller's tensor for traced input `k`.
 pub(crate) fn traced_input<'a>(entry: &Entry, args: &'a [Arg], k: usize) -> Result<&'a Tensor> {
     entry
+        .m()
         .traced_args
         .get(k)
         .and_then(|&i| args.get(i))
@@ -439,11 +645,12 @@ pub(crate) fn traced_input<'a>(entry: &Entry, args: &'a [Arg], k: usize) -> Resu
 /// storages must hold them too (eager would fail reading them). Checked before
 /// anything is drawn from the random generator or run.
 fn check_bases_fit(name: &str, entry: &Entry, args: &[Arg]) -> Result<()> {
-    for b in &entry.fz.convention.bases {
+    for b in &entry.m().convention.bases {
         let Some(&k) = b.members.first() else { continue };
         let storage_len = traced_input(entry, args, k)?.to_cpu()?.storage.len();
         if b.offset.checked_add(b.len).is_none_or(|end| end > storage_len) {
-            let arg = entry.traced_args.get(k).map_or_else(|| format!("traced input {k}"), |i| format!("argument {i}"));
+            let arg =
+                entry.m().traced_args.get(k).map_or_else(|| format!("traced input {k}"), |i| format!("argument {i}"));
             return Err(Error::Call {
                 name: name.to_string(),
                 msg: format!(
@@ -462,10 +669,10 @@ fn check_bases_fit(name: &str, entry: &Entry, args: &[Arg]) -> Result<()> {
 /// Build the graph inputs from the caller's tensors (synthetic bases as 1-D views).
 pub(crate) fn graph_inputs(name: &str, entry: &Entry, args: &[Arg]) -> Result<Vec<CpuTensor>> {
     check_bases_fit(name, entry, args)?;
-    let conv = &entry.fz.convention;
+    let conv = &entry.m().convention;
     let mut inputs: Vec<Option<CpuTensor>> = vec![None; conv.num_graph_inputs];
     // The generator state for this call (the graph draws from it; see `aotgrad_trace::rng`).
-    let rng = entry.traced.rng.map(|r| {
+    let rng = entry.m().rng.map(|r| {
         let (seed, base) = aotgrad_trace::rng::take_rng(r.ops);
         (r, seed as i64, base as i64)
     });

@@ -123,8 +123,9 @@ impl PendingBackward {
             }
         }
         let entry = &self.entry;
-        let meta = &entry.fz.meta;
+        let meta = &entry.m().meta;
         let parts = entry.training.as_ref().ok_or_else(|| Error::Internal("no training parts".into()))?;
+        let tm = entry.tm()?;
         if output_grads.len() != meta.outputs.len() {
             return Err(self.call_error(format!(
                 "backward expects {} output gradient(s), one per output, got {}",
@@ -164,8 +165,7 @@ impl PendingBackward {
                     add(&mut acc_out[*k], storage_scatter(&g, &out_meta, &base_meta)?)?
                 }
                 OutputKind::AliasOfIntermediate(b) => {
-                    let v = entry.fz.graph.outputs[meta.intermediate_base_index(*b)];
-                    let bm = entry.fz.graph.meta_of(v).ok_or_else(|| Error::Internal("base meta".into()))?;
+                    let bm = entry.graph_output_meta(meta.intermediate_base_index(*b))?;
                     let base_meta = concrete(bm, &self.env)?;
                     add(&mut acc_base[*b], storage_scatter(&g, &out_meta, &base_meta)?)?
                 }
@@ -183,12 +183,11 @@ impl PendingBackward {
         *used = true;
         // Tangents, in joint order.
         let fw_meta_of = |go: usize| -> Result<TensorMeta> {
-            let v = entry.fz.graph.outputs[go];
-            let m = entry.fz.graph.meta_of(v).ok_or_else(|| Error::Internal("output meta".into()))?;
+            let m = entry.graph_output_meta(go)?;
             concrete(&m.to_contiguous(), &self.env)
         };
-        let mut tangents: Vec<CpuTensor> = Vec::with_capacity(parts.joint.tangent_outputs.len());
-        for &go in &parts.joint.tangent_outputs {
+        let mut tangents: Vec<CpuTensor> = Vec::with_capacity(tm.tangent_outputs.len());
+        for &go in &tm.tangent_outputs {
             let slot = if go < n_mut {
                 acc_mut[go].take()
             } else if go < n_mut + meta.outputs.len() {
@@ -210,8 +209,8 @@ impl PendingBackward {
             parts.bw.run(&bw_inputs)?
         };
         // Graph-input gradients back to traced inputs.
-        let mut by_graph_input: Vec<Option<Tensor>> = vec![None; entry.fz.graph.inputs.len()];
-        for (p, &g) in parts.joint.grad_primals.iter().enumerate() {
+        let mut by_graph_input: Vec<Option<Tensor>> = vec![None; entry.m().graph_inputs];
+        for (p, &g) in tm.grad_primals.iter().enumerate() {
             by_graph_input[g] = grads.get(p).cloned().map(Tensor::from_cpu);
         }
         let traced_grads = self.input_grads(&by_graph_input, acc_input)?;
@@ -233,11 +232,12 @@ impl PendingBackward {
         mut extra: Vec<Option<Tensor>>,
     ) -> Result<Vec<Option<Tensor>>> {
         let entry = &self.entry;
-        let meta = &entry.fz.meta;
-        let conv = &entry.fz.convention;
+        let meta = &entry.m().meta;
+        let conv = &entry.m().convention;
         let n = conv.args.len();
-        let caller: Vec<Option<&Tensor>> =
-            (0..n).map(|k| entry.traced_args.get(k).and_then(|&i| self.args.get(i)).and_then(Arg::tensor)).collect();
+        let caller: Vec<Option<&Tensor>> = (0..n)
+            .map(|k| entry.m().traced_args.get(k).and_then(|&i| self.args.get(i)).and_then(Arg::tensor))
+            .collect();
         // Storage classes (the first member stands for its class).
         let mut classes: Vec<Vec<usize>> = vec![Vec::new(); n];
         for (k, (_, class)) in alias_classes(&caller).into_iter().enumerate() {
@@ -312,7 +312,7 @@ impl PendingBackward {
 
     /// The traced input that argument `i` is (duplicates map to the first occurrence).
     fn traced_index(&self, i: usize) -> Option<usize> {
-        self.entry.slot_of_arg.get(i).copied().flatten()
+        self.entry.m().slot_of_arg.get(i).copied().flatten()
     }
 
     /// Route the gradient `h` of argument `arg`'s value after the call (see
@@ -326,7 +326,7 @@ impl PendingBackward {
         acc_input: &mut [Option<Tensor>],
     ) -> Result<()> {
         let entry = &self.entry;
-        let meta = &entry.fz.meta;
+        let meta = &entry.m().meta;
         let k = self
             .traced_index(arg)
             .ok_or_else(|| self.call_error(format!("backward: argument {arg} is not a tensor argument")))?;
@@ -347,7 +347,7 @@ impl PendingBackward {
             return Ok(());
         }
         let h = h.to(after.dtype)?;
-        let conv = &entry.fz.convention;
+        let conv = &entry.m().convention;
         let data_mutated = match conv.args[k] {
             ArgSlot::Input(g) => meta.mutated_inputs.contains(&g),
             ArgSlot::ViewOfBase { base } => meta.mutated_inputs.contains(&conv.bases[base].input),
@@ -372,8 +372,8 @@ impl PendingBackward {
         acc_input: &mut [Option<Tensor>],
     ) -> Result<()> {
         let entry = &self.entry;
-        let meta = &entry.fz.meta;
-        let conv = &entry.fz.convention;
+        let meta = &entry.m().meta;
+        let conv = &entry.m().convention;
         let (graph_input, target) = match conv.args[k] {
             ArgSlot::Input(g) => (g, self.input_metas[k].clone()),
             ArgSlot::ViewOfBase { base } => {

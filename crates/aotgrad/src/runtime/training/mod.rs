@@ -22,6 +22,7 @@ pub use backward::PendingBackward;
 use super::{epilogue, graph_inputs, traced_input, Arg, Bindings, Entry};
 use crate::error::{Error, Result};
 use aotgrad_autodiff::{build_joint_with_cuts, GradCuts, JointGraph};
+use aotgrad_cache::TrainingMeta;
 use aotgrad_cpu::CpuTensor;
 use aotgrad_ir::{CompiledGraph, Op, TensorMeta};
 use aotgrad_meta::{ArgSlot, OutputKind};
@@ -49,12 +50,19 @@ impl Default for Partitioner {
     }
 }
 
-/// The compiled training artifacts of one entry.
+/// The runnable training graphs of one entry.
 pub(crate) struct TrainingParts {
-    pub joint: JointGraph,
-    pub part: Partitioned,
-    pub fw: Box<dyn CompiledGraph<CpuTensor>>,
-    pub bw: Box<dyn CompiledGraph<CpuTensor>>,
+    pub fw: Arc<dyn CompiledGraph<CpuTensor>>,
+    pub bw: Arc<dyn CompiledGraph<CpuTensor>>,
+}
+
+/// What compiling the training path produces.
+pub(crate) struct CompiledTraining {
+    pub fw: Arc<dyn CompiledGraph<CpuTensor>>,
+    pub bw: Arc<dyn CompiledGraph<CpuTensor>>,
+    pub meta: TrainingMeta,
+    /// Joint (simplified), forward and backward graphs.
+    pub graphs: [aotgrad_ir::Graph; 3],
 }
 
 /// The traced inputs that graph input `g` carries (one, or a synthetic base's members).
@@ -82,7 +90,7 @@ pub(crate) fn compile_training(
     simplify: bool,
     backend: &dyn aotgrad_ir::Backend<CpuTensor>,
     timer: &mut super::StageTimer,
-) -> Result<TrainingParts> {
+) -> Result<CompiledTraining> {
     let meta = &fz.meta;
     let n_in = fz.graph.inputs.len();
     let requires_grad: Vec<bool> = (0..n_in).map(|g| graph_input_requires_grad(fz, g)).collect();
@@ -138,7 +146,12 @@ pub(crate) fn compile_training(
     timer.stage("backend forward");
     let bw = backend.compile(&part.backward)?;
     timer.stage("backend backward");
-    Ok(TrainingParts { joint, part, fw, bw })
+    let JointGraph { graph: joint_graph, num_primals, num_tangents, num_fw_outputs, tangent_outputs, grad_primals } =
+        joint;
+    let Partitioned { forward, backward, report, .. } = part;
+    let meta =
+        TrainingMeta { num_fw_outputs, tangent_outputs, grad_primals, num_primals, num_tangents, partition: report };
+    Ok(CompiledTraining { fw: Arc::from(fw), bw: Arc::from(bw), meta, graphs: [joint_graph, forward, backward] })
 }
 
 /// Run the compiled forward of a training entry, the epilogue, and set the autograd
@@ -152,18 +165,18 @@ pub(crate) fn run_forward(
     let parts = entry.training.as_ref().ok_or_else(|| Error::Internal("not a training entry".into()))?;
     let inputs = graph_inputs(name, entry, args)?;
     let input_metas =
-        (0..entry.fz.convention.args.len()).map(|k| traced_input_meta(entry, args, k)).collect::<Result<_>>()?;
+        (0..entry.m().convention.args.len()).map(|k| traced_input_meta(entry, args, k)).collect::<Result<_>>()?;
     let outs = {
         let _span = tracing::debug_span!("run_forward").entered();
         parts.fw.run(&inputs)?
     };
-    let n = parts.joint.num_fw_outputs;
+    let n = entry.tm()?.num_fw_outputs;
     if outs.len() < n {
         return Err(Error::Internal(format!("forward returned {} values, expected at least {n}", outs.len())));
     }
     // The epilogue writes the new values of mutated inputs into the caller's storage:
     // a saved value viewing such an input (the old value, say) is copied first.
-    let mutated: Vec<&CpuTensor> = entry.fz.meta.mutated_inputs.iter().filter_map(|&g| inputs.get(g)).collect();
+    let mutated: Vec<&CpuTensor> = entry.m().meta.mutated_inputs.iter().filter_map(|&g| inputs.get(g)).collect();
     let mut saved = Vec::with_capacity(outs.len() - n);
     for s in &outs[n..] {
         if mutated.iter().any(|m| m.same_storage(s)) {
@@ -206,14 +219,14 @@ pub(crate) fn run_forward(
 /// that requires grad (a mutation autograd sees), and the base of such an input when
 /// it is a view.
 pub(crate) fn mark_grad_flags(entry: &Entry, args: &[Arg], results: &[Tensor]) -> Result<()> {
-    let meta = &entry.fz.meta;
+    let meta = &entry.m().meta;
     for (t, info) in results.iter().zip(&meta.outputs) {
         let fresh = !matches!(info.kind, OutputKind::IsInput(_) | OutputKind::SameAs(_));
         if info.requires_grad && fresh && info.meta.dtype.is_float() {
             t.mark_differentiable_result()?;
         }
     }
-    for (k, info) in meta.inputs.iter().enumerate().take(entry.traced_args.len()) {
+    for (k, info) in meta.inputs.iter().enumerate().take(entry.m().traced_args.len()) {
         let t = traced_input(entry, args, k)?;
         if !info.mutates_data || info.mutations_hidden_from_autograd || !t.dtype().is_float() {
             continue;
@@ -232,10 +245,10 @@ pub(crate) fn mark_grad_flags(entry: &Entry, args: &[Arg], results: &[Tensor]) -
 
 /// The call-time metadata of traced input `k`.
 pub(crate) fn traced_input_meta(entry: &Entry, args: &[Arg], k: usize) -> Result<TensorMeta> {
-    if k >= entry.traced_args.len() {
+    if k >= entry.m().traced_args.len() {
         // Inputs the trace added itself (the RNG state): their traced metadata.
-        let input = entry.traced.graph.inputs.get(k).ok_or_else(|| Error::Internal(format!("no traced input {k}")))?;
-        return Ok(input.meta.clone());
+        let input = entry.m().input_metas.get(k).ok_or_else(|| Error::Internal(format!("no traced input {k}")))?;
+        return Ok(input.clone());
     }
     Ok(traced_input(entry, args, k)?.meta())
 }

@@ -1,0 +1,325 @@
+//! [`Cache`]: a [`Store`] plus the rules for what goes in and what comes out: entries
+//! are sealed ([`crate::envelope`]) and encoded with [`aotgrad_ir::codec`]; anything
+//! that fails a check on the way out is logged, removed and treated as a miss.
+
+use crate::envelope::{self, Kind};
+use crate::key::CacheKey;
+use crate::result::{AotResult, StoredArtifact, StoredResult};
+use crate::store::{BlobInfo, DiskStore, Store, StoreError};
+use aotgrad_ir::codec;
+use serde::{Deserialize, Serialize};
+
+/// The payload of one cache entry: its key (checked on load: an entry copied under
+/// another key is foreign) and the result.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StoredEntry {
+    /// The key it was written under.
+    pub key: CacheKey,
+    /// The result.
+    pub result: StoredResult,
+}
+
+/// How entries hold their artifacts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flavour {
+    /// Inside the entry: one blob per entry.
+    Bundled,
+    /// In the content-addressed artifact store: entries with equal artifacts share them.
+    Referencing,
+}
+
+/// An entry found under a key (its guards are the caller's to check).
+#[derive(Clone, Debug)]
+pub struct Candidate {
+    /// Its id within the key.
+    pub id: String,
+    /// The result.
+    pub result: StoredResult,
+}
+
+/// What a lookup found.
+#[derive(Debug, Default)]
+pub struct Lookup {
+    /// Valid entries under the key.
+    pub candidates: Vec<Candidate>,
+    /// Entries rejected (corrupt, truncated, wrong version, foreign, bad MAC), with why;
+    /// each was removed.
+    pub rejected: Vec<String>,
+    /// The store could not be read (a logged miss).
+    pub error: Option<String>,
+}
+
+/// The default size limit of a disk cache: 4 GiB.
+pub const DEFAULT_MAX_BYTES: u64 = 4 << 30;
+
+/// A compiled-result cache over one store.
+pub struct Cache {
+    store: Box<dyn Store>,
+    flavour: Flavour,
+    mac_key: Option<[u8; 32]>,
+}
+
+impl std::fmt::Debug for Cache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cache")
+            .field("store", &self.store.describe())
+            .field("flavour", &self.flavour)
+            .field("signed", &self.mac_key.is_some())
+            .finish()
+    }
+}
+
+/// Derive the 32-byte MAC key from a secret of any length.
+pub fn mac_key_from_secret(secret: &[u8]) -> [u8; 32] {
+    blake3::derive_key("aotgrad cache entry MAC v1", secret)
+}
+
+impl Cache {
+    /// A cache over `store`, bundled entries, unsigned.
+    pub fn new(store: Box<dyn Store>) -> Cache {
+        Cache { store, flavour: Flavour::Bundled, mac_key: None }
+    }
+
+    /// A disk cache at `dir` with the default size limit.
+    pub fn disk(dir: impl Into<std::path::PathBuf>) -> Cache {
+        Cache::new(Box::new(DiskStore::new(dir, DEFAULT_MAX_BYTES)))
+    }
+
+    /// The cache the environment asks for: a disk cache when `AOTGRAD_CACHE_DIR` is
+    /// set (size limit `AOTGRAD_CACHE_MAX_BYTES`, entries signed when
+    /// `AOTGRAD_CACHE_KEY` or `AOTGRAD_CACHE_KEY_FILE` gives a secret); `None` when it
+    /// is unset or `AOTGRAD_CACHE=0`.
+    pub fn from_env() -> Result<Option<Cache>, String> {
+        if std::env::var("AOTGRAD_CACHE").is_ok_and(|v| v == "0") {
+            return Ok(None);
+        }
+        if std::env::var_os("AOTGRAD_CACHE_DIR").is_none_or(|d| d.is_empty()) {
+            return Ok(None);
+        }
+        Cache::user_default().map(Some)
+    }
+
+    /// A disk cache in [`DiskStore::default_dir`], configured from the environment
+    /// as [`Cache::from_env`] describes.
+    pub fn user_default() -> Result<Cache, String> {
+        let max = match std::env::var("AOTGRAD_CACHE_MAX_BYTES") {
+            Ok(v) => v.trim().parse::<u64>().map_err(|e| format!("AOTGRAD_CACHE_MAX_BYTES={v:?}: {e}"))?,
+            Err(_) => DEFAULT_MAX_BYTES,
+        };
+        let mut cache = Cache::new(Box::new(DiskStore::new(DiskStore::default_dir(), max)));
+        if let Some(secret) = secret_from_env()? {
+            cache = cache.signed(&secret);
+        }
+        Ok(cache)
+    }
+
+    /// Store artifacts by reference in the artifact store (or bundled).
+    pub fn flavour(mut self, flavour: Flavour) -> Cache {
+        self.flavour = flavour;
+        self
+    }
+
+    /// Sign entries with a MAC keyed by `secret` and refuse entries without it.
+    pub fn signed(mut self, secret: &[u8]) -> Cache {
+        self.mac_key = Some(mac_key_from_secret(secret));
+        self
+    }
+
+    /// The store's description.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} ({}, {})",
+            self.store.describe(),
+            match self.flavour {
+                Flavour::Bundled => "bundled",
+                Flavour::Referencing => "referencing",
+            },
+            if self.mac_key.is_some() { "signed" } else { "checksummed" }
+        )
+    }
+
+    fn open_blob<'a>(&self, bytes: &'a [u8], kind: Kind) -> Result<&'a [u8], envelope::EnvelopeError> {
+        envelope::open(bytes, kind, self.mac_key.as_ref(), self.mac_key.is_some())
+    }
+
+    /// The valid entries under `key`; invalid ones are logged, removed and listed.
+    pub fn lookup(&self, key: &CacheKey) -> Lookup {
+        let mut out = Lookup::default();
+        let blobs = match self.store.entries(&key.hex) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(target: "aotgrad::cache", "cache read failed (a miss): {e}");
+                out.error = Some(e.to_string());
+                return out;
+            }
+        };
+        for (id, bytes) in blobs {
+            match self.decode_entry(&bytes) {
+                Ok(entry) if entry.key.hex == key.hex => {
+                    out.candidates.push(Candidate { id, result: entry.result });
+                }
+                Ok(entry) => {
+                    self.reject(&mut out, key, &id, format!("foreign entry (written for key {})", entry.key.hex))
+                }
+                Err(why) => self.reject(&mut out, key, &id, why),
+            }
+        }
+        out
+    }
+
+    fn reject(&self, out: &mut Lookup, key: &CacheKey, id: &str, why: String) {
+        tracing::warn!(target: "aotgrad::cache", "rejected cache entry {}/{id}: {why}; removing it", key.hex);
+        if let Err(e) = self.store.remove_entry(&key.hex, id) {
+            tracing::warn!(target: "aotgrad::cache", "{e}");
+        }
+        out.rejected.push(format!("{}/{id}: {why}", key.hex));
+    }
+
+    /// Check and decode one entry blob.
+    pub fn decode_entry(&self, bytes: &[u8]) -> Result<StoredEntry, String> {
+        let payload = self.open_blob(bytes, Kind::Entry).map_err(|e| e.to_string())?;
+        codec::decode::<StoredEntry>("cache entry", payload).map_err(|e| e.to_string())
+    }
+
+    /// A referenced artifact's bytes, checked against its hash.
+    pub fn fetch_artifact(&self, hash: &str, len: u64) -> Result<Vec<u8>, String> {
+        let blob = self
+            .store
+            .artifact(hash)
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("artifact {hash} is not in the store (evicted?)"))?;
+        let payload = self.open_blob(&blob, Kind::Artifact).map_err(|e| format!("artifact {hash}: {e}"))?;
+        if payload.len() as u64 != len || blake3::hash(payload).to_hex().as_str() != hash {
+            return Err(format!("artifact {hash} does not match its hash"));
+        }
+        Ok(payload.to_vec())
+    }
+
+    /// Rebuild a loaded candidate's result (resolving referenced artifacts).
+    pub fn instantiate<T>(&self, stored: StoredResult) -> Result<AotResult<T>, String> {
+        AotResult::from_stored(stored, |hash, len| self.fetch_artifact(hash, len))
+    }
+
+    /// Write `result` under `key`, replacing an entry with the same guards.
+    pub fn insert<T>(&self, key: &CacheKey, result: &AotResult<T>) -> Result<(), StoreError> {
+        let mut failed: Option<StoreError> = None;
+        let stored = result.to_stored(|bytes| match self.flavour {
+            Flavour::Bundled => None,
+            Flavour::Referencing => {
+                let hash = blake3::hash(bytes).to_hex().to_string();
+                let blob = envelope::seal(Kind::Artifact, bytes, self.mac_key.as_ref());
+                if let Err(e) = self.store.put_artifact(&hash, &blob) {
+                    failed = Some(e);
+                    return None;
+                }
+                Some(StoredArtifact::Referenced { hash, len: bytes.len() as u64 })
+            }
+        });
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        let id = entry_id(&stored);
+        let entry = StoredEntry { key: key.clone(), result: stored };
+        let payload = codec::encode("cache entry", &entry)
+            .map_err(|e| StoreError { store: self.store.describe(), msg: e.to_string() })?;
+        let blob = envelope::seal(Kind::Entry, &payload, self.mac_key.as_ref());
+        self.store.put_entry(key, &id, &blob)
+    }
+
+    /// Why `key` missed: the nearest stored key and the ingredients that differ.
+    pub fn explain_miss(&self, key: &CacheKey) -> String {
+        let keys = match self.store.keys() {
+            Ok(k) => k,
+            Err(e) => return format!("the store cannot be listed: {e}"),
+        };
+        let nearest =
+            keys.iter().filter(|k| k.hex != key.hex).map(|k| (key.differing(k), k)).min_by_key(|(d, _)| d.len());
+        match nearest {
+            None => "no entry in the cache yet".to_string(),
+            Some((d, k)) => format!("nearest entry {} differs in: {}", short(&k.hex), d.join(", ")),
+        }
+    }
+
+    /// Every blob in the store.
+    pub fn list(&self) -> Result<Vec<BlobInfo>, StoreError> {
+        self.store.list()
+    }
+
+    /// The entries under `key` (or a unique prefix of it) as readable JSON (artifact
+    /// bytes summarized).
+    pub fn inspect(&self, key_prefix: &str) -> Result<serde_json::Value, String> {
+        let keys = self.store.keys().map_err(|e| e.to_string())?;
+        let matching: Vec<&CacheKey> = keys.iter().filter(|k| k.hex.starts_with(key_prefix)).collect();
+        let key = match matching.as_slice() {
+            [k] => *k,
+            [] => return Err(format!("no cache key starts with {key_prefix:?}")),
+            many => return Err(format!("{} keys start with {key_prefix:?}; give more digits", many.len())),
+        };
+        let found = self.lookup(key);
+        let entries: Vec<serde_json::Value> = found
+            .candidates
+            .iter()
+            .map(|c| {
+                let mut v = serde_json::to_value(&c.result).unwrap_or_default();
+                for side in ["forward", "backward"] {
+                    if let Some(slot) = v.get_mut(side) {
+                        if let Some(bytes) = slot.get("Bundled").and_then(|b| b.as_array()) {
+                            *slot = serde_json::json!({ "Bundled": format!("<{} bytes>", bytes.len()) });
+                        }
+                    }
+                }
+                serde_json::json!({ "id": c.id, "guards": c.result.meta.guard_expr(), "result": v })
+            })
+            .collect();
+        Ok(serde_json::json!({
+            "key": key.hex,
+            "ingredients": key.ingredients,
+            "entries": entries,
+            "rejected": found.rejected,
+        }))
+    }
+
+    /// Remove everything.
+    pub fn clear(&self) -> Result<(), StoreError> {
+        self.store.clear()
+    }
+}
+
+/// An entry's id within its key: a hash of its guards (a recompile with the same
+/// guards replaces it; different guards live side by side).
+fn entry_id(stored: &StoredResult) -> String {
+    let h = blake3::hash(stored.meta.guard_expr().as_bytes()).to_hex();
+    h[..32].to_string()
+}
+
+fn short(hex: &str) -> &str {
+    &hex[..hex.len().min(16)]
+}
+
+fn secret_from_env() -> Result<Option<Vec<u8>>, String> {
+    if let Some(k) = std::env::var_os("AOTGRAD_CACHE_KEY").filter(|k| !k.is_empty()) {
+        return Ok(Some(k.into_encoded_bytes()));
+    }
+    if let Some(p) = std::env::var_os("AOTGRAD_CACHE_KEY_FILE").filter(|k| !k.is_empty()) {
+        let bytes = std::fs::read(&p)
+            .map_err(|e| format!("AOTGRAD_CACHE_KEY_FILE {}: {e}", std::path::Path::new(&p).display()))?;
+        if bytes.is_empty() {
+            return Err(format!("AOTGRAD_CACHE_KEY_FILE {} is empty", std::path::Path::new(&p).display()));
+        }
+        return Ok(Some(bytes));
+    }
+    Ok(None)
+}
+
+/// Seal bundled results as a precompiled-function file (for deployment).
+pub fn encode_precompiled<T>(results: &[&AotResult<T>]) -> Result<Vec<u8>, String> {
+    let stored: Vec<StoredResult> = results.iter().map(|r| r.to_stored(|_| None)).collect();
+    let payload = codec::encode("precompiled function", &stored).map_err(|e| e.to_string())?;
+    Ok(envelope::seal(Kind::Precompiled, &payload, None))
+}
+
+/// Check and decode a precompiled-function file.
+pub fn decode_precompiled(bytes: &[u8]) -> Result<Vec<StoredResult>, String> {
+    let payload = envelope::open(bytes, Kind::Precompiled, None, false).map_err(|e| e.to_string())?;
+    codec::decode("precompiled function", payload).map_err(|e| e.to_string())
+}

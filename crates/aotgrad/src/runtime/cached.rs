@@ -1,0 +1,271 @@
+//! The runtime's side of the result cache: computing a traced call's key, loading a
+//! stored result whose guards hold (through the same [`Entry::instantiate`] as a
+//! fresh one), storing fresh results, counting what happened, and precompiled files.
+
+use super::{result_bindings, AotFunction, Arg, CallSig, Entry};
+use crate::config::AotConfig;
+use crate::error::{Error, Result};
+use aotgrad_cache::{AotResult, Cache, CacheKey, KeyBuilder};
+use aotgrad_cpu::CpuTensor;
+use aotgrad_trace::Traced;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+/// Where a compiled entry came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EntrySource {
+    /// Compiled in this process.
+    Compiled,
+    /// Loaded from the result cache.
+    Cache,
+    /// Loaded from a precompiled file ([`AotFunction::load_precompiled`]).
+    Precompiled,
+}
+
+/// What the cache did for one compiled function.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Specializations loaded from the cache (no compilation).
+    pub hits: u64,
+    /// Lookups that found no entry under the key (compiled, then stored).
+    pub misses: u64,
+    /// Lookups that found entries under the key, none of whose guards held.
+    pub guard_misses: u64,
+    /// Specializations compiled without consulting the cache, with why.
+    pub bypasses: u64,
+    /// Stored entries rejected as corrupt, truncated, foreign, wrongly signed or from
+    /// another version (each was removed, then recompiled and replaced).
+    pub rejected: u64,
+    /// Failed cache writes (the compiled result is used all the same).
+    pub write_errors: u64,
+    /// Why each miss, guard miss, bypass, rejection and write error happened, in order.
+    pub reasons: Vec<String>,
+}
+
+pub(crate) struct CacheState {
+    cache: Option<Arc<Cache>>,
+    stats: Mutex<CacheStats>,
+}
+
+impl CacheState {
+    pub(crate) fn new(cache: Option<Arc<Cache>>) -> CacheState {
+        CacheState { cache, stats: Mutex::new(CacheStats::default()) }
+    }
+
+    fn note(&self, f: impl FnOnce(&mut CacheStats) -> String) {
+        let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        let why = f(&mut s);
+        s.reasons.push(why);
+    }
+
+    /// The key of a traced call, or `None` when there is no cache or it is bypassed.
+    pub(crate) fn key_for(&self, config: &AotConfig, sig: &CallSig, traced: &Traced) -> Option<CacheKey> {
+        self.cache.as_ref()?;
+        let Some(identity) = config.backend.cache_identity() else {
+            let why = format!(
+                "bypass: backend `{}` declares no cache identity (its artifacts cannot be cached)",
+                config.backend.name()
+            );
+            tracing::info!(target: "aotgrad::cache", "`{}`: {why}", config.name);
+            self.note(|s| {
+                s.bypasses += 1;
+                why
+            });
+            return None;
+        };
+        Some(cache_key(config, sig, traced, &identity))
+    }
+
+    /// Load the first stored result under `key` whose guards hold for `args`.
+    pub(crate) fn load(&self, config: &AotConfig, key: &CacheKey, args: &[Arg]) -> Result<Option<Entry>> {
+        let Some(cache) = &self.cache else { return Ok(None) };
+        let started = std::time::Instant::now();
+        let found = cache.lookup(key);
+        for why in &found.rejected {
+            self.note(|s| {
+                s.rejected += 1;
+                format!("rejected {why}")
+            });
+        }
+        let any = !found.candidates.is_empty();
+        for c in found.candidates {
+            if result_bindings(&c.result.meta, args).is_none() {
+                continue;
+            }
+            let guards = c.result.meta.guard_expr();
+            let result = match cache.instantiate::<CpuTensor>(c.result) {
+                Ok(r) => r,
+                Err(why) => {
+                    self.reject(&config.name, key, &why);
+                    continue;
+                }
+            };
+            match Entry::instantiate(Arc::new(result), config.backend.as_ref(), EntrySource::Cache) {
+                Ok(entry) => {
+                    tracing::info!(
+                        target: "aotgrad::cache",
+                        "cache hit for `{}` (key {}, guards {guards}) in {:.2} ms",
+                        config.name,
+                        &key.hex[..16],
+                        started.elapsed().as_secs_f64() * 1e3
+                    );
+                    self.note(|s| {
+                        s.hits += 1;
+                        format!("hit {}", &key.hex[..16])
+                    });
+                    return Ok(Some(entry));
+                }
+                Err(e) => self.reject(&config.name, key, &e.to_string()),
+            }
+        }
+        let why = if let Some(e) = found.error {
+            format!("miss: {e}")
+        } else if any {
+            format!("guard miss: key {} has entries, but none of their guards hold for this call", &key.hex[..16])
+        } else {
+            format!("miss: key {} not stored; {}", &key.hex[..16], cache.explain_miss(key))
+        };
+        tracing::info!(target: "aotgrad::cache", "`{}`: {why}", config.name);
+        self.note(|s| {
+            if any {
+                s.guard_misses += 1;
+            } else {
+                s.misses += 1;
+            }
+            why
+        });
+        Ok(None)
+    }
+
+    fn reject(&self, name: &str, key: &CacheKey, why: &str) {
+        tracing::warn!(target: "aotgrad::cache", "`{name}`: cache entry under {} unusable: {why}", &key.hex[..16]);
+        self.note(|s| {
+            s.rejected += 1;
+            format!("rejected {}: {why}", &key.hex[..16])
+        });
+    }
+
+    /// Store a fresh result (a failure is logged and counted, never an error).
+    pub(crate) fn store(&self, key: &CacheKey, result: &AotResult<CpuTensor>) {
+        let Some(cache) = &self.cache else { return };
+        if let Err(e) = cache.insert(key, result) {
+            tracing::warn!(target: "aotgrad::cache", "cache write failed: {e}");
+            self.note(|s| {
+                s.write_errors += 1;
+                format!("write error: {e}")
+            });
+        }
+    }
+
+    pub(crate) fn stats(&self) -> CacheStats {
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// The cache key of a traced call: the traced graph in canonical form (input names
+/// and source locations left out), the call signature (dtypes, ranks, grad flags,
+/// leafness, aliasing pattern, plain values; the metadata is in the graph's inputs),
+/// the autograd facts of the trace, each config field that changes compilation, the
+/// backend's identity, and the versions.
+pub(crate) fn cache_key(config: &AotConfig, sig: &CallSig, traced: &Traced, backend_identity: &str) -> CacheKey {
+    let mut canonical = traced.graph.clone();
+    for (k, input) in canonical.inputs.iter_mut().enumerate() {
+        input.name = format!("in{k}");
+    }
+    for n in &mut canonical.nodes {
+        n.loc = None;
+    }
+    let mut b = KeyBuilder::new();
+    b.add("graph", aotgrad_ir::text::print_graph(&canonical).as_bytes());
+    b.add("call signature", format!("{sig:?}").as_bytes());
+    b.add(
+        "trace facts",
+        format!(
+            "{:?} {:?} {:?} {:?}",
+            traced.input_requires_grad, traced.output_requires_grad, traced.value_requires_grad, traced.rng
+        )
+        .as_bytes(),
+    );
+    b.add("guards", format!("{:?}", traced.shape_env.guards()).as_bytes());
+    b.add("decompositions", format!("{:?}", config.decomps).as_bytes());
+    b.add("dynamic", format!("{:?} duck {}", config.dynamic, config.duck_shape).as_bytes());
+    b.add("keep_inference_input_mutations", format!("{}", config.keep_inference_input_mutations).as_bytes());
+    b.add("simplify", format!("{}", config.simplify).as_bytes());
+    b.add("partitioner", format!("{:?}", config.partitioner).as_bytes());
+    b.add("backend", backend_identity.as_bytes());
+    b.finish()
+}
+
+/// A short description of a call's arguments, for errors.
+pub(crate) fn describe_call(args: &[Arg]) -> String {
+    let parts: Vec<String> = args
+        .iter()
+        .map(|a| match a {
+            Arg::Tensor(t) => format!("{}{}", t.meta(), if t.is_requires_grad() { " requires_grad" } else { "" }),
+            Arg::Int(v) => v.to_string(),
+            Arg::Float(v) => v.to_string(),
+            Arg::Bool(v) => v.to_string(),
+            Arg::None => "None".into(),
+        })
+        .collect();
+    parts.join(", ")
+}
+
+impl AotFunction {
+    /// What the result cache did for this function: hits, misses, guard misses,
+    /// bypasses, rejected entries, and why.
+    pub fn cache_stats(&self) -> CacheStats {
+        self.cache.stats()
+    }
+
+    /// Save every specialization compiled so far as one bundled, checksummed file that
+    /// [`AotFunction::load_precompiled`] turns back into a callable in another
+    /// process, without the user's function (deployment).
+    pub fn save_precompiled(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let entries = self.lock_entries();
+        if entries.is_empty() {
+            return Err(self.call_error("nothing to save: call or `compile_for` the function first".into()));
+        }
+        let results: Vec<&AotResult<CpuTensor>> = entries.iter().map(|e| e.result.as_ref()).collect();
+        let bytes = aotgrad_cache::encode_precompiled(&results).map_err(Error::Cache)?;
+        let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+        std::fs::write(&tmp, &bytes)
+            .and_then(|()| std::fs::rename(&tmp, path))
+            .map_err(|e| Error::Cache(format!("cannot write {}: {e}", path.display())))
+    }
+
+    /// Load a function saved with [`AotFunction::save_precompiled`]: a callable that
+    /// runs the saved specializations with `config`'s backend, which must match the
+    /// one that compiled them (name, artifact format, target features, version). A
+    /// call that no saved specialization accepts is an error (there is nothing to
+    /// trace).
+    pub fn load_precompiled(path: impl AsRef<Path>, config: AotConfig) -> Result<AotFunction> {
+        let path = path.as_ref();
+        let bytes = std::fs::read(path).map_err(|e| Error::Cache(format!("cannot read {}: {e}", path.display())))?;
+        let stored = aotgrad_cache::decode_precompiled(&bytes)
+            .map_err(|e| Error::Cache(format!("{} is not a usable precompiled function: {e}", path.display())))?;
+        let mut entries = Vec::with_capacity(stored.len());
+        let mut arity = None;
+        for s in stored {
+            arity = Some(s.meta.slot_of_arg.len());
+            let result = AotResult::from_stored(s, |h, _| {
+                Err(format!("artifact {h} is referenced, but a precompiled file bundles its artifacts"))
+            })
+            .map_err(Error::Cache)?;
+            let entry = Entry::instantiate(Arc::new(result), config.backend.as_ref(), EntrySource::Precompiled)
+                .map_err(|e| Error::Cache(format!("{}: {e}", path.display())))?;
+            entries.push(Arc::new(entry));
+        }
+        let cache = CacheState::new(None);
+        Ok(AotFunction {
+            f: None,
+            config,
+            cache,
+            entries: Mutex::new(entries),
+            arity: Mutex::new(arity),
+            compile_lock: Mutex::new(()),
+            compiling_thread: Mutex::new(None),
+        })
+    }
+}
