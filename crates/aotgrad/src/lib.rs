@@ -32,14 +32,15 @@ pub mod module;
 pub mod nn;
 pub mod runtime;
 
-pub use config::AotConfig;
+pub use config::{AotConfig, Cache};
 pub use error::{Error, Result};
 pub use export::{aot_export_joint_simple, aot_export_module};
 pub use logging::init_logging;
 pub use module::{aot_module, aot_module_simplified, AotModule, ModuleBackward, ModuleGrads};
-pub use runtime::{aot_function, aot_function_args, AotFunction, Arg, CompileReport};
+pub use runtime::{aot_function, aot_function_args, AotFunction, Arg, CacheStats, CompileReport, EntrySource};
 
 pub use aotgrad_autodiff as autodiff;
+pub use aotgrad_cache as cache;
 pub use aotgrad_cpu as cpu;
 pub use aotgrad_functionalize as functionalize;
 pub use aotgrad_ir as ir;

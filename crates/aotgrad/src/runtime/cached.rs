@@ -166,7 +166,8 @@ impl CacheState {
 /// and source locations left out), the call signature (dtypes, ranks, grad flags,
 /// leafness, aliasing pattern, plain values; the metadata is in the graph's inputs),
 /// the autograd facts of the trace, each config field that changes compilation, the
-/// backend's identity, and the versions.
+/// backend's identity, and the versions. Guards are not part of it: entries under one
+/// key are told apart by their guards, checked against each call.
 pub(crate) fn cache_key(config: &AotConfig, sig: &CallSig, traced: &Traced, backend_identity: &str) -> CacheKey {
     let mut canonical = traced.graph.clone();
     for (k, input) in canonical.inputs.iter_mut().enumerate() {
@@ -186,7 +187,6 @@ pub(crate) fn cache_key(config: &AotConfig, sig: &CallSig, traced: &Traced, back
         )
         .as_bytes(),
     );
-    b.add("guards", format!("{:?}", traced.shape_env.guards()).as_bytes());
     b.add("decompositions", format!("{:?}", config.decomps).as_bytes());
     b.add("dynamic", format!("{:?} duck {}", config.dynamic, config.duck_shape).as_bytes());
     b.add("keep_inference_input_mutations", format!("{}", config.keep_inference_input_mutations).as_bytes());

@@ -13,7 +13,10 @@
 //!     trailing `copy_`s of keep mode) and round-trips through the text format.
 //!
 //! The compiled function is called twice on fresh inputs: the first call compiles,
-//! the second must reuse the entry; both calls are checked.
+//! the second must reuse the entry; both calls are checked. The first compile also
+//! stores its result in a fresh disk cache, and a second compiled function (no
+//! in-memory entry) must load it from there, compile nothing, and satisfy the same
+//! contract (the cache round trip of every contract test).
 
 use crate::worlds::compare_worlds;
 use aotgrad::functionalize::{verify_functional, Functionalized};
@@ -79,8 +82,10 @@ where
 /// Check the whole contract; `Err` describes the first violation.
 pub fn try_check(f: UserFn, inputs: &dyn Fn() -> Vec<Arg>, config: AotConfig) -> Result<Outcome, String> {
     let keep = config.keep_inference_input_mutations;
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let config = config.cache(Arc::new(aotgrad::Cache::disk(dir.path())));
     let ff = f.clone();
-    let compiled = aot_function_args(move |a: &[Arg]| ff(a), config).map_err(|e| e.to_string())?;
+    let compiled = aot_function_args(move |a: &[Arg]| ff(a), config.clone()).map_err(|e| e.to_string())?;
     // Compiled, twice: compile + cached call.
     for call in 0..2 {
         match agree(&compiled, &f, inputs, call == 1).map_err(|e| format!("call {call}: {e}"))? {
@@ -95,7 +100,34 @@ pub fn try_check(f: UserFn, inputs: &dyn Fn() -> Vec<Arg>, config: AotConfig) ->
     let fz = fz.last().ok_or("no functionalized graph")?;
     check_graph(fz, keep)?;
     let text = describe(fz);
+    // The cache round trip: a new function finds the stored result and compiles nothing.
+    let ff = f.clone();
+    let loaded = aot_function_args(move |a: &[Arg]| ff(a), config).map_err(|e| e.to_string())?;
+    if let Some(Outcome::BothFailed { compiled, .. }) =
+        agree(&loaded, &f, inputs, true).map_err(|e| format!("loaded from the cache: {e}"))?
+    {
+        return Err(format!("the call succeeded when compiled, but fails when loaded from the cache: {compiled}"));
+    }
+    check_loaded(&loaded)?;
+    let loaded_fz = loaded.functionalized();
+    if loaded_fz.last().map(describe) != Some(text.clone()) {
+        return Err("the loaded result's functional graph or metadata differ from the compiled one".into());
+    }
     Ok(Outcome::Agree(Box::new(Checked { text, compiled })))
+}
+
+/// A function whose only entry was loaded from the cache: one hit, nothing compiled.
+pub fn check_loaded(loaded: &AotFunction) -> Result<(), String> {
+    let stats = loaded.cache_stats();
+    let reports = loaded.compile_reports();
+    if stats.hits != 1
+        || stats.misses + stats.guard_misses + stats.rejected != 0
+        || reports.len() != 1
+        || reports[0].source != aotgrad::runtime::EntrySource::Cache
+    {
+        return Err(format!("expected one cache hit and no compilation, got {stats:?} and {reports:?}"));
+    }
+    Ok(())
 }
 
 /// Call `compiled` and `f` (eagerly) on fresh inputs each and check (a)-(c), and (d)

@@ -124,7 +124,9 @@ where
 {
     let f: UserFn = Arc::new(f);
     let ff = f.clone();
-    let compiled = aot_function_args(move |a: &[Arg]| ff(a), config).expect("aot_function_args");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = config.cache(Arc::new(aotgrad::Cache::disk(dir.path())));
+    let compiled = aot_function_args(move |a: &[Arg]| ff(a), config.clone()).expect("aot_function_args");
     let mut last = None;
     for call in 0..2u64 {
         match one_call(&compiled, &f, &inputs, &grads, 100 * call + 7) {
@@ -133,6 +135,22 @@ where
         }
         assert_eq!(compiled.num_compiled(), 1, "call {call}: one compiled entry for one input pattern");
     }
+    // The cache round trip: a new function loads the stored result, compiles nothing,
+    // and satisfies the same contract (forward, backward, finite differences).
+    let ff = f.clone();
+    let loaded = aot_function_args(move |a: &[Arg]| ff(a), config).expect("aot_function_args");
+    if let Err(e) = one_call(&loaded, &f, &inputs, &grads, 307) {
+        panic!("loaded from the cache: contract violated: {e}\n{}", graphs_text(&loaded));
+    }
+    let (stats, reports) = (loaded.cache_stats(), loaded.compile_reports());
+    assert!(
+        stats.hits == 1
+            && stats.misses + stats.guard_misses + stats.rejected == 0
+            && reports.len() == 1
+            && reports[0].source == aotgrad::runtime::EntrySource::Cache,
+        "expected one cache hit and no compilation, got {stats:?} and {reports:?}"
+    );
+    assert_eq!(graphs_text(&loaded), graphs_text(&compiled), "loaded graphs differ from the compiled ones");
     let (inputs, out_grads, updated_grads, grads) = last.expect("two calls ran");
     Trained { text: graphs_text(&compiled), compiled, inputs, out_grads, updated_grads, grads }
 }
