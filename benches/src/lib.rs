@@ -154,6 +154,16 @@ pub fn graph_flops(g: &aotgrad_ir::Graph) -> u64 {
 /// feeding `n / 2` scaled copies summed up). Returns the compiled function (on one
 /// thread) and its inputs; `train` makes the input require grad (the training path).
 pub fn pathological(kind: &str, n: usize, train: bool) -> Result<(aotgrad::AotFunction, Vec<Tensor>)> {
+    pathological_with(kind, n, train, aotgrad::AotConfig::default().threads(1))
+}
+
+/// [`pathological`] compiled with `config`.
+pub fn pathological_with(
+    kind: &str,
+    n: usize,
+    train: bool,
+    config: aotgrad::AotConfig,
+) -> Result<(aotgrad::AotFunction, Vec<Tensor>)> {
     let k = kind.to_string();
     let f = move |a: &[Tensor]| -> aotgrad_trace::Result<Vec<Tensor>> {
         let mut x = a[0].clone();
@@ -184,5 +194,5 @@ pub fn pathological(kind: &str, n: usize, train: bool) -> Result<(aotgrad::AotFu
     if train {
         x.set_requires_grad(true)?;
     }
-    Ok((aotgrad::aot_function(f, aotgrad::AotConfig::default().threads(1))?, vec![x, w]))
+    Ok((aotgrad::aot_function(f, config)?, vec![x, w]))
 }

@@ -114,30 +114,39 @@ fn ci() -> Result<()> {
     // The README's main job must keep working: a short run on real data that must
     // learn (one epoch on a subset, asserting the test accuracy).
     ensure_dataset()?;
-    run(
-        "main job (short)",
-        &[
-            "run",
-            "-q",
-            "-p",
-            "aotgrad-cli",
-            "--bin",
-            "aotgrad",
-            "--",
-            "train",
-            "--epochs",
-            "1",
-            "--train-limit",
-            "12800",
-            "--test-limit",
-            "2000",
-            "--warmup-steps",
-            "20",
-            "--min-accuracy",
-            "0.75",
-            "--no-progress",
-        ],
-    )?;
+    // Twice, in two processes, with a fresh cache: the second run must load every
+    // specialization from the first one's cache and learn the same.
+    let cache_dir = std::env::temp_dir().join(format!("aotgrad-ci-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cache_dir);
+    let cache = cache_dir.to_string_lossy().into_owned();
+    let short: Vec<&str> = vec![
+        "run",
+        "-q",
+        "-p",
+        "aotgrad-cli",
+        "--bin",
+        "aotgrad",
+        "--",
+        "train",
+        "--epochs",
+        "1",
+        "--train-limit",
+        "12800",
+        "--test-limit",
+        "2000",
+        "--warmup-steps",
+        "20",
+        "--min-accuracy",
+        "0.75",
+        "--no-progress",
+        "--cache-dir",
+        &cache,
+    ];
+    run("main job (short)", &short)?;
+    let mut rerun = short.clone();
+    rerun.push("--require-cache-hits");
+    run("main job (short, rerun from the cache)", &rerun)?;
+    let _ = std::fs::remove_dir_all(&cache_dir);
     let (p1, f1) = run_tests("test", &["test", "--workspace", "--all-targets"])?;
     let (p2, f2) = run_tests("doctest", &["test", "--workspace", "--doc"])?;
     // The plain closing line: the whole suite's count.

@@ -35,6 +35,13 @@ impl KeyBuilder {
         self.ingredients.insert(name.to_string(), blake3::hash(bytes).to_hex().to_string());
         self
     }
+    /// Add ingredient `name` by streaming its canonical bytes into a hasher.
+    pub fn add_with(&mut self, name: &str, write: impl FnOnce(&mut blake3::Hasher)) -> &mut KeyBuilder {
+        let mut h = blake3::Hasher::new();
+        write(&mut h);
+        self.ingredients.insert(name.to_string(), h.finalize().to_hex().to_string());
+        self
+    }
     /// The key.
     pub fn finish(self) -> CacheKey {
         let mut h = blake3::Hasher::new();

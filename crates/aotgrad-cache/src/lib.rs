@@ -24,7 +24,7 @@ pub mod store;
 pub use cache::{decode_precompiled, encode_precompiled, Cache, Candidate, Flavour, Lookup, StoredEntry};
 pub use key::{CacheKey, KeyBuilder, FORMAT_VERSION};
 pub use result::{
-    AotResult, Artifact, GraphDumps, GraphText, ResultMeta, RngSlots, StoredArtifact, StoredResult, TrainingMeta,
+    AotResult, Artifact, GraphDumps, GraphKind, ResultMeta, RngSlots, StoredArtifact, StoredResult, TrainingMeta,
 };
 pub use sig::{ArgSig, CallSig, Leafness};
 pub use store::{BlobInfo, DiskStore, Store, StoreError};

@@ -99,6 +99,8 @@ impl ResultMeta {
 pub struct Artifact<T> {
     live: OnceLock<Arc<dyn CompiledGraph<T>>>,
     bytes: OnceLock<Arc<Vec<u8>>>,
+    /// The bytes passed an integrity check ([`Backend::load_verified`] may be used).
+    verified: bool,
 }
 
 impl<T> Artifact<T> {
@@ -106,13 +108,19 @@ impl<T> Artifact<T> {
     pub fn live(compiled: Arc<dyn CompiledGraph<T>>) -> Artifact<T> {
         let live = OnceLock::new();
         let _ = live.set(compiled);
-        Artifact { live, bytes: OnceLock::new() }
+        Artifact { live, bytes: OnceLock::new(), verified: true }
     }
-    /// A serialized artifact ([`CompiledGraph::serialize`]'s bytes).
+    /// A serialized artifact ([`CompiledGraph::serialize`]'s bytes) from anywhere: it
+    /// is rebuilt with [`Backend::deserialize`], which trusts nothing in it.
     pub fn from_bytes(bytes: Vec<u8>) -> Artifact<T> {
         let b = OnceLock::new();
         let _ = b.set(Arc::new(bytes));
-        Artifact { live: OnceLock::new(), bytes: b }
+        Artifact { live: OnceLock::new(), bytes: b, verified: false }
+    }
+    /// A serialized artifact whose integrity was checked (it came out of a sealed
+    /// cache entry or precompiled file): rebuilt with [`Backend::load_verified`].
+    pub fn from_verified_bytes(bytes: Vec<u8>) -> Artifact<T> {
+        Artifact { verified: true, ..Artifact::from_bytes(bytes) }
     }
     /// The serialized artifact.
     pub fn bytes(&self) -> Arc<Vec<u8>> {
@@ -124,7 +132,8 @@ impl<T> Artifact<T> {
             return Ok(l.clone());
         }
         let bytes = self.bytes();
-        let rebuilt: Arc<dyn CompiledGraph<T>> = Arc::from(backend.deserialize(&bytes)?);
+        let rebuilt: Arc<dyn CompiledGraph<T>> =
+            Arc::from(if self.verified { backend.load_verified(&bytes)? } else { backend.deserialize(&bytes)? });
         Ok(self.live.get_or_init(|| rebuilt).clone())
     }
     /// Whether this artifact has been rebuilt or was compiled in this process.
@@ -133,47 +142,89 @@ impl<T> Artifact<T> {
     }
 }
 
-/// A graph kept for logs and introspection: the live graph of a fresh compile, or
-/// its text ([`aotgrad_ir::text`]) when loaded.
-#[derive(Clone, Debug)]
-pub enum GraphText {
-    /// The graph itself.
-    Live(Arc<Graph>),
-    /// Its printed form.
-    Text(Arc<str>),
+/// Which graph of a compile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GraphKind {
+    /// The traced graph (views and mutations as written).
+    Traced = 0,
+    /// The functional graph.
+    Functional = 1,
+    /// The joint graph after simplification (training).
+    Joint = 2,
+    /// The forward graph (training).
+    Forward = 3,
+    /// The backward graph (training).
+    Backward = 4,
 }
 
-impl GraphText {
-    /// The printed graph.
-    pub fn text(&self) -> Arc<str> {
-        match self {
-            GraphText::Live(g) => Arc::from(aotgrad_ir::text::print_graph(g)),
-            GraphText::Text(t) => t.clone(),
-        }
-    }
-    /// The graph (parsed from the text when loaded).
-    pub fn graph(&self) -> Result<Arc<Graph>, aotgrad_ir::ParseError> {
-        match self {
-            GraphText::Live(g) => Ok(g.clone()),
-            GraphText::Text(t) => aotgrad_ir::text::parse_graph_unchecked(t).map(Arc::new),
-        }
-    }
-}
+type Texts = [Option<String>; 5];
 
-/// The graphs of one compile, for logs: traced, functional, and on the training path
-/// joint, forward and backward.
+/// The graphs of one compile, kept for logs and introspection: the live graphs of a
+/// fresh compile, or, for a loaded result, their printed forms, decoded only when
+/// asked for (a warm start never pays for them).
 #[derive(Clone, Debug)]
 pub struct GraphDumps {
-    /// The traced graph (views and mutations as written).
-    pub traced: GraphText,
-    /// The functional graph.
-    pub functional: GraphText,
-    /// The joint graph after simplification (training).
-    pub joint: Option<GraphText>,
-    /// The forward graph (training).
-    pub forward: Option<GraphText>,
-    /// The backward graph (training).
-    pub backward: Option<GraphText>,
+    live: Option<Arc<[Option<Arc<Graph>>; 5]>>,
+    encoded: Arc<OnceLock<Vec<u8>>>,
+    texts: Arc<OnceLock<Result<Texts, String>>>,
+}
+
+impl GraphDumps {
+    /// The graphs of a fresh compile.
+    pub fn live(traced: Graph, functional: Graph, joint: Option<Graph>, fw: Option<Graph>, bw: Option<Graph>) -> Self {
+        let a = |g: Option<Graph>| g.map(Arc::new);
+        GraphDumps {
+            live: Some(Arc::new([Some(Arc::new(traced)), Some(Arc::new(functional)), a(joint), a(fw), a(bw)])),
+            encoded: Arc::new(OnceLock::new()),
+            texts: Arc::new(OnceLock::new()),
+        }
+    }
+
+    /// Graphs stored as [`GraphDumps::encoded`] bytes.
+    pub fn from_encoded(bytes: Vec<u8>) -> Self {
+        let encoded = OnceLock::new();
+        let _ = encoded.set(bytes);
+        GraphDumps { live: None, encoded: Arc::new(encoded), texts: Arc::new(OnceLock::new()) }
+    }
+
+    fn texts(&self) -> Result<&Texts, String> {
+        self.texts
+            .get_or_init(|| match &self.live {
+                Some(l) => Ok(std::array::from_fn(|i| l[i].as_ref().map(|g| aotgrad_ir::text::print_graph(g)))),
+                None => aotgrad_ir::codec::decode::<Texts>("graph dumps", self.encoded.get().map_or(&[][..], |b| b))
+                    .map_err(|e| e.to_string()),
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// The printed graphs, encoded (what an entry stores).
+    pub fn encoded(&self) -> Vec<u8> {
+        self.encoded
+            .get_or_init(|| match self.texts() {
+                Ok(t) => aotgrad_ir::codec::encode("graph dumps", t).unwrap_or_default(),
+                Err(_) => Vec::new(),
+            })
+            .clone()
+    }
+
+    /// The printed graph `which` (`None`: this compile has none, or the stored dumps
+    /// are unreadable).
+    pub fn text(&self, which: GraphKind) -> Option<String> {
+        if let Some(Some(g)) = self.live.as_ref().map(|l| &l[which as usize]) {
+            return Some(aotgrad_ir::text::print_graph(g));
+        }
+        self.texts().ok()?[which as usize].clone()
+    }
+
+    /// The graph `which` (parsed from its text for a loaded result).
+    pub fn graph(&self, which: GraphKind) -> Option<Arc<Graph>> {
+        if let Some(l) = &self.live {
+            return l[which as usize].clone();
+        }
+        let text = self.texts().ok()?[which as usize].as_ref()?;
+        aotgrad_ir::text::parse_graph_unchecked(text).ok().map(Arc::new)
+    }
 }
 
 /// Everything needed to rebuild a compiled callable without tracing or compiling.
@@ -192,7 +243,7 @@ pub struct AotResult<T> {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum StoredArtifact {
     /// The bytes themselves (a bundled entry: one file to ship).
-    Bundled(Vec<u8>),
+    Bundled(#[serde(with = "serde_bytes")] Vec<u8>),
     /// A blake3 hash (hex) and length of bytes kept in the artifact store.
     Referenced {
         /// Hex blake3 of the bytes.
@@ -211,9 +262,10 @@ pub struct StoredResult {
     pub forward: StoredArtifact,
     /// Backward artifact (training).
     pub backward: Option<StoredArtifact>,
-    /// Printed traced, functional, joint, forward, backward graphs (the last three on
-    /// the training path only).
-    pub graphs: [Option<String>; 5],
+    /// Printed traced, functional, joint, forward and backward graphs (the last three
+    /// on the training path only), encoded ([`GraphDumps::encoded`]).
+    #[serde(with = "serde_bytes")]
+    pub graphs: Vec<u8>,
 }
 
 impl<T> AotResult<T> {
@@ -224,44 +276,30 @@ impl<T> AotResult<T> {
             let bytes = a.bytes();
             reference(&bytes).unwrap_or_else(|| StoredArtifact::Bundled(bytes.to_vec()))
         };
-        let g = &self.graphs;
-        let text = |t: &Option<GraphText>| t.as_ref().map(|t| t.text().to_string());
         StoredResult {
             meta: self.meta.clone(),
             forward: store(&self.forward),
             backward: self.backward.as_ref().map(&mut store),
-            graphs: [
-                Some(g.traced.text().to_string()),
-                Some(g.functional.text().to_string()),
-                text(&g.joint),
-                text(&g.forward),
-                text(&g.backward),
-            ],
+            graphs: self.graphs.encoded(),
         }
     }
 
-    /// Rebuild from the stored form; `fetch` resolves referenced artifacts.
+    /// Rebuild from the stored form of a sealed entry whose envelope check passed
+    /// (artifacts load with [`Backend::load_verified`]); `fetch` resolves referenced
+    /// artifacts (and checks them against their hashes).
     pub fn from_stored(
         stored: StoredResult,
         mut fetch: impl FnMut(&str, u64) -> Result<Vec<u8>, String>,
     ) -> Result<AotResult<T>, String> {
         let mut artifact = |s: StoredArtifact| -> Result<Artifact<T>, String> {
-            Ok(Artifact::from_bytes(match s {
+            Ok(Artifact::from_verified_bytes(match s {
                 StoredArtifact::Bundled(b) => b,
                 StoredArtifact::Referenced { hash, len } => fetch(&hash, len)?,
             }))
         };
         let forward = artifact(stored.forward)?;
         let backward = stored.backward.map(&mut artifact).transpose()?;
-        let [traced, functional, joint, fw, bw] = stored.graphs;
-        let text = |t: Option<String>| t.map(|t| GraphText::Text(Arc::from(t)));
-        let graphs = GraphDumps {
-            traced: text(traced).ok_or("the entry has no traced graph")?,
-            functional: text(functional).ok_or("the entry has no functional graph")?,
-            joint: text(joint),
-            forward: text(fw),
-            backward: text(bw),
-        };
+        let graphs = GraphDumps::from_encoded(stored.graphs);
         if stored.meta.training.is_some() != backward.is_some() {
             return Err("a training entry needs a backward artifact and an inference entry has none".into());
         }

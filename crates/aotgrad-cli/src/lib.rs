@@ -1,8 +1,10 @@
 //! The `aotgrad` command line, as a library so its parts are tested directly:
 //! [`data`] (Fashion-MNIST's IDX files), [`models`] (the MLP and the vision
 //! transformer), [`train`] (the training loop, metrics, checkpoints, resume) and
-//! [`plot`] (the curves) and [`explain`] (every compile stage of a program).
+//! [`plot`] (the curves), [`explain`] (every compile stage of a program) and
+//! [`cache`] (the compiled-result cache).
 
+pub mod cache;
 pub mod data;
 pub mod explain;
 pub mod models;

@@ -1,5 +1,6 @@
 //! `aotgrad`: train Fashion-MNIST through the compiler (`aotgrad train`), explain
-//! every compile stage of a program (`aotgrad explain`).
+//! every compile stage of a program (`aotgrad explain`), look into the compiled-result
+//! cache (`aotgrad cache`).
 
 use aotgrad_cli::data;
 use aotgrad_cli::models::{group, ModelKind};
@@ -26,6 +27,51 @@ enum Command {
     /// examples/): traced, functional and joint graphs, view/mutation metadata,
     /// forward/backward partition with saved values, and the kernel plan.
     Explain(ExplainArgs),
+    /// Look into the compiled-result cache: `stats`, `list`, `inspect KEY`, `clear`.
+    Cache(CacheArgs),
+}
+
+#[derive(Args)]
+struct CacheArgs {
+    #[command(subcommand)]
+    action: CacheAction,
+    /// The cache directory (default: $AOTGRAD_CACHE_DIR, else $XDG_CACHE_HOME/aotgrad,
+    /// else ~/.cache/aotgrad).
+    #[arg(long, global = true)]
+    dir: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum CacheAction {
+    /// Entries, artifacts and bytes held.
+    Stats,
+    /// Every entry: key, function, path (training or inference), backend, guards, size.
+    List,
+    /// One key's ingredients and entries as JSON (KEY: the key or a unique prefix).
+    Inspect {
+        /// The key (hex) or a unique prefix of it.
+        key: String,
+    },
+    /// Remove every entry and artifact.
+    Clear,
+}
+
+fn run_cache(a: CacheArgs) -> Result<(), String> {
+    let dir = a.dir.unwrap_or_else(aotgrad::cache::DiskStore::default_dir);
+    print!("{}", aotgrad_cli::cache::run(&dir, &a.action.into_cli())?);
+    Ok(())
+}
+
+impl CacheAction {
+    fn into_cli(self) -> aotgrad_cli::cache::Action {
+        use aotgrad_cli::cache::Action;
+        match self {
+            CacheAction::Stats => Action::Stats,
+            CacheAction::List => Action::List,
+            CacheAction::Inspect { key } => Action::Inspect(key),
+            CacheAction::Clear => Action::Clear,
+        }
+    }
 }
 
 #[derive(Args)]
@@ -117,6 +163,17 @@ struct TrainArgs {
     /// Never draw progress bars.
     #[arg(long)]
     no_progress: bool,
+    /// The compiled-result cache directory (default: $AOTGRAD_CACHE_DIR, else
+    /// ~/.cache/aotgrad): a rerun loads the compiled step instead of compiling it.
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+    /// Compile everything afresh; read and write no cache.
+    #[arg(long, conflicts_with = "cache_dir")]
+    no_cache: bool,
+    /// Exit with an error unless every specialization was loaded from the cache (a
+    /// rerun's check that nothing compiled).
+    #[arg(long, conflicts_with = "no_cache")]
+    require_cache_hits: bool,
 }
 
 fn run_train(a: TrainArgs) -> Result<(), String> {
@@ -128,6 +185,8 @@ fn run_train(a: TrainArgs) -> Result<(), String> {
     opts.test_limit = a.test_limit;
     opts.threads = a.threads;
     opts.backend = a.backend;
+    opts.cache =
+        if a.no_cache { None } else { Some(a.cache_dir.unwrap_or_else(aotgrad::cache::DiskStore::default_dir)) };
     if let Some(e) = a.epochs {
         opts.epochs = e;
     }
@@ -173,11 +232,15 @@ fn run_train(a: TrainArgs) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     print!("{}", train::per_class_table(&report));
     let acc = report.final_accuracy().unwrap_or(0.0);
+    let loaded = report.compile.iter().filter(|r| r.source != aotgrad::EntrySource::Compiled).count();
     println!(
-        "done: test accuracy {:.2}% after {} epochs; {} specialization(s) compiled; {:.1} s in all",
+        "done: test accuracy {:.2}% after {} epochs; {} specialization(s) of the step, {} compiled and {} loaded from \
+         the cache; {:.1} s in all",
         100.0 * acc,
         report.epochs.len(),
         report.compile.len(),
+        report.compile.len() - loaded,
+        loaded,
         report.wall_seconds
     );
     if let Some(dir) = &a.out {
@@ -188,6 +251,14 @@ fn run_train(a: TrainArgs) -> Result<(), String> {
             dir.join("curves.svg").display(),
             train::checkpoint_path(dir).display()
         );
+    }
+    if a.require_cache_hits && (report.cache_misses > 0 || loaded < report.compile.len()) {
+        return Err(format!(
+            "--require-cache-hits: {} cache miss(es); {} of {} specialization(s) of the step were loaded",
+            report.cache_misses,
+            loaded,
+            report.compile.len()
+        ));
     }
     if let Some(min) = a.min_accuracy {
         if acc < min {
@@ -203,6 +274,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Train(a) => run_train(a),
         Command::Explain(a) => run_explain(a),
+        Command::Cache(a) => run_cache(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -11,7 +11,7 @@ use crate::data::{Split, CLASSES};
 use crate::models::{group, ModelKind};
 use aotgrad::nn::{checkpoint, AdamW, Module, Optimizer, WarmupCosine};
 use aotgrad::prelude::*;
-use aotgrad::CompileReport;
+use aotgrad::{Cache, CompileReport, EntrySource};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
@@ -61,6 +61,10 @@ pub struct TrainOptions {
     pub backend: BackendChoice,
     /// Evaluation batch size.
     pub eval_batch: usize,
+    /// The compiled-result cache directory (`None`: no cache). A rerun in a new
+    /// process loads every specialization instead of compiling it.
+    #[serde(default)]
+    pub cache: Option<PathBuf>,
 }
 
 impl TrainOptions {
@@ -83,6 +87,7 @@ impl TrainOptions {
             threads: 0,
             backend: BackendChoice::Cpu,
             eval_batch: 1000,
+            cache: None,
         }
     }
 
@@ -136,6 +141,12 @@ pub struct TrainReport {
     pub compile_stages: Vec<(String, f64)>,
     /// Whole run's wall time in seconds (this process only).
     pub wall_seconds: f64,
+    /// Specializations loaded from the cache in this process (all compiled functions).
+    #[serde(default)]
+    pub cache_hits: u64,
+    /// Cache lookups that missed in this process.
+    #[serde(default)]
+    pub cache_misses: u64,
 }
 
 impl TrainReport {
@@ -273,7 +284,8 @@ pub fn train(
     let total_steps = (steps_per_epoch * opts.epochs) as u64;
     let schedule =
         WarmupCosine { peak_lr: opts.lr, final_lr: 0.0, warmup_steps: opts.warmup_steps.min(total_steps), total_steps };
-    let mut opt = AdamW::with(opts.lr, (0.9, 0.999), 1e-8, opts.weight_decay)?;
+    let cache = opts.cache.as_ref().map(|d| Arc::new(Cache::disk(d)));
+    let mut opt = AdamW::with(opts.lr, (0.9, 0.999), 1e-8, opts.weight_decay)?.with_cache(cache.clone());
     let mut report =
         TrainReport { options: Some(opts.clone()), model: model.description.clone(), ..Default::default() };
 
@@ -285,6 +297,7 @@ pub fn train(
         BackendChoice::Cpu => AotConfig::default().threads(opts.threads),
         BackendChoice::Reference => AotConfig::default().reference_backend(),
     };
+    let config = AotConfig { cache: cache.clone(), ..config };
     let threads = if opts.threads == 0 {
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
     } else {
@@ -338,7 +351,13 @@ pub fn train(
         report.step_losses = prior.step_losses;
         say(log, format!("resumed from {} after epoch {first_epoch}", path.display()));
     }
-    say(log, "cache: off — every run compiles afresh (no compile cache in this build)".to_string());
+    say(
+        log,
+        match &cache {
+            Some(c) => format!("cache: {}", c.describe()),
+            None => "cache: off (--no-cache): every run compiles afresh".to_string(),
+        },
+    );
 
     let one = Tensor::ones(&[], DType::F32)?;
     let last_epoch = outputs.stop_after.map_or(opts.epochs, |s| s.min(opts.epochs));
@@ -373,11 +392,18 @@ pub fn train(
             if report.compile_stages.is_empty() {
                 if let Some(r) = compiled.function().compile_reports().first() {
                     report.compile_stages = r.stages.iter().map(|(s, t)| (s.to_string(), *t)).collect();
-                    let line = format!(
-                        "compiled the training step in {:.1} ms: {}",
-                        r.total_seconds() * 1e3,
-                        fmt_stages(&r.stages)
-                    );
+                    let line = match r.source {
+                        EntrySource::Compiled => format!(
+                            "compiled the training step in {:.1} ms: {}",
+                            r.total_seconds() * 1e3,
+                            fmt_stages(&r.stages)
+                        ),
+                        _ => format!(
+                            "loaded the training step from the cache in {:.2} ms (its compile took {:.1} ms)",
+                            compiled.function().cache_stats().load_seconds * 1e3,
+                            r.total_seconds() * 1e3
+                        ),
+                    };
                     bar.suspend(|| say(log, line));
                 }
             }
@@ -432,6 +458,39 @@ pub fn train(
         }
     }
     report.compile = compiled.function().compile_reports();
+    if cache.is_some() {
+        let mut fns = vec![("training step and evaluation", compiled.function())];
+        if let Some(u) = opt.update_function() {
+            fns.push(("AdamW update", u));
+        }
+        let parts: Vec<String> = fns
+            .iter()
+            .map(|(what, f)| {
+                let s = f.cache_stats();
+                let loaded = f.compile_reports().iter().filter(|r| r.source != EntrySource::Compiled).count();
+                format!(
+                    "{what}: {loaded} of {} specialization(s) loaded ({} hit(s), {} miss(es), {} guard miss(es), {} \
+                     rejected)",
+                    f.num_compiled(),
+                    s.hits,
+                    s.misses,
+                    s.guard_misses,
+                    s.rejected
+                )
+            })
+            .collect();
+        let all_hit = fns.iter().all(|(_, f)| f.cache_stats().hits as usize == f.num_compiled());
+        say(
+            log,
+            format!(
+                "cache: {}{}",
+                parts.join("; "),
+                if all_hit { " — every specialization came from the cache" } else { "" }
+            ),
+        );
+        report.cache_hits = fns.iter().map(|(_, f)| f.cache_stats().hits).sum();
+        report.cache_misses = fns.iter().map(|(_, f)| f.cache_stats().misses + f.cache_stats().guard_misses).sum();
+    }
     report.wall_seconds = start.elapsed().as_secs_f64();
     Ok(report)
 }

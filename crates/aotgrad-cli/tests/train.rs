@@ -131,3 +131,43 @@ fn the_vit_compiles_agrees_with_eager_and_trains() {
     assert!(report.step_losses.iter().all(|l| l.is_finite()));
     assert!(report.epochs[1].train_loss < report.epochs[0].train_loss, "{:?}", report.epochs);
 }
+
+/// A rerun with the same cache loads every specialization (training step, evaluation,
+/// AdamW update), compiles nothing, and trains exactly the same; `aotgrad cache`
+/// sees the entries and clears them.
+#[test]
+fn a_rerun_hits_the_cache_for_every_specialization() {
+    let (tr, te) = (synthetic(256, 1), synthetic(64, 2));
+    let dir = tmp("cache-rerun");
+    let o = TrainOptions { cache: Some(dir.clone()), ..opts(ModelKind::Mlp, 1) };
+    let first = train::train(&tr, &te, &o, None, &quiet(None, None), &mut Vec::new()).unwrap();
+    assert_eq!((first.cache_hits, first.cache_misses), (0, 3));
+    let mut log = Vec::new();
+    let second = train::train(&tr, &te, &o, None, &quiet(None, None), &mut log).unwrap();
+    assert_eq!((second.cache_hits, second.cache_misses), (3, 0));
+    assert_eq!(second.step_losses, first.step_losses);
+    assert_eq!(second.epochs[0].test_accuracy, first.epochs[0].test_accuracy);
+    let log = String::from_utf8(log).unwrap();
+    assert!(log.contains("loaded the training step from the cache"), "{log}");
+    assert!(log.contains("every specialization came from the cache"), "{log}");
+    assert!(second.compile.iter().all(|r| r.source == aotgrad::EntrySource::Cache));
+
+    use aotgrad_cli::cache::{run, Action};
+    let stats = run(&dir, &Action::Stats).unwrap();
+    assert!(stats.contains("3 key(s), 3 entries"), "{stats}");
+    let list = run(&dir, &Action::List).unwrap();
+    assert_eq!(list.lines().filter(|l| l.contains("train_step")).count(), 2, "{list}");
+    assert_eq!(list.lines().filter(|l| l.contains("adamw_update")).count(), 1, "{list}");
+    let key = list.lines().nth(1).unwrap().split_whitespace().next().unwrap().to_string();
+    let json: serde_json::Value = serde_json::from_str(&run(&dir, &Action::Inspect(key.clone())).unwrap()).unwrap();
+    assert!(json["key"].as_str().unwrap().starts_with(&key));
+    assert!(json["ingredients"]["graph"].is_string(), "{json}");
+    assert_eq!(json["entries"].as_array().unwrap().len(), 1);
+    assert!(run(&dir, &Action::Inspect("zz".into())).unwrap_err().contains("no cache key"));
+    assert!(run(&dir, &Action::Clear).unwrap().starts_with("removed"));
+    assert!(run(&dir, &Action::Stats).unwrap().contains("0 key(s)"));
+    // Without a cache: nothing is read or counted.
+    let off = train::train(&tr, &te, &opts(ModelKind::Mlp, 1), None, &quiet(None, None), &mut Vec::new()).unwrap();
+    assert_eq!((off.cache_hits, off.cache_misses), (0, 0));
+    assert_eq!(off.step_losses, first.step_losses);
+}

@@ -25,8 +25,18 @@ pub trait Backend<T>: Send + Sync {
     fn name(&self) -> &str;
     /// Compile a functional graph.
     fn compile(&self, graph: &Graph) -> Result<Box<dyn CompiledGraph<T>>, BackendError>;
-    /// Rebuild an artifact from [`CompiledGraph::serialize`]'s bytes.
+    /// Rebuild an artifact from [`CompiledGraph::serialize`]'s bytes, trusting nothing
+    /// in them: a backend re-checks and re-derives what it can (a file from anywhere).
     fn deserialize(&self, bytes: &[u8]) -> Result<Box<dyn CompiledGraph<T>>, BackendError>;
+    /// Rebuild an artifact from bytes whose integrity the caller has established: a
+    /// cache entry or precompiled file whose checksum (or keyed MAC) held and whose
+    /// producer had this backend's [`Backend::cache_identity`]. A backend may skip
+    /// re-deriving what the bytes record (the CPU backend uses the stored kernel plan
+    /// instead of planning again); it must still reject bytes it cannot decode. The
+    /// default is [`Backend::deserialize`].
+    fn load_verified(&self, bytes: &[u8]) -> Result<Box<dyn CompiledGraph<T>>, BackendError> {
+        self.deserialize(bytes)
+    }
     /// What an artifact depends on beyond the graph: the backend's name, its artifact
     /// format version and the target it compiled for (CPU features, an adapter). Cache
     /// keys include it, and a loaded artifact must match it. `None` (the default) says

@@ -39,6 +39,16 @@ pub fn encode<T: Serialize>(what: &'static str, value: &T) -> Result<Vec<u8>, Co
     bincode::serde::encode_to_vec(value, config()).map_err(|e| CodecError::Encode { what, msg: e.to_string() })
 }
 
+/// Encode `value` into `writer` (a hasher, a file), returning the bytes written.
+pub fn encode_into<T: Serialize, W: std::io::Write>(
+    what: &'static str,
+    value: &T,
+    writer: &mut W,
+) -> Result<usize, CodecError> {
+    bincode::serde::encode_into_std_write(value, writer, config())
+        .map_err(|e| CodecError::Encode { what, msg: e.to_string() })
+}
+
 /// Decode a value that must fill `bytes` exactly (trailing bytes are an error).
 pub fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, CodecError> {
     // The serde decoder reserves at most the bytes that remain for a sequence (serde's

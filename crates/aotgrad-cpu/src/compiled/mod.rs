@@ -21,7 +21,6 @@ use crate::interp::bind_inputs;
 use crate::storage::{take_recycled, Buffer, CpuTensor, Storage};
 use crate::{interpret, CpuError};
 use aotgrad_fusion::{plan_graph, print_plan, KernelPlan, PlanError};
-use aotgrad_ir::text::{parse_graph, print_graph};
 use aotgrad_ir::{Backend, BackendError, CompiledGraph, Dim, Graph, SymId};
 use exec::Raw;
 use lower::{lower, CKernel, Loc, Lowered};
@@ -112,7 +111,7 @@ pub struct AllocStats {
 
 /// A graph compiled by [`CpuBackend`].
 pub struct CpuCompiledGraph {
-    graph: Graph,
+    graph: LazyGraph,
     plan: Option<KernelPlan>,
     fallback: Option<PlanError>,
     threads: usize,
@@ -190,6 +189,20 @@ impl CpuCompiledGraph {
             }
             Err(e) => return Err(err(e)),
         };
+        Self::assemble(graph, plan, fallback, threads)
+    }
+
+    /// A graph with a plan made earlier for it (a verified artifact).
+    fn from_plan(graph: LazyGraph, plan: KernelPlan, threads: usize) -> Result<CpuCompiledGraph, BackendError> {
+        Self::assemble(graph, Some(plan), None, threads)
+    }
+
+    fn assemble(
+        graph: impl Into<LazyGraph>,
+        plan: Option<KernelPlan>,
+        fallback: Option<PlanError>,
+        threads: usize,
+    ) -> Result<CpuCompiledGraph, BackendError> {
         let fixed = match &plan {
             Some(p) if p.is_static() => Some(Arc::new(instance(p).map_err(err)?)),
             _ => None,
@@ -198,7 +211,7 @@ impl CpuCompiledGraph {
             tracing::debug!(plan = %print_plan(p, Some(&i.lowered.slots)), "kernel plan");
         }
         Ok(CpuCompiledGraph {
-            graph,
+            graph: graph.into(),
             plan,
             fallback,
             threads,
@@ -261,7 +274,7 @@ impl CpuCompiledGraph {
     }
 
     fn run_planned(&self, inputs: &[CpuTensor]) -> Result<Vec<CpuTensor>, CpuError> {
-        let env = bind_inputs(&self.graph, inputs)?;
+        let env = bind_inputs(&self.graph.inputs, inputs)?;
         let inst = self.instance_for(&env)?;
         let low = &inst.lowered;
         for (i, (t, need)) in inputs.iter().zip(&low.input_need).enumerate() {
@@ -496,9 +509,9 @@ impl CpuCompiledGraph {
 
 impl CompiledGraph<CpuTensor> for CpuCompiledGraph {
     fn run(&self, inputs: &[CpuTensor]) -> Result<Vec<CpuTensor>, BackendError> {
-        let _span = tracing::debug_span!("cpu_run", nodes = self.graph.nodes.len()).entered();
+        let _span = tracing::debug_span!("cpu_run", nodes = self.graph.nodes).entered();
         if self.plan.is_none() {
-            return interpret(&self.graph, inputs).map_err(err);
+            return interpret(self.graph.full()?, inputs).map_err(err);
         }
         let run = || self.run_planned(inputs);
         match &self.pool {
@@ -508,13 +521,102 @@ impl CompiledGraph<CpuTensor> for CpuCompiledGraph {
         .map_err(err)
     }
     fn serialize(&self) -> Vec<u8> {
-        let doc = serde_json::json!({
-            "format": "aotgrad-cpu/1",
-            "threads": self.threads,
-            "graph": print_graph(&self.graph),
-            "plan": self.plan,
-        });
-        doc.to_string().into_bytes()
+        let artifact = CpuArtifact {
+            format: ARTIFACT_FORMAT.to_string(),
+            threads: self.threads,
+            inputs: self.graph.inputs.inputs.clone(),
+            nodes: self.graph.nodes,
+            graph: self.graph.encoded().to_vec(),
+            plan: self.plan.clone(),
+        };
+        // Encoding plain data cannot fail; an empty artifact would be rejected on load.
+        aotgrad_ir::codec::encode("cpu artifact", &artifact).unwrap_or_default()
+    }
+}
+
+fn decode_artifact(bytes: &[u8]) -> Result<CpuArtifact, BackendError> {
+    let a: CpuArtifact = aotgrad_ir::codec::decode("cpu artifact", bytes)
+        .map_err(|e| err(format!("artifact is not a cpu artifact: {e}")))?;
+    if a.format != ARTIFACT_FORMAT {
+        return Err(err(format!("artifact has format {:?}; this build reads {ARTIFACT_FORMAT:?}", a.format)));
+    }
+    Ok(a)
+}
+
+/// The format tag of [`CpuArtifact`]s.
+pub const ARTIFACT_FORMAT: &str = "aotgrad-cpu/2";
+
+/// The compiled CPU backend's artifact: the graph and its kernel plan, encoded with
+/// [`aotgrad_ir::codec`]. [`Backend::deserialize`] checks the graph
+/// ([`Graph::verify`]) and plans it again: an artifact whose plan differs from the
+/// graph's is rejected, so a plan from anywhere is never trusted on its own.
+/// [`Backend::load_verified`] (bytes from a checked cache entry) uses the plan and
+/// decodes the graph's nodes only if they are needed (the interpreter, or saving it
+/// again).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CpuArtifact {
+    /// [`ARTIFACT_FORMAT`].
+    pub format: String,
+    /// Threads it was compiled for (informative: the loading backend's count is used).
+    pub threads: usize,
+    /// The graph's inputs (what a call is checked and bound against).
+    pub inputs: Vec<aotgrad_ir::Input>,
+    /// Nodes in the graph.
+    pub nodes: usize,
+    /// The functional graph, encoded with [`aotgrad_ir::codec`].
+    #[serde(with = "serde_bytes")]
+    pub graph: Vec<u8>,
+    /// Its kernel plan (`None`: the graph runs on the interpreter).
+    pub plan: Option<KernelPlan>,
+}
+
+impl CpuArtifact {
+    /// Decode the graph.
+    pub fn decode_graph(&self) -> Result<Graph, BackendError> {
+        aotgrad_ir::codec::decode("cpu artifact graph", &self.graph).map_err(err)
+    }
+}
+
+/// A compiled graph's graph: its inputs at hand (every call binds them), the whole
+/// graph decoded when first needed, and its encoding kept for saving.
+struct LazyGraph {
+    /// A graph holding only the inputs.
+    inputs: Graph,
+    nodes: usize,
+    full: OnceLock<Graph>,
+    encoded: OnceLock<Vec<u8>>,
+}
+
+impl From<Graph> for LazyGraph {
+    fn from(g: Graph) -> LazyGraph {
+        let inputs = Graph { inputs: g.inputs.clone(), nodes: Vec::new(), outputs: Vec::new() };
+        let full = OnceLock::new();
+        let nodes = g.nodes.len();
+        let _ = full.set(g);
+        LazyGraph { inputs, nodes, full, encoded: OnceLock::new() }
+    }
+}
+
+impl LazyGraph {
+    fn from_artifact(a: &mut CpuArtifact) -> LazyGraph {
+        let inputs = Graph { inputs: std::mem::take(&mut a.inputs), nodes: Vec::new(), outputs: Vec::new() };
+        let encoded = OnceLock::new();
+        let _ = encoded.set(std::mem::take(&mut a.graph));
+        LazyGraph { inputs, nodes: a.nodes, full: OnceLock::new(), encoded }
+    }
+    fn full(&self) -> Result<&Graph, BackendError> {
+        if let Some(g) = self.full.get() {
+            return Ok(g);
+        }
+        let bytes = self.encoded.get().map(Vec::as_slice).unwrap_or_default();
+        let g: Graph = aotgrad_ir::codec::decode("cpu artifact graph", bytes).map_err(err)?;
+        Ok(self.full.get_or_init(|| g))
+    }
+    fn encoded(&self) -> &[u8] {
+        self.encoded.get_or_init(|| match self.full.get() {
+            Some(g) => aotgrad_ir::codec::encode("cpu artifact graph", g).unwrap_or_default(),
+            None => Vec::new(),
+        })
     }
 }
 
@@ -544,25 +646,33 @@ impl Backend<CpuTensor> for CpuBackend {
         NAME
     }
     fn cache_identity(&self) -> Option<String> {
-        Some(format!("{NAME} {} format aotgrad-cpu/1 target {}", env!("CARGO_PKG_VERSION"), cpu_target()))
+        Some(format!("{NAME} {} format {ARTIFACT_FORMAT} target {}", env!("CARGO_PKG_VERSION"), cpu_target()))
     }
     fn compile(&self, graph: &Graph) -> Result<Box<dyn CompiledGraph<CpuTensor>>, BackendError> {
         Ok(Box::new(self.compile_graph(graph)?))
     }
     fn deserialize(&self, bytes: &[u8]) -> Result<Box<dyn CompiledGraph<CpuTensor>>, BackendError> {
-        let doc: serde_json::Value =
-            serde_json::from_slice(bytes).map_err(|e| err(format!("artifact is not a cpu artifact: {e}")))?;
-        if doc.get("format").and_then(|f| f.as_str()) != Some("aotgrad-cpu/1") {
-            return Err(err("artifact has an unknown format"));
+        let a = decode_artifact(bytes)?;
+        let graph = a.decode_graph()?;
+        if graph.inputs != a.inputs || graph.nodes.len() != a.nodes {
+            return Err(err("artifact inputs do not match its graph (corrupt or from another aotgrad version)"));
         }
-        let text = doc.get("graph").and_then(|g| g.as_str()).ok_or_else(|| err("artifact has no graph"))?;
-        let graph = parse_graph(text).map_err(err)?;
-        let plan: Option<KernelPlan> = serde_json::from_value(doc.get("plan").cloned().unwrap_or_default())
-            .map_err(|e| err(format!("artifact plan is corrupt: {e}")))?;
+        graph.verify().map_err(|e| {
+            let at = e.node.map(|n| format!(" at node {n}")).unwrap_or_default();
+            err(format!("artifact graph is invalid{at}: {}", e.msg))
+        })?;
         let compiled = CpuCompiledGraph::new(graph, self.threads)?;
-        if compiled.plan != plan {
+        if compiled.plan != a.plan {
             return Err(err("artifact plan does not match its graph (corrupt or from another aotgrad version)"));
         }
         Ok(Box::new(compiled))
+    }
+    fn load_verified(&self, bytes: &[u8]) -> Result<Box<dyn CompiledGraph<CpuTensor>>, BackendError> {
+        let mut a = decode_artifact(bytes)?;
+        Ok(Box::new(match a.plan.take() {
+            Some(plan) => CpuCompiledGraph::from_plan(LazyGraph::from_artifact(&mut a), plan, self.threads)?,
+            // The interpreter's graphs: planning again finds the reason it has none.
+            None => CpuCompiledGraph::new(a.decode_graph()?, self.threads)?,
+        }))
     }
 }

@@ -233,6 +233,8 @@ pub struct AdamW {
     moments: HashMap<String, (Tensor, Tensor)>,
     /// The compiled update, keyed by the names it updates (in order).
     update: Option<(Vec<String>, AotFunction)>,
+    /// The result cache of the compiled update (the environment's by default).
+    cache: Option<std::sync::Arc<crate::Cache>>,
 }
 
 impl std::fmt::Debug for AdamW {
@@ -270,7 +272,17 @@ impl AdamW {
         if !(weight_decay >= 0.0 && weight_decay.is_finite()) {
             return bad("weight decay", weight_decay.to_string());
         }
-        Ok(AdamW { lr, betas, eps, weight_decay, decoupled: true, steps: 0, moments: HashMap::new(), update: None })
+        Ok(AdamW {
+            lr,
+            betas,
+            eps,
+            weight_decay,
+            decoupled: true,
+            steps: 0,
+            moments: HashMap::new(),
+            update: None,
+            cache: AotConfig::default().cache,
+        })
     }
 
     /// Adam (PyTorch's `torch.optim.Adam`): the same update, but `weight_decay` is an
@@ -285,6 +297,20 @@ impl AdamW {
     /// Steps taken so far.
     pub fn steps(&self) -> u64 {
         self.steps
+    }
+
+    /// Keep the compiled update's result in `cache` (`None`: no cache); by default the
+    /// environment decides, as for [`AotConfig::default`].
+    pub fn with_cache(mut self, cache: Option<std::sync::Arc<crate::Cache>>) -> AdamW {
+        self.cache = cache;
+        self.update = None;
+        self
+    }
+
+    /// The compiled update function, once a step has made it (its cache statistics and
+    /// compile reports).
+    pub fn update_function(&self) -> Option<&AotFunction> {
+        self.update.as_ref().map(|(_, f)| f)
     }
 
     /// The first and second moment of parameter `name` (after its first step).
@@ -321,6 +347,7 @@ impl AdamW {
                 },
                 AotConfig {
                     name: if decoupled { "adamw_update" } else { "adam_update" }.into(),
+                    cache: self.cache.clone(),
                     ..AotConfig::default()
                 },
             )?;

@@ -23,7 +23,7 @@ pub enum EntrySource {
 }
 
 /// What the cache did for one compiled function.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct CacheStats {
     /// Specializations loaded from the cache (no compilation).
     pub hits: u64,
@@ -40,6 +40,13 @@ pub struct CacheStats {
     pub write_errors: u64,
     /// Why each miss, guard miss, bypass, rejection and write error happened, in order.
     pub reasons: Vec<String>,
+    /// Seconds spent computing keys (canonical graph, hashing; after tracing).
+    pub key_seconds: f64,
+    /// Seconds spent in lookups: reading, verifying, decoding and instantiating entries
+    /// (hits and misses alike).
+    pub load_seconds: f64,
+    /// Seconds spent writing entries.
+    pub store_seconds: f64,
 }
 
 pub(crate) struct CacheState {
@@ -73,13 +80,28 @@ impl CacheState {
             });
             return None;
         };
-        Some(cache_key(config, sig, traced, &identity))
+        let t = std::time::Instant::now();
+        let key = cache_key(config, sig, traced, &identity);
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).key_seconds += t.elapsed().as_secs_f64();
+        Some(key)
     }
 
     /// Load the first stored result under `key` whose guards hold for `args`.
     pub(crate) fn load(&self, config: &AotConfig, key: &CacheKey, args: &[Arg]) -> Result<Option<Entry>> {
-        let Some(cache) = &self.cache else { return Ok(None) };
         let started = std::time::Instant::now();
+        let found = self.load_inner(config, key, args, started);
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).load_seconds += started.elapsed().as_secs_f64();
+        found
+    }
+
+    fn load_inner(
+        &self,
+        config: &AotConfig,
+        key: &CacheKey,
+        args: &[Arg],
+        started: std::time::Instant,
+    ) -> Result<Option<Entry>> {
+        let Some(cache) = &self.cache else { return Ok(None) };
         let found = cache.lookup(key);
         for why in &found.rejected {
             self.note(|s| {
@@ -87,9 +109,11 @@ impl CacheState {
                 format!("rejected {why}")
             });
         }
-        let any = !found.candidates.is_empty();
+        // Entries under the key whose guards (or input metadata) do not accept the call.
+        let mut any = false;
         for c in found.candidates {
             if result_bindings(&c.result.meta, args).is_none() {
+                any = true;
                 continue;
             }
             let guards = c.result.meta.guard_expr();
@@ -148,7 +172,10 @@ impl CacheState {
     /// Store a fresh result (a failure is logged and counted, never an error).
     pub(crate) fn store(&self, key: &CacheKey, result: &AotResult<CpuTensor>) {
         let Some(cache) = &self.cache else { return };
-        if let Err(e) = cache.insert(key, result) {
+        let t = std::time::Instant::now();
+        let written = cache.insert(key, result);
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).store_seconds += t.elapsed().as_secs_f64();
+        if let Err(e) = written {
             tracing::warn!(target: "aotgrad::cache", "cache write failed: {e}");
             self.note(|s| {
                 s.write_errors += 1;
@@ -169,15 +196,8 @@ impl CacheState {
 /// backend's identity, and the versions. Guards are not part of it: entries under one
 /// key are told apart by their guards, checked against each call.
 pub(crate) fn cache_key(config: &AotConfig, sig: &CallSig, traced: &Traced, backend_identity: &str) -> CacheKey {
-    let mut canonical = traced.graph.clone();
-    for (k, input) in canonical.inputs.iter_mut().enumerate() {
-        input.name = format!("in{k}");
-    }
-    for n in &mut canonical.nodes {
-        n.loc = None;
-    }
     let mut b = KeyBuilder::new();
-    b.add("graph", aotgrad_ir::text::print_graph(&canonical).as_bytes());
+    b.add_with("graph", |h| hash_canonical_graph(&traced.graph, h));
     b.add("call signature", format!("{sig:?}").as_bytes());
     b.add(
         "trace facts",
@@ -194,6 +214,30 @@ pub(crate) fn cache_key(config: &AotConfig, sig: &CallSig, traced: &Traced, back
     b.add("partitioner", format!("{:?}", config.partitioner).as_bytes());
     b.add("backend", backend_identity.as_bytes());
     b.finish()
+}
+
+/// Stream the graph's canonical form into `h`: every input's id, metadata and storage
+/// (not its name), every node's op, arguments, metadata and storage (not its source
+/// location), the outputs.
+fn hash_canonical_graph(g: &aotgrad_ir::Graph, h: &mut blake3::Hasher) {
+    use aotgrad_ir::codec::encode_into;
+    // Encoded into a buffer (infallible: plain data into memory) that the hasher takes
+    // in large chunks.
+    let mut buf: Vec<u8> = Vec::with_capacity(1 << 17);
+    let _ = encode_into("graph", &g.inputs.len(), &mut buf);
+    for i in &g.inputs {
+        let _ = encode_into("graph input", &(i.id, &i.meta, i.storage), &mut buf);
+    }
+    let _ = encode_into("graph", &g.nodes.len(), &mut buf);
+    for n in &g.nodes {
+        let _ = encode_into("graph node", &(n.out, &n.op, &n.args, &n.meta, n.storage), &mut buf);
+        if buf.len() >= 1 << 16 {
+            h.update(&buf);
+            buf.clear();
+        }
+    }
+    let _ = encode_into("graph outputs", &g.outputs, &mut buf);
+    h.update(&buf);
 }
 
 /// A short description of a call's arguments, for errors.

@@ -26,7 +26,7 @@ pub use training::{Partitioner, PendingBackward};
 
 use crate::config::AotConfig;
 use crate::error::{Error, Result};
-use aotgrad_cache::{AotResult, Artifact, GraphDumps, GraphText, ResultMeta, RngSlots, TrainingMeta};
+use aotgrad_cache::{AotResult, Artifact, GraphDumps, GraphKind, ResultMeta, RngSlots, TrainingMeta};
 pub(crate) use aotgrad_cache::{ArgSig, CallSig};
 use aotgrad_cpu::CpuTensor;
 use aotgrad_functionalize::{functionalize, AutogradFacts, Functionalized, Options, TraceFacts};
@@ -313,7 +313,7 @@ impl AotFunction {
 
     /// The functional graphs compiled so far (one per specialization).
     pub fn compiled_graphs(&self) -> Vec<Graph> {
-        self.graphs_of(|d| Some(&d.functional))
+        self.graphs_of(GraphKind::Functional)
     }
 
     /// The functionalization results (graph, view/mutation metadata, calling
@@ -324,7 +324,7 @@ impl AotFunction {
             .filter_map(|e| {
                 let m = e.m();
                 Some(Functionalized {
-                    graph: e.result.graphs.functional.graph().ok()?.as_ref().clone(),
+                    graph: e.result.graphs.graph(GraphKind::Functional)?.as_ref().clone(),
                     meta: m.meta.clone(),
                     convention: m.convention.clone(),
                     autograd: AutogradFacts {
@@ -343,8 +343,8 @@ impl AotFunction {
             .filter_map(|e| {
                 let t = e.m().training.as_ref()?;
                 let g = &e.result.graphs;
-                let fw = g.forward.as_ref()?.graph().ok()?;
-                let bw = g.backward.as_ref()?.graph().ok()?;
+                let fw = g.graph(GraphKind::Forward)?;
+                let bw = g.graph(GraphKind::Backward)?;
                 Some((fw.as_ref().clone(), bw.as_ref().clone(), t.partition.clone()))
             })
             .collect()
@@ -356,7 +356,7 @@ impl AotFunction {
             .iter()
             .filter_map(|e| {
                 let t = e.m().training.as_ref()?;
-                let graph = e.result.graphs.joint.as_ref()?.graph().ok()?.as_ref().clone();
+                let graph = e.result.graphs.graph(GraphKind::Joint)?.as_ref().clone();
                 Some(aotgrad_autodiff::JointGraph {
                     graph,
                     num_primals: t.num_primals,
@@ -377,7 +377,7 @@ impl AotFunction {
 
     /// The traced (pre-functionalization) graphs compiled so far.
     pub fn traced_graphs(&self) -> Vec<Graph> {
-        self.graphs_of(|d| Some(&d.traced))
+        self.graphs_of(GraphKind::Traced)
     }
 
     /// The compiled results, one per specialization (what the cache stores).
@@ -385,11 +385,8 @@ impl AotFunction {
         self.lock_entries().iter().map(|e| e.result.clone()).collect()
     }
 
-    fn graphs_of(&self, pick: impl Fn(&GraphDumps) -> Option<&GraphText>) -> Vec<Graph> {
-        self.lock_entries()
-            .iter()
-            .filter_map(|e| pick(&e.result.graphs)?.graph().ok().map(|g| g.as_ref().clone()))
-            .collect()
+    fn graphs_of(&self, which: GraphKind) -> Vec<Graph> {
+        self.lock_entries().iter().filter_map(|e| e.result.graphs.graph(which).map(|g| g.as_ref().clone())).collect()
     }
 
     fn lock_entries(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Entry>>> {
@@ -573,18 +570,11 @@ impl AotFunction {
             traced_nodes: traced.graph.nodes.len(),
             stages: timer.into_stages(),
         };
-        let live = |g: Graph| GraphText::Live(Arc::new(g));
         Ok(AotResult {
             meta,
             forward: Artifact::live(forward),
             backward: backward.map(Artifact::live),
-            graphs: GraphDumps {
-                traced: live(traced.graph),
-                functional: live(fz.graph),
-                joint: joint.map(live),
-                forward: fw_graph.map(live),
-                backward: bw_graph.map(live),
-            },
+            graphs: GraphDumps::live(traced.graph, fz.graph, joint, fw_graph, bw_graph),
         })
     }
 }

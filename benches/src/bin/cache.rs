@@ -1,0 +1,155 @@
+//! Cold compile vs warm start from the disk cache, per workload: the bench MLP and
+//! transformer block (training), and a 100k-node graph (`fanout`, training).
+//!
+//! Cold: a new function compiles with an empty cache (and writes the entry). Warm: a
+//! new function with the filled cache (what a new process does: trace, key, load,
+//! verify, instantiate). Reported: medians of several fresh functions, and the warm
+//! start's parts — "load" is reading + checking + decoding + instantiating the entry
+//! (the cache's own cost), "key" is the canonical graph and its hash; the rest is
+//! tracing the user's function.
+//!
+//! `cargo run --release -p aotgrad-benches --bin cache [-- --quick]`
+
+use anyhow::{ensure, Result};
+use aotgrad::{AotConfig, AotFunction, Cache, EntrySource};
+use aotgrad_benches::runtime::{compiled_step, run_step};
+use aotgrad_benches::{mlp, pathological_with, transformer, Workload};
+use aotgrad_trace::Tensor;
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Instant;
+
+struct Row {
+    name: String,
+    nodes: usize,
+    entry_bytes: u64,
+    cold_ms: f64,
+    warm_ms: f64,
+    load_ms: f64,
+    key_ms: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn measure(name: &str, runs: usize, make: &dyn Fn(AotConfig) -> Result<(AotFunction, Vec<Tensor>)>) -> Result<Row> {
+    let mut cold = Vec::new();
+    let mut warm = Vec::new();
+    let mut load = Vec::new();
+    let mut key = Vec::new();
+    let mut nodes = 0;
+    let mut entry_bytes = 0;
+    for _ in 0..runs {
+        let dir = tempdir()?;
+        let cache = Arc::new(Cache::disk(&dir));
+        let config = AotConfig::default().threads(1).cache(cache.clone());
+        let (f, inputs) = make(config.clone())?;
+        let t = Instant::now();
+        f.compile_for(&inputs.iter().map(|t| t.into()).collect::<Vec<_>>())?;
+        cold.push(t.elapsed().as_secs_f64() * 1e3);
+        nodes = f.results()[0].meta.traced_nodes;
+        entry_bytes = cache.list()?.iter().map(|b| b.bytes).sum();
+        let (g, inputs) = make(config)?;
+        let t = Instant::now();
+        g.compile_for(&inputs.iter().map(|t| t.into()).collect::<Vec<_>>())?;
+        warm.push(t.elapsed().as_secs_f64() * 1e3);
+        let s = g.cache_stats();
+        ensure!(s.hits == 1 && g.compile_reports()[0].source == EntrySource::Cache, "{name}: no hit: {s:?}");
+        load.push(s.load_seconds * 1e3);
+        key.push(s.key_seconds * 1e3);
+        std::fs::remove_dir_all(&dir)?;
+    }
+    Ok(Row {
+        name: name.to_string(),
+        nodes,
+        entry_bytes,
+        cold_ms: median(cold),
+        warm_ms: median(warm),
+        load_ms: median(load),
+        key_ms: median(key),
+    })
+}
+
+fn tempdir() -> Result<std::path::PathBuf> {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "aotgrad-cache-bench-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&d)?;
+    Ok(d)
+}
+
+fn workload(w: Workload) -> impl Fn(AotConfig) -> Result<(AotFunction, Vec<Tensor>)> {
+    move |config| {
+        let f = compiled_step(&w, config)?;
+        let inputs = aotgrad_benches::example_inputs(&w);
+        Ok((f, inputs))
+    }
+}
+
+fn main() -> Result<()> {
+    // `--loop-warm N`: N warm starts of the transformer block in a row (for profiling).
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--loop-warm") {
+        let n: usize = args.get(i + 1).and_then(|v| v.parse().ok()).unwrap_or(100);
+        let w = transformer()?;
+        let dir = tempdir()?;
+        let config = AotConfig::default().threads(1).cache(Arc::new(Cache::disk(&dir)));
+        let inputs: Vec<aotgrad::Arg> = aotgrad_benches::example_inputs(&w).iter().map(|t| t.into()).collect();
+        compiled_step(&w, config.clone())?.compile_for(&inputs)?;
+        let t = Instant::now();
+        for _ in 0..n {
+            compiled_step(&w, config.clone())?.compile_for(&inputs)?;
+        }
+        println!("{:.3} ms per warm start", t.elapsed().as_secs_f64() * 1e3 / n as f64);
+        std::fs::remove_dir_all(&dir)?;
+        return Ok(());
+    }
+    let quick = std::env::args().any(|a| a == "--quick");
+    let runs = if quick { 1 } else { 5 };
+    let mut rows = vec![
+        measure("mlp (training)", runs, &workload(mlp()?))?,
+        measure("transformer block (training)", runs, &workload(transformer()?))?,
+    ];
+    let big = if quick { 10_000 } else { 100_000 };
+    rows.push(measure(&format!("fanout {big} (training)"), if quick { 1 } else { 3 }, &|config| {
+        pathological_with("fanout", big, true, config)
+    })?);
+    // A check that a loaded step runs: the transformer block, warm, one step.
+    {
+        let w = transformer()?;
+        let dir = tempdir()?;
+        let config = AotConfig::default().cache(Arc::new(Cache::disk(&dir)));
+        let inputs = aotgrad_benches::example_inputs(&w);
+        run_step(&compiled_step(&w, config.clone())?, &inputs)?;
+        run_step(&compiled_step(&w, config)?, &inputs)?;
+        std::fs::remove_dir_all(&dir)?;
+    }
+    println!("| workload | traced nodes | entry bytes | cold compile | warm start | of which load | of which key | cold / warm | cold / load |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let mut out = Vec::new();
+    for r in &rows {
+        println!(
+            "| {} | {} | {} | {:.1} ms | {:.2} ms | {:.3} ms | {:.3} ms | {:.0}× | {:.0}× |",
+            r.name,
+            r.nodes,
+            r.entry_bytes,
+            r.cold_ms,
+            r.warm_ms,
+            r.load_ms,
+            r.key_ms,
+            r.cold_ms / r.warm_ms,
+            r.cold_ms / r.load_ms
+        );
+        out.push(json!({"workload": r.name, "nodes": r.nodes, "entry_bytes": r.entry_bytes, "cold_ms": r.cold_ms,
+            "warm_ms": r.warm_ms, "load_ms": r.load_ms, "key_ms": r.key_ms}));
+    }
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("cache.json"), serde_json::to_vec_pretty(&out)?)?;
+    Ok(())
+}
