@@ -7,7 +7,8 @@
 //!   `aotgrad train ARGS` from a release build.
 //! - `cargo xtask bench`: criterion benches (compile stages, training step) and the
 //!   report (`benches/src/bin/report.rs`), also written to `target/bench/report.{md,json}`
-//!   (`--report` for only it). `cargo xtask bench --compare` runs the bench workloads
+//!   (`--report` for only it), then cold compile vs warm cache start
+//!   (`benches/src/bin/cache.rs`, `target/bench/cache.json`). `cargo xtask bench --compare` runs the bench workloads
 //!   next to their PyTorch versions (`benches/compare/torch_workloads.py`, with the
 //!   Python named by `AOTGRAD_COMPARE_PYTHON`) interleaved in one run, with ratios.
 
@@ -74,25 +75,39 @@ fn ensure_dataset() -> Result<()> {
     {
         return Ok(());
     }
+    ensure_package("dataset", "dataset-fashion-mnist", &format!("{DATASET_DIR} is missing"))
+}
+
+/// Make sure `redis-server` is installed: the Redis tier's tests start one on a
+/// loopback port (they fail without it, saying how to get it, unless
+/// `AOTGRAD_SKIP_REDIS_TESTS=1`).
+fn ensure_redis() -> Result<()> {
+    let found = Command::new("redis-server").arg("--version").stdout(Stdio::null()).status().is_ok();
+    if found || std::env::var("AOTGRAD_SKIP_REDIS_TESTS").is_ok_and(|v| v == "1") {
+        return Ok(());
+    }
+    ensure_package("redis", "redis-server", "redis-server is missing")
+}
+
+/// Install Debian package `package` when this process may (root, apt-get present);
+/// otherwise say how to.
+fn ensure_package(step: &str, package: &str, why: &str) -> Result<()> {
     let root = Command::new("id").arg("-u").output().map(|o| o.stdout.trim_ascii() == b"0").unwrap_or(false);
     let apt = Command::new("apt-get").arg("--version").stdout(Stdio::null()).status().is_ok();
     if !(root && apt) {
-        eprintln!("==> dataset: {DATASET_DIR} is missing and this user cannot install it; run `sudo apt-get install dataset-fashion-mnist`");
+        eprintln!("==> {step}: {why} and this user cannot install it; run `sudo apt-get install {package}`");
         return Ok(());
     }
-    eprintln!("==> dataset: installing dataset-fashion-mnist (apt-get)");
+    eprintln!("==> {step}: installing {package} (apt-get)");
     let install = || {
-        Command::new("apt-get")
-            .args(["install", "-y", "-q", "dataset-fashion-mnist"])
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .status()
+        Command::new("apt-get").args(["install", "-y", "-q", package]).env("DEBIAN_FRONTEND", "noninteractive").status()
     };
     if !install().map(|s| s.success()).unwrap_or(false) {
         // A fresh machine may have no package lists yet.
         let _ = Command::new("apt-get").args(["update", "-q"]).status();
         let status = install().context("could not run apt-get")?;
         if !status.success() {
-            bail!("apt-get install dataset-fashion-mnist failed ({status})");
+            bail!("apt-get install {package} failed ({status})");
         }
     }
     Ok(())
@@ -147,6 +162,7 @@ fn ci() -> Result<()> {
     rerun.push("--require-cache-hits");
     run("main job (short, rerun from the cache)", &rerun)?;
     let _ = std::fs::remove_dir_all(&cache_dir);
+    ensure_redis()?;
     let (p1, f1) = run_tests("test", &["test", "--workspace", "--all-targets"])?;
     let (p2, f2) = run_tests("doctest", &["test", "--workspace", "--doc"])?;
     // The plain closing line: the whole suite's count.
@@ -171,7 +187,10 @@ fn bench(args: &[String]) -> Result<()> {
     if !args.iter().any(|a| a == "--report") {
         run("criterion", &["bench", "-p", "aotgrad-benches"])?;
     }
-    run("report", &["run", "--release", "-q", "-p", "aotgrad-benches", "--bin", "report"])
+    run("report", &["run", "--release", "-q", "-p", "aotgrad-benches", "--bin", "report"])?;
+    // Cold compile vs warm start from the cache (disk; Redis on loopback when
+    // redis-server is installed), also written to target/bench/cache.json.
+    run("cache", &["run", "--release", "-q", "-p", "aotgrad-benches", "--bin", "cache"])
 }
 
 fn main() -> Result<()> {

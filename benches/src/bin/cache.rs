@@ -27,6 +27,41 @@ struct Row {
     warm_ms: f64,
     load_ms: f64,
     key_ms: f64,
+    /// Warm start with an empty local cache and the entry in Redis on loopback.
+    redis_ms: Option<f64>,
+}
+
+/// A `redis-server` on a loopback port for the Redis rows (none: no binary).
+struct Redis(std::process::Child, u16);
+
+impl Redis {
+    fn start() -> Option<Redis> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port();
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .ok()?;
+        let t = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if t.elapsed().as_secs() > 10 {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        Some(Redis(child, port))
+    }
+    fn store(&self) -> Box<aotgrad::cache::RedisStore> {
+        let url = format!("redis://127.0.0.1:{}/", self.1);
+        Box::new(aotgrad::cache::RedisStore::new(&url, std::time::Duration::from_secs(2), 3600).expect("url"))
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -34,7 +69,13 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn measure(name: &str, runs: usize, make: &dyn Fn(AotConfig) -> Result<(AotFunction, Vec<Tensor>)>) -> Result<Row> {
+fn measure(
+    name: &str,
+    runs: usize,
+    redis: Option<&Redis>,
+    make: &dyn Fn(AotConfig) -> Result<(AotFunction, Vec<Tensor>)>,
+) -> Result<Row> {
+    let mut remote = Vec::new();
     let mut cold = Vec::new();
     let mut warm = Vec::new();
     let mut load = Vec::new();
@@ -60,6 +101,21 @@ fn measure(name: &str, runs: usize, make: &dyn Fn(AotConfig) -> Result<(AotFunct
         load.push(s.load_seconds * 1e3);
         key.push(s.key_seconds * 1e3);
         std::fs::remove_dir_all(&dir)?;
+        if let Some(r) = redis {
+            // Fill Redis through one machine, then start warm on another (empty local dir).
+            let (a, b) = (tempdir()?, tempdir()?);
+            let fill = Arc::new(Cache::disk(&a).signed(b"bench").with_remote(r.store()));
+            let (f, inputs) = make(AotConfig::default().threads(1).cache(fill))?;
+            f.compile_for(&inputs.iter().map(|t| t.into()).collect::<Vec<_>>())?;
+            let warm_remote = Arc::new(Cache::disk(&b).signed(b"bench").with_remote(r.store()));
+            let (g, inputs) = make(AotConfig::default().threads(1).cache(warm_remote))?;
+            let t = Instant::now();
+            g.compile_for(&inputs.iter().map(|t| t.into()).collect::<Vec<_>>())?;
+            remote.push(t.elapsed().as_secs_f64() * 1e3);
+            ensure!(g.cache_stats().hits == 1, "{name}: no Redis hit: {:?}", g.cache_stats());
+            std::fs::remove_dir_all(&a)?;
+            std::fs::remove_dir_all(&b)?;
+        }
     }
     Ok(Row {
         name: name.to_string(),
@@ -69,6 +125,7 @@ fn measure(name: &str, runs: usize, make: &dyn Fn(AotConfig) -> Result<(AotFunct
         warm_ms: median(warm),
         load_ms: median(load),
         key_ms: median(key),
+        redis_ms: (!remote.is_empty()).then(|| median(remote)),
     })
 }
 
@@ -111,12 +168,17 @@ fn main() -> Result<()> {
     }
     let quick = std::env::args().any(|a| a == "--quick");
     let runs = if quick { 1 } else { 5 };
+    let redis = Redis::start();
+    if redis.is_none() {
+        eprintln!("no redis-server: the Redis column is left out (apt-get install redis-server)");
+    }
+    let r = redis.as_ref();
     let mut rows = vec![
-        measure("mlp (training)", runs, &workload(mlp()?))?,
-        measure("transformer block (training)", runs, &workload(transformer()?))?,
+        measure("mlp (training)", runs, r, &workload(mlp()?))?,
+        measure("transformer block (training)", runs, r, &workload(transformer()?))?,
     ];
     let big = if quick { 10_000 } else { 100_000 };
-    rows.push(measure(&format!("fanout {big} (training)"), if quick { 1 } else { 3 }, &|config| {
+    rows.push(measure(&format!("fanout {big} (training)"), if quick { 1 } else { 3 }, r, &|config| {
         pathological_with("fanout", big, true, config)
     })?);
     // A check that a loaded step runs: the transformer block, warm, one step.
@@ -129,12 +191,15 @@ fn main() -> Result<()> {
         run_step(&compiled_step(&w, config)?, &inputs)?;
         std::fs::remove_dir_all(&dir)?;
     }
-    println!("| workload | traced nodes | entry bytes | cold compile | warm start | of which load | of which key | cold / warm | cold / load |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!(
+        "| workload | traced nodes | entry bytes | cold compile | warm start (disk) | of which load | of which key | \
+         cold / warm | cold / load | warm start (Redis, empty disk) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     let mut out = Vec::new();
     for r in &rows {
         println!(
-            "| {} | {} | {} | {:.1} ms | {:.2} ms | {:.3} ms | {:.3} ms | {:.0}× | {:.0}× |",
+            "| {} | {} | {} | {:.1} ms | {:.2} ms | {:.3} ms | {:.3} ms | {:.0}× | {:.0}× | {} |",
             r.name,
             r.nodes,
             r.entry_bytes,
@@ -143,10 +208,11 @@ fn main() -> Result<()> {
             r.load_ms,
             r.key_ms,
             r.cold_ms / r.warm_ms,
-            r.cold_ms / r.load_ms
+            r.cold_ms / r.load_ms,
+            r.redis_ms.map_or("—".to_string(), |m| format!("{m:.2} ms ({:.0}×)", r.cold_ms / m))
         );
         out.push(json!({"workload": r.name, "nodes": r.nodes, "entry_bytes": r.entry_bytes, "cold_ms": r.cold_ms,
-            "warm_ms": r.warm_ms, "load_ms": r.load_ms, "key_ms": r.key_ms}));
+            "warm_ms": r.warm_ms, "load_ms": r.load_ms, "key_ms": r.key_ms, "redis_warm_ms": r.redis_ms}));
     }
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench");
     std::fs::create_dir_all(&dir)?;

@@ -52,9 +52,12 @@ pub struct Lookup {
 /// The default size limit of a disk cache: 4 GiB.
 pub const DEFAULT_MAX_BYTES: u64 = 4 << 30;
 
-/// A compiled-result cache over one store.
+/// A compiled-result cache over a local store and optional remote tiers: lookups go
+/// local first, then remote (a remote hit is copied into the local store); fresh
+/// results are written to every tier.
 pub struct Cache {
     store: Box<dyn Store>,
+    remotes: Vec<Box<dyn Store>>,
     flavour: Flavour,
     mac_key: Option<[u8; 32]>,
 }
@@ -63,6 +66,7 @@ impl std::fmt::Debug for Cache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Cache")
             .field("store", &self.store.describe())
+            .field("remotes", &self.remotes.iter().map(|r| r.describe()).collect::<Vec<_>>())
             .field("flavour", &self.flavour)
             .field("signed", &self.mac_key.is_some())
             .finish()
@@ -77,7 +81,27 @@ pub fn mac_key_from_secret(secret: &[u8]) -> [u8; 32] {
 impl Cache {
     /// A cache over `store`, bundled entries, unsigned.
     pub fn new(store: Box<dyn Store>) -> Cache {
-        Cache { store, flavour: Flavour::Bundled, mac_key: None }
+        Cache { store, remotes: Vec::new(), flavour: Flavour::Bundled, mac_key: None }
+    }
+
+    /// Add a remote tier under the local store (a fleet-shared Redis, say). Its
+    /// entries are trusted only with a MAC: sign the cache ([`Cache::signed`]).
+    pub fn with_remote(mut self, remote: Box<dyn Store>) -> Cache {
+        self.remotes.push(remote);
+        self
+    }
+
+    /// The tiers: 1 (local) plus the remotes.
+    pub fn tiers(&self) -> usize {
+        1 + self.remotes.len()
+    }
+
+    fn tier(&self, t: usize) -> Option<&dyn Store> {
+        if t == 0 {
+            Some(self.store.as_ref())
+        } else {
+            self.remotes.get(t - 1).map(|r| r.as_ref())
+        }
     }
 
     /// A disk cache at `dir` with the default size limit.
@@ -85,18 +109,44 @@ impl Cache {
         Cache::new(Box::new(DiskStore::new(dir, DEFAULT_MAX_BYTES)))
     }
 
-    /// The cache the environment asks for: a disk cache when `AOTGRAD_CACHE_DIR` is
-    /// set (size limit `AOTGRAD_CACHE_MAX_BYTES`, entries signed when
-    /// `AOTGRAD_CACHE_KEY` or `AOTGRAD_CACHE_KEY_FILE` gives a secret); `None` when it
-    /// is unset or `AOTGRAD_CACHE=0`.
+    /// The cache the environment asks for: a disk cache when `AOTGRAD_CACHE_DIR` or
+    /// `AOTGRAD_REDIS_URL` is set (size limit `AOTGRAD_CACHE_MAX_BYTES`, entries
+    /// signed when `AOTGRAD_CACHE_KEY` or `AOTGRAD_CACHE_KEY_FILE` gives a secret),
+    /// with a Redis tier under it when `AOTGRAD_REDIS_URL` is set and the cache is
+    /// signed (`AOTGRAD_REDIS_TTL` seconds, default a week; `AOTGRAD_REDIS_TIMEOUT_MS`,
+    /// default 250); `None` when neither is set or `AOTGRAD_CACHE=0`.
     pub fn from_env() -> Result<Option<Cache>, String> {
         if std::env::var("AOTGRAD_CACHE").is_ok_and(|v| v == "0") {
             return Ok(None);
         }
-        if std::env::var_os("AOTGRAD_CACHE_DIR").is_none_or(|d| d.is_empty()) {
+        let set = |v: &str| std::env::var_os(v).is_some_and(|d| !d.is_empty());
+        if !set("AOTGRAD_CACHE_DIR") && !set("AOTGRAD_REDIS_URL") {
             return Ok(None);
         }
-        Cache::user_default().map(Some)
+        let mut cache = Cache::user_default()?;
+        if let Ok(url) = std::env::var("AOTGRAD_REDIS_URL") {
+            if !url.is_empty() {
+                if cache.mac_key.is_none() {
+                    tracing::warn!(
+                        target: "aotgrad::cache",
+                        "AOTGRAD_REDIS_URL is set but no AOTGRAD_CACHE_KEY: a shared cache must be signed, so the \
+                         Redis tier is off"
+                    );
+                } else {
+                    let num = |v: &str, d: u64| -> Result<u64, String> {
+                        match std::env::var(v) {
+                            Ok(s) => s.trim().parse::<u64>().map_err(|e| format!("{v}={s:?}: {e}")),
+                            Err(_) => Ok(d),
+                        }
+                    };
+                    let timeout = std::time::Duration::from_millis(num("AOTGRAD_REDIS_TIMEOUT_MS", 250)?);
+                    let ttl = num("AOTGRAD_REDIS_TTL", 7 * 24 * 3600)?;
+                    let redis = crate::RedisStore::new(&url, timeout, ttl).map_err(|e| e.to_string())?;
+                    cache = cache.with_remote(Box::new(redis));
+                }
+            }
+        }
+        Ok(Some(cache))
     }
 
     /// A disk cache in [`DiskStore::default_dir`], configured from the environment
@@ -127,8 +177,9 @@ impl Cache {
 
     /// The store's description.
     pub fn describe(&self) -> String {
+        let remotes: String = self.remotes.iter().map(|r| format!(" + {}", r.describe())).collect();
         format!(
-            "{} ({}, {})",
+            "{}{remotes} ({}, {})",
             self.store.describe(),
             match self.flavour {
                 Flavour::Bundled => "bundled",
@@ -142,10 +193,17 @@ impl Cache {
         envelope::open(bytes, kind, self.mac_key.as_ref(), self.mac_key.is_some())
     }
 
-    /// The valid entries under `key`; invalid ones are logged, removed and listed.
+    /// The valid entries under `key` in the local store; invalid ones are logged,
+    /// removed and listed.
     pub fn lookup(&self, key: &CacheKey) -> Lookup {
+        self.lookup_tier(0, key)
+    }
+
+    /// [`Cache::lookup`] in tier `tier` (0: local, then the remotes in order).
+    pub fn lookup_tier(&self, tier: usize, key: &CacheKey) -> Lookup {
         let mut out = Lookup::default();
-        let blobs = match self.store.entries(&key.hex) {
+        let Some(store) = self.tier(tier) else { return out };
+        let blobs = match store.entries(&key.hex) {
             Ok(b) => b,
             Err(e) => {
                 tracing::warn!(target: "aotgrad::cache", "cache read failed (a miss): {e}");
@@ -158,21 +216,46 @@ impl Cache {
                 Ok(entry) if entry.key.hex == key.hex => {
                     out.candidates.push(Candidate { id, result: entry.result });
                 }
-                Ok(entry) => {
-                    self.reject(&mut out, key, &id, format!("foreign entry (written for key {})", entry.key.hex))
-                }
-                Err(why) => self.reject(&mut out, key, &id, why),
+                Ok(entry) => self.reject(
+                    tier,
+                    store,
+                    &mut out,
+                    key,
+                    &id,
+                    format!("foreign entry (written for key {})", entry.key.hex),
+                ),
+                Err(why) => self.reject(tier, store, &mut out, key, &id, why),
             }
         }
         out
     }
 
-    fn reject(&self, out: &mut Lookup, key: &CacheKey, id: &str, why: String) {
-        tracing::warn!(target: "aotgrad::cache", "rejected cache entry {}/{id}: {why}; removing it", key.hex);
-        if let Err(e) = self.store.remove_entry(&key.hex, id) {
-            tracing::warn!(target: "aotgrad::cache", "{e}");
+    /// Log a rejected entry; a local one is removed (a remote one is left to its TTL
+    /// and to the replacement this process writes: another holder of a different key
+    /// may have written it).
+    fn reject(&self, tier: usize, store: &dyn Store, out: &mut Lookup, key: &CacheKey, id: &str, why: String) {
+        tracing::warn!(target: "aotgrad::cache", "rejected cache entry {}/{id} in {}: {why}", key.hex, store.describe());
+        if tier == 0 {
+            if let Err(e) = store.remove_entry(&key.hex, id) {
+                tracing::warn!(target: "aotgrad::cache", "{e}");
+            }
         }
-        out.rejected.push(format!("{}/{id}: {why}", key.hex));
+        out.rejected.push(format!("{}/{id} ({}): {why}", key.hex, store.describe()));
+    }
+
+    /// Copy an entry found in a remote tier into the local store (and the tiers above
+    /// `tier`), so the next lookup is local.
+    pub fn promote(&self, tier: usize, key: &CacheKey, found: &Candidate) {
+        let entry = StoredEntry { key: key.clone(), result: found.result.clone() };
+        let Ok(payload) = codec::encode("cache entry", &entry) else { return };
+        let blob = envelope::seal(Kind::Entry, &payload, self.mac_key.as_ref());
+        for t in 0..tier {
+            if let Some(s) = self.tier(t) {
+                if let Err(e) = s.put_entry(key, &found.id, &blob) {
+                    tracing::warn!(target: "aotgrad::cache", "could not copy a remote entry locally: {e}");
+                }
+            }
+        }
     }
 
     /// Check and decode one entry blob.
@@ -183,11 +266,28 @@ impl Cache {
 
     /// A referenced artifact's bytes, checked against its hash.
     pub fn fetch_artifact(&self, hash: &str, len: u64) -> Result<Vec<u8>, String> {
-        let blob = self
-            .store
-            .artifact(hash)
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| format!("artifact {hash} is not in the store (evicted?)"))?;
+        let mut blob = None;
+        let mut errors = Vec::new();
+        for t in 0..self.tiers() {
+            let Some(store) = self.tier(t) else { continue };
+            match store.artifact(hash) {
+                Ok(Some(b)) => {
+                    if t > 0 {
+                        let _ = self.store.put_artifact(hash, &b);
+                    }
+                    blob = Some(b);
+                    break;
+                }
+                Ok(None) => {}
+                Err(e) => errors.push(e.to_string()),
+            }
+        }
+        let blob = blob.ok_or_else(|| {
+            format!(
+                "artifact {hash} is not in the store (evicted?){}",
+                if errors.is_empty() { String::new() } else { format!("; {}", errors.join("; ")) }
+            )
+        })?;
         let payload = self.open_blob(&blob, Kind::Artifact).map_err(|e| format!("artifact {hash}: {e}"))?;
         if payload.len() as u64 != len || blake3::hash(payload).to_hex().as_str() != hash {
             return Err(format!("artifact {hash} does not match its hash"));
@@ -200,7 +300,8 @@ impl Cache {
         AotResult::from_stored(stored, |hash, len| self.fetch_artifact(hash, len))
     }
 
-    /// Write `result` under `key`, replacing an entry with the same guards.
+    /// Write `result` under `key` in every tier, replacing an entry with the same
+    /// guards. Every tier is tried; the first failure is returned.
     pub fn insert<T>(&self, key: &CacheKey, result: &AotResult<T>) -> Result<(), StoreError> {
         let mut failed: Option<StoreError> = None;
         let stored = result.to_stored(|bytes| match self.flavour {
@@ -208,22 +309,25 @@ impl Cache {
             Flavour::Referencing => {
                 let hash = blake3::hash(bytes).to_hex().to_string();
                 let blob = envelope::seal(Kind::Artifact, bytes, self.mac_key.as_ref());
-                if let Err(e) = self.store.put_artifact(&hash, &blob) {
-                    failed = Some(e);
-                    return None;
+                for t in 0..self.tiers() {
+                    if let Some(Err(e)) = self.tier(t).map(|s| s.put_artifact(&hash, &blob)) {
+                        failed.get_or_insert(e);
+                    }
                 }
                 Some(StoredArtifact::Referenced { hash, len: bytes.len() as u64 })
             }
         });
-        if let Some(e) = failed {
-            return Err(e);
-        }
         let id = entry_id(&stored);
         let entry = StoredEntry { key: key.clone(), result: stored };
         let payload = codec::encode("cache entry", &entry)
             .map_err(|e| StoreError { store: self.store.describe(), msg: e.to_string() })?;
         let blob = envelope::seal(Kind::Entry, &payload, self.mac_key.as_ref());
-        self.store.put_entry(key, &id, &blob)
+        for t in 0..self.tiers() {
+            if let Some(Err(e)) = self.tier(t).map(|s| s.put_entry(key, &id, &blob)) {
+                failed.get_or_insert(e);
+            }
+        }
+        failed.map_or(Ok(()), Err)
     }
 
     /// Why `key` missed: the nearest stored key and the ingredients that differ.

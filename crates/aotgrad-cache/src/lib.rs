@@ -9,6 +9,8 @@
 //!   length, checksum or keyed MAC);
 //! - [`store`]: the [`Store`] trait and the on-disk store (atomic writes, private
 //!   directories, least-recently-used eviction);
+//! - [`redis_store`]: the fleet-shared tier on Redis (short timeouts, TTL; entries
+//!   must carry a MAC);
 //! - [`cache`]: [`Cache`], which seals, checks, rejects and explains.
 //!
 //! The runtime (the `aotgrad` facade) builds every compiled entry from an
@@ -17,12 +19,14 @@
 pub mod cache;
 pub mod envelope;
 pub mod key;
+pub mod redis_store;
 pub mod result;
 pub mod sig;
 pub mod store;
 
 pub use cache::{decode_precompiled, encode_precompiled, Cache, Candidate, Flavour, Lookup, StoredEntry};
 pub use key::{CacheKey, KeyBuilder, FORMAT_VERSION};
+pub use redis_store::RedisStore;
 pub use result::{
     AotResult, Artifact, GraphDumps, GraphKind, ResultMeta, RngSlots, StoredArtifact, StoredResult, TrainingMeta,
 };

@@ -532,3 +532,44 @@ fn no_cache_configured_means_no_files_and_no_counts() {
     assert_eq!(f.cache_stats(), aotgrad::CacheStats::default());
     assert_eq!(f.compile_reports()[0].source, EntrySource::Compiled);
 }
+
+mod decoder {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn real_entry() -> &'static [u8] {
+        static ENTRY: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+        ENTRY.get_or_init(|| {
+            let dir = tempfile::tempdir().expect("temp dir");
+            run_mlp(&mlp_fn(AotConfig::default().cache(disk(dir.path()))), 3);
+            std::fs::read(aotgrad_cache_files(dir.path()).pop().expect("an entry")).expect("read")
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        /// Random bytes, and real entries with random bytes overwritten, cut or
+        /// appended: the decoder returns an error or a valid entry, never panics.
+        #[test]
+        fn never_panics(
+            noise in proptest::collection::vec(any::<u8>(), 0..300),
+            edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..8),
+            cut in any::<prop::sample::Index>(),
+        ) {
+            let cache = Cache::disk(std::env::temp_dir().join("aotgrad-never-written"));
+            let _ = cache.decode_entry(&noise);
+            let mut bytes = real_entry().to_vec();
+            for (at, v) in &edits {
+                let i = at.index(bytes.len());
+                bytes[i] = *v;
+            }
+            let _ = cache.decode_entry(&bytes);
+            let _ = cache.decode_entry(&bytes[..cut.index(bytes.len())]);
+            bytes.extend_from_slice(&noise);
+            let _ = cache.decode_entry(&bytes);
+            // Past the checksum, the payload decoder itself: bytes with a valid frame.
+            let sealed = aotgrad::cache::envelope::seal(aotgrad::cache::envelope::Kind::Entry, &noise, None);
+            prop_assert!(cache.decode_entry(&sealed).is_err());
+        }
+    }
+}

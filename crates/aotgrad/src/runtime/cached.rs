@@ -102,53 +102,62 @@ impl CacheState {
         started: std::time::Instant,
     ) -> Result<Option<Entry>> {
         let Some(cache) = &self.cache else { return Ok(None) };
-        let found = cache.lookup(key);
-        for why in &found.rejected {
-            self.note(|s| {
-                s.rejected += 1;
-                format!("rejected {why}")
-            });
-        }
         // Entries under the key whose guards (or input metadata) do not accept the call.
         let mut any = false;
-        for c in found.candidates {
-            if result_bindings(&c.result.meta, args).is_none() {
-                any = true;
-                continue;
+        let mut errors = Vec::new();
+        for tier in 0..cache.tiers() {
+            let found = cache.lookup_tier(tier, key);
+            for why in &found.rejected {
+                self.note(|s| {
+                    s.rejected += 1;
+                    format!("rejected {why}")
+                });
             }
-            let guards = c.result.meta.guard_expr();
-            let result = match cache.instantiate::<CpuTensor>(c.result) {
-                Ok(r) => r,
-                Err(why) => {
-                    self.reject(&config.name, key, &why);
+            if let Some(e) = found.error {
+                errors.push(e);
+            }
+            for c in found.candidates {
+                if result_bindings(&c.result.meta, args).is_none() {
+                    any = true;
                     continue;
                 }
-            };
-            match Entry::instantiate(Arc::new(result), config.backend.as_ref(), EntrySource::Cache) {
-                Ok(entry) => {
-                    tracing::info!(
-                        target: "aotgrad::cache",
-                        "cache hit for `{}` (key {}, guards {guards}) in {:.2} ms",
-                        config.name,
-                        &key.hex[..16],
-                        started.elapsed().as_secs_f64() * 1e3
-                    );
-                    self.note(|s| {
-                        s.hits += 1;
-                        format!("hit {}", &key.hex[..16])
-                    });
-                    return Ok(Some(entry));
+                let guards = c.result.meta.guard_expr();
+                let promote = (tier > 0).then(|| c.clone());
+                let result = match cache.instantiate::<CpuTensor>(c.result) {
+                    Ok(r) => r,
+                    Err(why) => {
+                        self.reject(&config.name, key, &why);
+                        continue;
+                    }
+                };
+                match Entry::instantiate(Arc::new(result), config.backend.as_ref(), EntrySource::Cache) {
+                    Ok(entry) => {
+                        if let Some(c) = promote {
+                            cache.promote(tier, key, &c);
+                        }
+                        tracing::info!(
+                            target: "aotgrad::cache",
+                            "cache hit for `{}` (key {}, tier {tier}, guards {guards}) in {:.2} ms",
+                            config.name,
+                            &key.hex[..16],
+                            started.elapsed().as_secs_f64() * 1e3
+                        );
+                        self.note(|s| {
+                            s.hits += 1;
+                            format!("hit {} (tier {tier})", &key.hex[..16])
+                        });
+                        return Ok(Some(entry));
+                    }
+                    Err(e) => self.reject(&config.name, key, &e.to_string()),
                 }
-                Err(e) => self.reject(&config.name, key, &e.to_string()),
             }
         }
-        let why = if let Some(e) = found.error {
-            format!("miss: {e}")
-        } else if any {
+        let why = if any {
             format!("guard miss: key {} has entries, but none of their guards hold for this call", &key.hex[..16])
         } else {
             format!("miss: key {} not stored; {}", &key.hex[..16], cache.explain_miss(key))
         };
+        let why = if errors.is_empty() { why } else { format!("{why} (unreachable: {})", errors.join("; ")) };
         tracing::info!(target: "aotgrad::cache", "`{}`: {why}", config.name);
         self.note(|s| {
             if any {
