@@ -11,7 +11,7 @@ const F: DType = DType::F64;
 #[test]
 fn every_differentiable_unary_op() {
     for u in UnaryOp::ALL {
-        if matches!(u, UnaryOp::Sign | UnaryOp::LogicalNot) {
+        if matches!(u, UnaryOp::Sign | UnaryOp::LogicalNot) || u.is_rounding() {
             continue;
         }
         let mut g = GB::new();
@@ -20,10 +20,26 @@ fn every_differentiable_unary_op() {
         let fw = g.outputs(&[y]);
         let mut rng = Rng(u as u64 + 1);
         let vals = match u {
-            UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Rsqrt => rng.vec(12, 0.5, 2.0),
+            UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Rsqrt | UnaryOp::Log1p => rng.vec(12, 0.5, 2.0),
             _ => rng.vec_away(12, 0.1, 2.0),
         };
         let c = gradcheck_all(&fw, &[t64(&vals, &[3, 4])]);
+        assert_eq!(c.grads.len(), 1, "{}", u.name());
+    }
+}
+
+/// floor, ceil, round and trunc: zero gradient (PyTorch's), checked where they are
+/// differentiable (away from integers and halves).
+#[test]
+fn rounding_ops_pass_zero_gradient() {
+    for u in [UnaryOp::Floor, UnaryOp::Ceil, UnaryOp::Round, UnaryOp::Trunc] {
+        let mut g = GB::new();
+        let x = g.inp("x", &[4], F);
+        let r = g.op(Op::Unary(u), &[x]);
+        let e = g.op(Op::Unary(UnaryOp::Exp), &[x]);
+        let s = g.op(Op::Binary(aotgrad_ir::BinaryOp::Add), &[r, e]);
+        let fw = g.outputs(&[s]);
+        let c = gradcheck_all(&fw, &[t64(&[-1.3, 2.2, 0.7, -3.6], &[4])]);
         assert_eq!(c.grads.len(), 1, "{}", u.name());
     }
 }

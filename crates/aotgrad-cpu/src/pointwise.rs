@@ -16,15 +16,23 @@ use num_traits::Float;
 /// Floats with an error function.
 pub(crate) trait Real: Float + Elem {
     fn erf(self) -> Self;
+    /// Round half to even (PyTorch's `round`).
+    fn round_even(self) -> Self;
 }
 impl Real for f32 {
     fn erf(self) -> f32 {
         libm::erff(self)
     }
+    fn round_even(self) -> f32 {
+        self.round_ties_even()
+    }
 }
 impl Real for f64 {
     fn erf(self) -> f64 {
         libm::erf(self)
+    }
+    fn round_even(self) -> f64 {
+        self.round_ties_even()
     }
 }
 
@@ -111,6 +119,12 @@ fn unary_real<T: Real>(op: UnaryOp, v: Vec<T>) -> Vec<T> {
             })
             .collect(),
         UnaryOp::LogicalNot => v.iter().map(|&x| if x == zero { one } else { zero }).collect(),
+        UnaryOp::Floor => map(&v, |x| x.floor()),
+        UnaryOp::Ceil => map(&v, |x| x.ceil()),
+        UnaryOp::Round => map(&v, Real::round_even),
+        UnaryOp::Trunc => map(&v, |x| x.trunc()),
+        UnaryOp::Log1p => map(&v, |x| x.ln_1p()),
+        UnaryOp::Expm1 => map(&v, |x| x.exp_m1()),
     }
 }
 
@@ -134,6 +148,7 @@ pub(crate) fn unary(op: UnaryOp, x: &CpuTensor, out: &TensorMeta) -> Result<Buff
             UnaryOp::Abs => v.iter().map(|x| x.wrapping_abs()).collect(),
             UnaryOp::Relu => v.iter().map(|&x| x.max(0)).collect(),
             UnaryOp::Sign => v.iter().map(|x| x.signum()).collect(),
+            UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round | UnaryOp::Trunc => v,
             _ => return Err(CpuError::kernel(name, format!("not defined for integer result dtype {}", out.dtype))),
         }),
         Vals::Bool(v) => Vals::Bool(match op {

@@ -52,6 +52,24 @@ fn unary_ref(op: UnaryOp, x: f64) -> f64 {
             }
         }
         UnaryOp::LogicalNot => (x == 0.0) as u8 as f64,
+        UnaryOp::Floor => x.floor(),
+        UnaryOp::Ceil => x.ceil(),
+        // Halves go to the even neighbour (PyTorch's round).
+        UnaryOp::Round => {
+            if (x - x.trunc()).abs() == 0.5 {
+                2.0 * (x / 2.0).round()
+            } else {
+                x.round()
+            }
+        }
+        UnaryOp::Trunc => x.trunc(),
+        // Independent identities: ln(1+x) = 2 artanh(x / (2 + x)),
+        // e^x - 1 = 2 tanh(x/2) / (1 - tanh(x/2)).
+        UnaryOp::Log1p => 2.0 * (x / (2.0 + x)).atanh(),
+        UnaryOp::Expm1 => {
+            let t = (x / 2.0).tanh();
+            2.0 * t / (1.0 - t)
+        }
     }
 }
 

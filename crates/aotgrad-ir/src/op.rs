@@ -42,6 +42,18 @@ pub enum UnaryOp {
     Sign,
     /// logical not (result is bool)
     LogicalNot,
+    /// largest integer `<= x` (integers unchanged)
+    Floor,
+    /// smallest integer `>= x` (integers unchanged)
+    Ceil,
+    /// nearest integer, halves to even as PyTorch's `round` (integers unchanged)
+    Round,
+    /// integer part, toward zero (integers unchanged)
+    Trunc,
+    /// `ln(1 + x)`, accurate for small `x`
+    Log1p,
+    /// `e^x - 1`, accurate for small `x`
+    Expm1,
 }
 
 /// Pointwise functions of two tensors (broadcasting, type promotion).
@@ -395,7 +407,7 @@ pub enum Op {
 
 impl UnaryOp {
     /// Every unary op.
-    pub const ALL: [UnaryOp; 15] = [
+    pub const ALL: [UnaryOp; 21] = [
         UnaryOp::Neg,
         UnaryOp::Abs,
         UnaryOp::Exp,
@@ -411,6 +423,12 @@ impl UnaryOp {
         UnaryOp::Reciprocal,
         UnaryOp::Sign,
         UnaryOp::LogicalNot,
+        UnaryOp::Floor,
+        UnaryOp::Ceil,
+        UnaryOp::Round,
+        UnaryOp::Trunc,
+        UnaryOp::Log1p,
+        UnaryOp::Expm1,
     ];
     /// PyTorch name.
     pub fn name(self) -> &'static str {
@@ -431,11 +449,32 @@ impl UnaryOp {
             Reciprocal => "reciprocal",
             Sign => "sign",
             LogicalNot => "logical_not",
+            Floor => "floor",
+            Ceil => "ceil",
+            Round => "round",
+            Trunc => "trunc",
+            Log1p => "log1p",
+            Expm1 => "expm1",
         }
+    }
+    /// Rounding ops: integer-valued results, zero derivative almost everywhere.
+    pub fn is_rounding(self) -> bool {
+        matches!(self, UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round | UnaryOp::Trunc)
     }
     /// True when integer inputs are promoted to the default float.
     pub fn promotes_int_to_float(self) -> bool {
-        !matches!(self, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu | UnaryOp::Sign | UnaryOp::LogicalNot)
+        !matches!(
+            self,
+            UnaryOp::Neg
+                | UnaryOp::Abs
+                | UnaryOp::Relu
+                | UnaryOp::Sign
+                | UnaryOp::LogicalNot
+                | UnaryOp::Floor
+                | UnaryOp::Ceil
+                | UnaryOp::Round
+                | UnaryOp::Trunc
+        )
     }
 }
 

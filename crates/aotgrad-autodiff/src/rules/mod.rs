@@ -24,8 +24,9 @@ use aotgrad_ir::{Node, Op, UnaryOp, ValueId};
 /// reports them.
 pub(crate) fn grad_flows(op: &Op, i: usize) -> bool {
     match op {
-        // sign's derivative is zero almost everywhere; logical_not's result is bool.
-        Op::Unary(u) => !matches!(u, UnaryOp::Sign | UnaryOp::LogicalNot),
+        // sign's and the rounding ops' derivatives are zero almost everywhere (PyTorch
+        // returns zeros); logical_not's result is bool.
+        Op::Unary(u) => !matches!(u, UnaryOp::Sign | UnaryOp::LogicalNot) && !u.is_rounding(),
         Op::Binary(_) | Op::BinaryScalar(..) | Op::Clamp { .. } | Op::Cast(_) | Op::Clone | Op::UnsafeView(_) => true,
         // Constants with respect to their inputs.
         Op::Compare(_)

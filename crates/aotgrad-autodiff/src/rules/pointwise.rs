@@ -112,7 +112,17 @@ fn unary(b: &mut Builder, u: UnaryOp, x: ValueId, out: ValueId, g: ValueId) -> R
             let t = b.mul(g, sq)?;
             b.neg(t)?
         }
-        Sign | LogicalNot => return Ok(None),
+        // d log(1+x) = 1/(1+x)
+        Log1p => {
+            let xp1 = b.scalar(BinaryOp::Add, x, Scalar::Float(1.0))?;
+            b.div(g, xp1)?
+        }
+        // d (e^x - 1) = e^x = out + 1
+        Expm1 => {
+            let ex = b.scalar(BinaryOp::Add, out, Scalar::Float(1.0))?;
+            b.mul(g, ex)?
+        }
+        Sign | LogicalNot | Floor | Ceil | Round | Trunc => return Ok(None),
     };
     Ok(Some(v))
 }

@@ -254,6 +254,12 @@ fn unary<T: Num>(op: UnaryOp, d: &mut [T], a: &[T]) {
             #[inline(always)]
             |x| b2n(x == z),
         ),
+        UnaryOp::Floor => map1(d, a, T::floor),
+        UnaryOp::Ceil => map1(d, a, T::ceil),
+        UnaryOp::Round => map1(d, a, T::round_even),
+        UnaryOp::Trunc => map1(d, a, T::trunc),
+        UnaryOp::Log1p => map1(d, a, T::ln_1p),
+        UnaryOp::Expm1 => map1(d, a, T::exp_m1),
     }
 }
 

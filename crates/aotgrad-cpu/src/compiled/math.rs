@@ -28,6 +28,13 @@ pub(crate) trait Num: Copy + PartialOrd + Send + Sync + 'static + std::fmt::Debu
     fn erf(self) -> Self;
     fn powf(self, e: Self) -> Self;
     fn nan() -> Self;
+    fn floor(self) -> Self;
+    fn ceil(self) -> Self;
+    /// Round half to even.
+    fn round_even(self) -> Self;
+    fn trunc(self) -> Self;
+    fn ln_1p(self) -> Self;
+    fn exp_m1(self) -> Self;
 }
 
 /// e^x for f32: Cody–Waite range reduction and a degree-7 polynomial on
@@ -154,6 +161,30 @@ macro_rules! num_common {
         #[inline(always)]
         fn ln(self) -> Self {
             <$t>::ln(self)
+        }
+        #[inline(always)]
+        fn floor(self) -> Self {
+            <$t>::floor(self)
+        }
+        #[inline(always)]
+        fn ceil(self) -> Self {
+            <$t>::ceil(self)
+        }
+        #[inline(always)]
+        fn round_even(self) -> Self {
+            <$t>::round_ties_even(self)
+        }
+        #[inline(always)]
+        fn trunc(self) -> Self {
+            <$t>::trunc(self)
+        }
+        #[inline(always)]
+        fn ln_1p(self) -> Self {
+            <$t>::ln_1p(self)
+        }
+        #[inline(always)]
+        fn exp_m1(self) -> Self {
+            <$t>::exp_m1(self)
         }
         #[inline(always)]
         fn sin(self) -> Self {

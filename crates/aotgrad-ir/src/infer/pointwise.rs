@@ -144,6 +144,11 @@ pub(crate) fn unary_dtype(name: &str, u: UnaryOp, dtype: DType) -> Result<DType>
             dtype: dtype.to_string(),
             what: "input (boolean inputs not supported for relu)".into(),
         }),
+        _ if u.is_rounding() && dtype == DType::Bool => Err(ShapeError::DType {
+            op: name.into(),
+            dtype: dtype.to_string(),
+            what: format!("input (\"{name}\" is not implemented for bool tensors)"),
+        }),
         _ if u.promotes_int_to_float() && !dtype.is_float() => Ok(DType::DEFAULT_FLOAT),
         _ => Ok(dtype),
     }

@@ -461,7 +461,7 @@ fn proto(b: Base) -> Op {
 #[test]
 fn text_base_names_agree_with_op_name_and_are_unambiguous() {
     let all: Vec<Base> = Base::all().collect();
-    assert_eq!(all.len(), 15 + 7 + 6 + 4 + 45);
+    assert_eq!(all.len(), 21 + 7 + 6 + 4 + 45);
     for &b in &all {
         assert_eq!(b.name(), proto(b).name(), "{b:?}");
         assert_eq!(Base::lookup(b.name()), Some(b), "name {} is used twice", b.name());

@@ -45,16 +45,47 @@ impl Tensor {
     pub fn fill_(&self, value: impl Into<Scalar>) -> Result<Tensor> {
         dispatch(inplace(Op::FullLike { value: value.into(), dtype: None }), &[self], &SourceLoc::caller())
     }
-    /// In-place `relu`.
-    #[track_caller]
-    pub fn relu_(&self) -> Result<Tensor> {
-        dispatch(inplace(Op::Unary(UnaryOp::Relu)), &[self], &SourceLoc::caller())
-    }
-    /// In-place `neg`.
-    #[track_caller]
-    pub fn neg_(&self) -> Result<Tensor> {
-        dispatch(inplace(Op::Unary(UnaryOp::Neg)), &[self], &SourceLoc::caller())
-    }
+}
+
+macro_rules! unary_inplace {
+    ($($name:ident => $op:ident),* $(,)?) => {
+        impl Tensor {
+            $(
+                #[doc = concat!("In-place `", stringify!($op), "` (the result is cast to `self`'s dtype, as PyTorch's `", stringify!($name), "`).")]
+                #[track_caller]
+                pub fn $name(&self) -> Result<Tensor> {
+                    dispatch(inplace(Op::Unary(UnaryOp::$op)), &[self], &SourceLoc::caller())
+                }
+            )*
+        }
+    };
+}
+
+unary_inplace!(
+    neg_ => Neg,
+    abs_ => Abs,
+    exp_ => Exp,
+    log_ => Log,
+    sqrt_ => Sqrt,
+    rsqrt_ => Rsqrt,
+    sin_ => Sin,
+    cos_ => Cos,
+    tanh_ => Tanh,
+    sigmoid_ => Sigmoid,
+    relu_ => Relu,
+    erf_ => Erf,
+    reciprocal_ => Reciprocal,
+    sign_ => Sign,
+    logical_not_ => LogicalNot,
+    floor_ => Floor,
+    ceil_ => Ceil,
+    round_ => Round,
+    trunc_ => Trunc,
+    log1p_ => Log1p,
+    expm1_ => Expm1,
+);
+
+impl Tensor {
     /// In-place `clamp` (see [`Tensor::clamp`]).
     #[track_caller]
     pub fn clamp_<S: Into<Scalar>>(&self, min: Option<S>, max: Option<S>) -> Result<Tensor> {

@@ -37,6 +37,12 @@ unary_ops!(
     reciprocal => Reciprocal,
     sign => Sign,
     logical_not => LogicalNot,
+    floor => Floor,
+    ceil => Ceil,
+    round => Round,
+    trunc => Trunc,
+    log1p => Log1p,
+    expm1 => Expm1,
 );
 
 macro_rules! binary_ops {
