@@ -124,3 +124,95 @@ fn var_std_and_argmax_over_everything() {
     assert_eq!(x.argmax_all().unwrap().item().unwrap(), 5.0);
     assert_eq!(x.argmin_all().unwrap().item().unwrap(), 0.0);
 }
+
+#[test]
+fn rsub_rdiv_any_all_one_hot() {
+    let x = t(&[1.0, 2.0, 4.0], &[3]);
+    // torch.rsub(x, 2) = 2 - x; 2 / x
+    assert_eq!(x.rsub(2.0).unwrap().to_vec_f64().unwrap(), vec![1.0, 0.0, -2.0]);
+    assert_eq!(x.rdiv(2.0).unwrap().to_vec_f64().unwrap(), vec![2.0, 1.0, 0.5]);
+    let i = Tensor::from_i64(&[1, 2, 4], &[3]).unwrap();
+    let r = i.rdiv(2).unwrap();
+    assert_eq!((r.dtype(), r.to_vec_f64().unwrap()), (DType::F32, vec![2.0, 1.0, 0.5]));
+    // torch.tensor([[0., 1.], [0., 0.]]).any(1) = [True, False]; .all(0) = [False, False]
+    let m = t(&[0.0, 1.0, 0.0, 0.0], &[2, 2]);
+    let b = |t: &Tensor| t.to(DType::I64).unwrap().to_vec_i64().unwrap();
+    assert_eq!(b(&m.any(&[1], false).unwrap()), vec![1, 0]);
+    assert_eq!(b(&m.all(&[0], false).unwrap()), vec![0, 0]);
+    assert_eq!(m.any(&[], false).unwrap().dtype(), DType::Bool);
+    assert_eq!(b(&m.any(&[], false).unwrap()), vec![1]);
+    assert_eq!(b(&t(&[1.0, -2.0], &[2]).all(&[], true).unwrap()), vec![1]);
+    assert_eq!(b(&t(&[], &[0]).all(&[], false).unwrap()), vec![1], "all of nothing is true");
+    assert_eq!(b(&t(&[], &[0]).any(&[], false).unwrap()), vec![0]);
+    // torch.nn.functional.one_hot(torch.tensor([0, 2]), 3) = [[1, 0, 0], [0, 0, 1]]
+    let oh = Tensor::from_i64(&[0, 2], &[2]).unwrap().one_hot(3).unwrap();
+    assert_eq!(oh.sizes().unwrap(), vec![2, 3]);
+    assert_eq!(oh.to_vec_i64().unwrap(), vec![1, 0, 0, 0, 0, 1]);
+    let e = Tensor::from_i64(&[0, 3], &[2]).unwrap().one_hot(3).unwrap_err().to_string();
+    assert!(e.contains("class values must be in 0..3, got 3"), "{e}");
+    assert!(t(&[0.0], &[1]).one_hot(2).is_err());
+}
+
+#[test]
+fn clamp_with_tensor_bounds_values_and_gradients() {
+    let lo = t(&[0.0, 0.0, 0.0, 0.0], &[4]);
+    let hi = t(&[1.0], &[1]);
+    let x = t(&[-0.5, 0.0, 0.5, 2.0], &[4]);
+    // torch.clamp(x, min=lo, max=hi) = [0., 0., 0.5, 1.]
+    assert_eq!(x.clamp_tensor(Some(&lo), Some(&hi)).unwrap().to_vec_f64().unwrap(), vec![0.0, 0.0, 0.5, 1.0]);
+    assert_eq!(x.clamp_tensor(None, Some(&hi)).unwrap().to_vec_f64().unwrap(), vec![-0.5, 0.0, 0.5, 1.0]);
+    // Compiled training path: d/dx is 1 inside [lo, hi] (inclusive), d/dlo where x < lo,
+    // d/dhi (summed over the broadcast) where x > hi.
+    let f = |a: &[Tensor]| -> aotgrad::trace::Result<Vec<Tensor>> {
+        Ok(vec![a[0].clamp_tensor(Some(&a[1]), Some(&a[2]))?.sum_all()?])
+    };
+    let c = aot_function(f, AotConfig::default().no_cache()).unwrap();
+    let args: Vec<Tensor> = [&x, &lo, &hi].iter().map(|t| t.requires_grad(true).unwrap()).collect();
+    let (out, pending) = c.forward(&args).unwrap();
+    assert_eq!(out[0].to_vec_f64().unwrap(), vec![1.5]);
+    let g = pending.backward(&[out[0].ones_like().unwrap()]).unwrap();
+    let g: Vec<Vec<f64>> = g.iter().map(|g| g.as_ref().unwrap().to_vec_f64().unwrap()).collect();
+    assert_eq!(g, vec![vec![0.0, 1.0, 1.0, 0.0], vec![1.0, 0.0, 0.0, 0.0], vec![1.0]]);
+}
+
+#[test]
+fn diagonal_is_a_view_with_offsets() {
+    let x = arange(12, &[3, 4]);
+    // torch.arange(12.).view(3, 4).diagonal() = [0, 5, 10]; offset 1: [1, 6, 11];
+    // offset -1: [4, 9]; offset 4: []
+    let d = x.diagonal(0, 0, 1).unwrap();
+    assert_eq!(d.to_vec_f64().unwrap(), vec![0.0, 5.0, 10.0]);
+    assert!(d.shares_storage_with(&x));
+    assert_eq!(x.diagonal(1, 0, 1).unwrap().to_vec_f64().unwrap(), vec![1.0, 6.0, 11.0]);
+    assert_eq!(x.diagonal(-1, 0, 1).unwrap().to_vec_f64().unwrap(), vec![4.0, 9.0]);
+    assert_eq!(x.diagonal(4, 0, 1).unwrap().sizes().unwrap(), vec![0]);
+    // A batch: dims (1, 2) of [2, 2, 2] -> [2, 2], the batch first.
+    let b = arange(8, &[2, 2, 2]);
+    assert_eq!(b.diagonal(0, 1, 2).unwrap().to_vec_f64().unwrap(), vec![0.0, 3.0, 4.0, 7.0]);
+    assert_eq!(b.diagonal(0, -1, 0).unwrap().to_vec_f64().unwrap(), vec![0.0, 5.0, 2.0, 7.0]);
+    assert!(x.diagonal(0, 1, 1).is_err());
+    // Written through, compiled like eager: x.diagonal().mul_(10) changes x.
+    let f = |a: &[Tensor]| -> aotgrad::trace::Result<Vec<Tensor>> {
+        a[0].diagonal(0, 0, 1)?.mul_(10.0)?;
+        Ok(vec![a[0].diagonal(1, 0, 1)?.sum_all()?])
+    };
+    let (e, c) = (arange(12, &[3, 4]), arange(12, &[3, 4]));
+    let want = f(std::slice::from_ref(&e)).unwrap();
+    let got = aot_function(f, AotConfig::default().no_cache()).unwrap().call(std::slice::from_ref(&c)).unwrap();
+    assert_eq!(got[0].to_vec_f64().unwrap(), want[0].to_vec_f64().unwrap());
+    assert_eq!(c.to_vec_f64().unwrap(), e.to_vec_f64().unwrap());
+    assert_eq!(e.to_vec_f64().unwrap()[5], 50.0);
+}
+
+#[test]
+fn the_gradient_of_a_diagonal_lands_on_the_diagonal() {
+    let f = |a: &[Tensor]| -> aotgrad::trace::Result<Vec<Tensor>> {
+        Ok(vec![a[0].diagonal(1, 0, 1)?.mul(2.0)?.sum_all()?])
+    };
+    let x = arange(6, &[2, 3]).requires_grad(true).unwrap();
+    let c = aot_function(f, AotConfig::default().no_cache()).unwrap();
+    let (out, pending) = c.forward(std::slice::from_ref(&x)).unwrap();
+    assert_eq!(out[0].to_vec_f64().unwrap(), vec![2.0 * (1.0 + 5.0)]);
+    let g = pending.backward(&[out[0].ones_like().unwrap()]).unwrap();
+    assert_eq!(g[0].as_ref().unwrap().to_vec_f64().unwrap(), vec![0.0, 2.0, 0.0, 0.0, 0.0, 2.0]);
+}

@@ -1,8 +1,10 @@
 //! Ops written in terms of core ops, as PyTorch's own decompositions write them:
 //! `masked_fill`/`masked_fill_` (a `where`), `tril`/`triu` (a `where` with an index
 //! mask from `arange`), `stack` (unsqueezes and a `cat`), `split`/`chunk` (narrowed
-//! views), `var`/`std` (with a correction) and `argmax_all`/`argmin_all` (over the
-//! flattened tensor). They trace, compile and differentiate through the core ops they emit, so
+//! views), `var`/`std` (with a correction), `argmax_all`/`argmin_all` (over the
+//! flattened tensor), `rsub`/`rdiv` (scalar on the left), `any`/`all` (counts of
+//! non-zeros), `clamp_tensor` (`where`s), `one_hot` (a comparison with `arange`) and
+//! `diagonal` (an `as_strided` view). They trace, compile and differentiate through the core ops they emit, so
 //! eager, fake and compiled modes agree by construction.
 
 use crate::error::{Error, Result};
@@ -181,5 +183,112 @@ impl Tensor {
     #[track_caller]
     pub fn argmin_all(&self) -> Result<Tensor> {
         self.flatten()?.argmin(0, false)
+    }
+
+    /// `value - self` (PyTorch's `rsub`, what `2.0 - x` computes).
+    #[track_caller]
+    pub fn rsub(&self, value: impl Into<Scalar>) -> Result<Tensor> {
+        self.neg()?.add(value.into())
+    }
+
+    /// `value / self` (what `2.0 / x` computes; integers divide as floats).
+    #[track_caller]
+    pub fn rdiv(&self, value: impl Into<Scalar>) -> Result<Tensor> {
+        self.full_like(value)?.to(promoted_float(self.dtype()))?.div(self)
+    }
+
+    /// Whether any element over `dims` (all dims when empty) is non-zero (bool).
+    #[track_caller]
+    pub fn any(&self, dims: &[i64], keepdim: bool) -> Result<Tensor> {
+        self.ne(0)?.to(DType::I64)?.sum(dims, keepdim)?.gt(0)
+    }
+
+    /// Whether every element over `dims` (all dims when empty) is non-zero (bool).
+    #[track_caller]
+    pub fn all(&self, dims: &[i64], keepdim: bool) -> Result<Tensor> {
+        self.eq(0)?.to(DType::I64)?.sum(dims, keepdim)?.eq(0)
+    }
+
+    /// `self` clamped elementwise between tensors `min` and `max` (each optional,
+    /// broadcast): `min(max(x, lo), hi)` as PyTorch's `clamp(min=t, max=t)`. The
+    /// gradient goes to `self` where it lies within the bounds (inclusive), to a bound
+    /// where it replaced `self`.
+    #[track_caller]
+    pub fn clamp_tensor(&self, min: Option<&Tensor>, max: Option<&Tensor>) -> Result<Tensor> {
+        let mut out = self.clone();
+        if let Some(lo) = min {
+            out = Tensor::where_(&out.lt(lo)?, lo, &out)?;
+        }
+        if let Some(hi) = max {
+            out = Tensor::where_(&out.gt(hi)?, hi, &out)?;
+        }
+        Ok(out)
+    }
+
+    /// One-hot encoding of an integer tensor: a new last dim of `num_classes` with a 1
+    /// at each value (i64 result). A value outside `0..num_classes` is an error for
+    /// real tensors, as in PyTorch (a traced one cannot be checked: it gives a row of
+    /// zeros).
+    #[track_caller]
+    pub fn one_hot(&self, num_classes: i64) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        if self.dtype() != DType::I64 {
+            return Err(Error::invalid("one_hot", &loc, format!("needs an i64 tensor, got {}", self.dtype())));
+        }
+        if num_classes < 1 {
+            return Err(Error::invalid("one_hot", &loc, format!("num_classes must be positive, got {num_classes}")));
+        }
+        if !self.is_fake() {
+            if let Some(v) = self.to_vec_i64()?.into_iter().find(|v| !(0..num_classes).contains(v)) {
+                return Err(Error::invalid(
+                    "one_hot",
+                    &loc,
+                    format!("class values must be in 0..{num_classes}, got {v}"),
+                ));
+            }
+        }
+        let classes = Tensor::arange(0, num_classes, 1, DType::I64)?;
+        self.unsqueeze(-1)?.eq(&classes)?.to(DType::I64)
+    }
+
+    /// The diagonal of dims `dim1` and `dim2` shifted by `offset` (above the main
+    /// diagonal when positive), as a view in a new last dim — PyTorch's `diagonal`.
+    #[track_caller]
+    pub fn diagonal(&self, offset: i64, dim1: i64, dim2: i64) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        let rank = self.dim();
+        let (d1, d2) = (wrap_dim("diagonal", dim1, rank, &loc)?, wrap_dim("diagonal", dim2, rank, &loc)?);
+        if d1 == d2 {
+            return Err(Error::invalid("diagonal", &loc, format!("dim1 and dim2 cannot be the same dim ({d1})")));
+        }
+        let (n1, n2) = (concrete_size(self, "diagonal", d1, &loc)?, concrete_size(self, "diagonal", d2, &loc)?);
+        let len = if offset >= 0 { n1.min(n2 - offset) } else { (n1 + offset).min(n2) }.max(0);
+        let m = self.meta();
+        let (s1, s2) = (m.strides[d1].clone(), m.strides[d2].clone());
+        let mut size: Vec<Dim> = Vec::with_capacity(rank - 1);
+        let mut stride: Vec<Dim> = Vec::with_capacity(rank - 1);
+        for d in (0..rank).filter(|&d| d != d1 && d != d2) {
+            size.push(m.shape[d].clone());
+            stride.push(m.strides[d].clone());
+        }
+        size.push(Dim::Const(len));
+        stride.push(s1.add(&s2));
+        let start = if len == 0 {
+            Dim::Const(0)
+        } else if offset >= 0 {
+            s2.mul(&Dim::Const(offset))
+        } else {
+            s1.mul(&Dim::Const(-offset))
+        };
+        self.as_strided_dims(&size, &stride, m.offset.add(&start))
+    }
+}
+
+/// The float dtype a division by a tensor of `dtype` computes in.
+fn promoted_float(dtype: DType) -> DType {
+    if dtype.is_float() {
+        dtype
+    } else {
+        DType::DEFAULT_FLOAT
     }
 }
