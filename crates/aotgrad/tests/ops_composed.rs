@@ -216,3 +216,34 @@ fn the_gradient_of_a_diagonal_lands_on_the_diagonal() {
     let g = pending.backward(&[out[0].ones_like().unwrap()]).unwrap();
     assert_eq!(g[0].as_ref().unwrap().to_vec_f64().unwrap(), vec![0.0, 2.0, 0.0, 0.0, 0.0, 2.0]);
 }
+
+#[test]
+fn std_ops_operators_on_tensors_and_scalars() {
+    let a = t(&[1.0, 2.0], &[2]);
+    let b = t(&[3.0, 5.0], &[2]);
+    let v = |r: aotgrad::trace::Result<Tensor>| r.unwrap().to_vec_f64().unwrap();
+    assert_eq!(v(&a + &b), vec![4.0, 7.0]);
+    assert_eq!(v(&a - &b), vec![-2.0, -3.0]);
+    assert_eq!(v(&a * &b), vec![3.0, 10.0]);
+    assert_eq!(v(&b / &a), vec![3.0, 2.5]);
+    assert_eq!(v(&a * 2.0), vec![2.0, 4.0]);
+    assert_eq!(v(&a + 1), vec![2.0, 3.0]);
+    assert_eq!(v(2.0 - &a), vec![1.0, 0.0]);
+    assert_eq!(v(2.0 / &a), vec![2.0, 1.0]);
+    assert_eq!(v(3 * &a), vec![3.0, 6.0]);
+    assert_eq!(v(-&a), vec![-1.0, -2.0]);
+    let chained = ((&a + &b).unwrap() * 2.0).unwrap();
+    assert_eq!(chained.to_vec_f64().unwrap(), vec![8.0, 14.0]);
+    // A shape error names the operator's line in this file.
+    let c = t(&[1.0, 2.0, 3.0], &[3]);
+    let line = line!() + 1;
+    let e = (&a + &c).unwrap_err();
+    let text = format!("{e:?}");
+    assert!(text.contains("ops_composed.rs") && text.contains(&format!("line: {line}")), "{text}");
+    // Inside a compiled function the operators trace like the methods.
+    let f = |x: &[Tensor]| -> aotgrad::trace::Result<Vec<Tensor>> { Ok(vec![(1.0 - ((&x[0] * &x[1])? / 2.0)?)?]) };
+    assert_eq!(v((&a + &b).unwrap() - &a), vec![3.0, 5.0]);
+    assert_eq!(v(-(&a * 3).unwrap()), vec![-3.0, -6.0]);
+    let got = aot_function(f, AotConfig::default().no_cache()).unwrap().call(&[a.clone(), b.clone()]).unwrap();
+    assert_eq!(got[0].to_vec_f64().unwrap(), vec![-0.5, -4.0]);
+}

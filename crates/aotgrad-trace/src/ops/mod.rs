@@ -13,6 +13,7 @@ pub mod composed;
 pub mod creation;
 pub mod indexing;
 pub mod inplace;
+pub mod operators;
 pub mod pointwise;
 pub mod reduce;
 pub mod views;
