@@ -247,3 +247,22 @@ fn std_ops_operators_on_tensors_and_scalars() {
     let got = aot_function(f, AotConfig::default().no_cache()).unwrap().call(&[a.clone(), b.clone()]).unwrap();
     assert_eq!(got[0].to_vec_f64().unwrap(), vec![-0.5, -4.0]);
 }
+
+#[test]
+fn max_and_min_over_a_dim_with_indices() {
+    let x = t(&[1.0, 5.0, 5.0, -2.0, 0.0, 3.0], &[2, 3]);
+    // torch.tensor([[1., 5., 5.], [-2., 0., 3.]]).max(1) = (values=[5., 3.], indices=[1, 2])
+    let (v, i) = x.max_dim(1, false).unwrap();
+    assert_eq!((v.to_vec_f64().unwrap(), i.to_vec_i64().unwrap()), (vec![5.0, 3.0], vec![1, 2]));
+    let (v, i) = x.min_dim(0, true).unwrap();
+    assert_eq!(v.sizes().unwrap(), vec![1, 3]);
+    assert_eq!((v.to_vec_f64().unwrap(), i.to_vec_i64().unwrap()), (vec![-2.0, 0.0, 3.0], vec![1, 1, 1]));
+    // The gradient goes to the first maximum only (PyTorch's max(dim) backward).
+    let f = |a: &[Tensor]| -> aotgrad::trace::Result<Vec<Tensor>> { Ok(vec![a[0].max_dim(1, false)?.0.sum_all()?]) };
+    let xr = x.requires_grad(true).unwrap();
+    let c = aot_function(f, AotConfig::default().no_cache()).unwrap();
+    let (out, pending) = c.forward(std::slice::from_ref(&xr)).unwrap();
+    assert_eq!(out[0].to_vec_f64().unwrap(), vec![8.0]);
+    let g = pending.backward(&[out[0].ones_like().unwrap()]).unwrap();
+    assert_eq!(g[0].as_ref().unwrap().to_vec_f64().unwrap(), vec![0.0, 1.0, 0.0, 0.0, 0.0, 1.0]);
+}

@@ -3,7 +3,8 @@
 //! mask from `arange`), `stack` (unsqueezes and a `cat`), `split`/`chunk` (narrowed
 //! views), `var`/`std` (with a correction), `argmax_all`/`argmin_all` (over the
 //! flattened tensor), `rsub`/`rdiv` (scalar on the left), `any`/`all` (counts of
-//! non-zeros), `clamp_tensor` (`where`s), `one_hot` (a comparison with `arange`) and
+//! non-zeros), `max_dim`/`min_dim` (values gathered at `argmax`/`argmin`),
+//! `clamp_tensor` (`where`s), `one_hot` (a comparison with `arange`) and
 //! `diagonal` (an `as_strided` view). They trace, compile and differentiate through the core ops they emit, so
 //! eager, fake and compiled modes agree by construction.
 
@@ -183,6 +184,33 @@ impl Tensor {
     #[track_caller]
     pub fn argmin_all(&self) -> Result<Tensor> {
         self.flatten()?.argmin(0, false)
+    }
+
+    /// The maximum over `dim` and the index of its first occurrence, as PyTorch's
+    /// `max(dim, keepdim)`: the values are gathered at the indices, so the gradient
+    /// goes to that one element (not split between ties).
+    #[track_caller]
+    pub fn max_dim(&self, dim: i64, keepdim: bool) -> Result<(Tensor, Tensor)> {
+        let idx = self.argmax(dim, true)?;
+        self.select_at(dim, idx, keepdim)
+    }
+
+    /// The minimum over `dim` and the index of its first occurrence (PyTorch's
+    /// `min(dim, keepdim)`).
+    #[track_caller]
+    pub fn min_dim(&self, dim: i64, keepdim: bool) -> Result<(Tensor, Tensor)> {
+        let idx = self.argmin(dim, true)?;
+        self.select_at(dim, idx, keepdim)
+    }
+
+    #[track_caller]
+    fn select_at(&self, dim: i64, idx: Tensor, keepdim: bool) -> Result<(Tensor, Tensor)> {
+        let values = self.gather(dim, &idx)?;
+        if keepdim {
+            Ok((values, idx))
+        } else {
+            Ok((values.squeeze_dim(dim)?, idx.squeeze_dim(dim)?))
+        }
     }
 
     /// `value - self` (PyTorch's `rsub`, what `2.0 - x` computes).
