@@ -368,31 +368,41 @@ fn golden_plan_of_a_pointwise_chain_is_one_kernel() {
 
 #[test]
 fn a_long_pointwise_reduce_chain_uses_bounded_buffers() {
-    // 12 rounds of (30 pointwise ops, then a row softmax-like normalisation): every
-    // round materializes a few values, yet the arena keeps a bounded number of slots.
-    let mut g = Graph::new();
-    let xm = m(&[16, 32], DType::F32);
-    let mut v = input(&mut g, "x", xm.clone());
-    for round in 0..12 {
-        for i in 0..30 {
-            let op = if i % 3 == 0 {
-                Op::Unary(UnaryOp::Tanh)
-            } else {
-                Op::BinaryScalar(BinaryOp::Mul, Scalar::Float(1.01))
-            };
-            v = node(&mut g, op, &[v]);
+    // Rounds of (30 pointwise ops, then a row softmax-like normalisation): every round
+    // materializes a few values, yet the arena keeps a bounded number of slots: row
+    // groups keep at most four buffers of the whole space (and their row results)
+    // live, whatever the number of rounds.
+    let chain = |rounds: usize| {
+        let mut g = Graph::new();
+        let mut v = input(&mut g, "x", m(&[16, 32], DType::F32));
+        for round in 0..rounds {
+            for i in 0..30 {
+                let op = if i % 3 == 0 {
+                    Op::Unary(UnaryOp::Tanh)
+                } else {
+                    Op::BinaryScalar(BinaryOp::Mul, Scalar::Float(1.01))
+                };
+                v = node(&mut g, op, &[v]);
+            }
+            let s = node(&mut g, Op::Reduce { op: ReduceOp::Sum, dims: vec![1], keepdim: true }, &[v]);
+            let d = node(&mut g, Op::Binary(BinaryOp::Div), &[v, s]);
+            v = node(&mut g, Op::BinaryScalar(BinaryOp::Add, Scalar::Float(round as f64)), &[d]);
         }
-        let s = node(&mut g, Op::Reduce { op: ReduceOp::Sum, dims: vec![1], keepdim: true }, &[v]);
-        let d = node(&mut g, Op::Binary(BinaryOp::Div), &[v, s]);
-        v = node(&mut g, Op::BinaryScalar(BinaryOp::Add, Scalar::Float(round as f64)), &[d]);
-    }
-    g.outputs = vec![v];
-    let c = CpuBackend::new(1).compile_graph(&g).unwrap();
-    let plan = c.plan().unwrap();
-    assert!(plan.kernels.len() <= 2 * 12 + 1, "{} kernels for {} nodes", plan.kernels.len(), g.nodes.len());
-    let text = c.plan_text().unwrap();
-    let slots: usize = text.split(", ").find_map(|p| p.strip_suffix(" slots")).unwrap().parse().unwrap();
-    assert!(slots <= 3, "{slots} slots:\n{text}");
+        g.outputs = vec![v];
+        g
+    };
+    let slots_of = |g: &Graph| {
+        let c = CpuBackend::new(1).compile_graph(g).unwrap();
+        let plan = c.plan().unwrap();
+        assert!(plan.kernels.len() <= 12 + 1, "{} kernels for {} nodes", plan.kernels.len(), g.nodes.len());
+        let text = c.plan_text().unwrap();
+        let slots: usize = text.split(", ").find_map(|p| p.strip_suffix(" slots")).unwrap().parse().unwrap();
+        assert!(slots <= 10, "{slots} slots:\n{text}");
+        slots
+    };
+    let g = chain(12);
+    assert_eq!(slots_of(&g), slots_of(&chain(36)), "the arena grows with the chain");
+    let xm = g.inputs[0].meta.clone();
     let x = tensor_for(&xm, 0.2, false);
     check(&g, std::slice::from_ref(&x), 1e-4);
     // What a call allocates is exactly the reported peak (first call: arena + outputs);
@@ -461,4 +471,137 @@ fn tiles_of_short_rows_cross_dims_and_thread_chunks() {
         g.outputs = vec![p, cols];
         check(&g, &[tensor_for(&xm, 0.3, false), tensor_for(&bias, 0.7, true)], 1e-5);
     }
+}
+
+/// A softmax over the last dim of `[rows, len]`.
+fn softmax_graph(rows: usize, len: usize, dtype: DType) -> Graph {
+    let mut g = Graph::new();
+    let xm = m(&[rows, len], dtype);
+    let x = input(&mut g, "x", xm);
+    let mx = node(&mut g, Op::Reduce { op: ReduceOp::Amax, dims: vec![1], keepdim: true }, &[x]);
+    let d = node(&mut g, Op::Binary(BinaryOp::Sub), &[x, mx]);
+    let e = node(&mut g, Op::Unary(UnaryOp::Exp), &[d]);
+    let s = node(&mut g, Op::Reduce { op: ReduceOp::Sum, dims: vec![1], keepdim: true }, &[e]);
+    let p = node(&mut g, Op::Binary(BinaryOp::Div), &[e, s]);
+    g.outputs = vec![p];
+    g
+}
+
+/// A layer norm over the last dim of `[b, rows, len]` returning what training saves:
+/// the result, the mean (without keepdim, viewed back) and the reciprocal deviation.
+fn layer_norm_graph(b: usize, rows: usize, len: usize) -> Graph {
+    let mut g = Graph::new();
+    let xm = m(&[b, rows, len], DType::F32);
+    let x0 = input(&mut g, "x", xm);
+    let w = input(&mut g, "w", m(&[len], DType::F32));
+    let bias = input(&mut g, "b", m(&[len], DType::F32));
+    let x = node(&mut g, Op::Unary(UnaryOp::Tanh), &[x0]);
+    let mean = node(&mut g, Op::Reduce { op: ReduceOp::Mean, dims: vec![2], keepdim: false }, &[x]);
+    let mean_k = node(&mut g, Op::Unsqueeze(2), &[mean]);
+    let xc = node(&mut g, Op::Binary(BinaryOp::Sub), &[x, mean_k]);
+    let sq = node(&mut g, Op::Binary(BinaryOp::Mul), &[xc, xc]);
+    let var = node(&mut g, Op::Reduce { op: ReduceOp::Mean, dims: vec![2], keepdim: true }, &[sq]);
+    let ve = node(&mut g, Op::BinaryScalar(BinaryOp::Add, Scalar::Float(1e-5)), &[var]);
+    let rs = node(&mut g, Op::Unary(UnaryOp::Rsqrt), &[ve]);
+    let y = node(&mut g, Op::Binary(BinaryOp::Mul), &[xc, rs]);
+    let yw = node(&mut g, Op::Binary(BinaryOp::Mul), &[y, w]);
+    let out = node(&mut g, Op::Binary(BinaryOp::Add), &[yw, bias]);
+    g.outputs = vec![out, mean, rs];
+    g
+}
+
+fn kinds(c: &aotgrad_cpu::compiled::CpuCompiledGraph) -> Vec<String> {
+    c.plan()
+        .unwrap()
+        .kernels
+        .iter()
+        .map(|k| match k {
+            aotgrad_fusion::Kernel::Rows(r) => {
+                let st: Vec<&str> = r.stages.iter().map(|s| s.kind_name()).collect();
+                format!("rows({})", st.join(" "))
+            }
+            k => k.kind_name().to_string(),
+        })
+        .collect()
+}
+
+#[test]
+fn golden_plan_of_a_row_softmax_is_one_row_group() {
+    let g = softmax_graph(4, 8, DType::F32);
+    let c = CpuBackend::new(1).compile_graph(&g).unwrap();
+    expect![[r#"
+        plan: 5 nodes -> 1 kernels, 3 slots, arena 160 B (unshared 160 B), outputs 128 B, peak 288 B
+        b0 = input 0 f32[4, 8]
+        b1 = slot 0 f32[4, 1]
+        b2 = slot 1 f32[4, 8]
+        b3 = slot 2 f32[4, 1]
+        b4 = output f32[4, 8]
+        k0: rows [4, 8] outer 1 (4 stages, 5 nodes)
+          s0: reduce amax over [1] of [4, 8] f32 (1 nodes) -> b1 [1, 0]+0
+              r0 = load b0 [8, 1]+0
+          s1: pointwise [4, 8] f32 (2 nodes)
+              r0 = load b0 [8, 1]+0
+              r1 = load b1 [1, 0]+0
+              r2 = sub r0, r1
+              r3 = exp r2
+              store r3 -> b2 [8, 1]+0
+          s2: reduce sum over [1] of [4, 8] f32 (1 nodes) -> b3 [1, 0]+0
+              r0 = load b2 [8, 1]+0
+          s3: pointwise [4, 8] f32 (1 nodes)
+              r0 = load b2 [8, 1]+0
+              r1 = load b3 [1, 0]+0
+              r2 = div r0, r1
+              store r2 -> b4 [8, 1]+0
+        outputs: b4 f32[4, 8]
+    "#]]
+    .assert_eq(&c.plan_text().unwrap());
+    check(&g, &[tensor_for(&g.inputs[0].meta, 0.3, false)], 1e-6);
+}
+
+#[test]
+fn row_groups_match_the_interpreter_across_blocks_threads_and_dtypes() {
+    // Rows shorter than a block (several rows per block, several blocks per task),
+    // rows longer than a block, one row (not grouped), and f64.
+    for (rows, len, dtype) in
+        [(300, 70, DType::F32), (5, 20_000, DType::F32), (1, 64, DType::F32), (64, 33, DType::F64), (0, 8, DType::F32)]
+    {
+        let g = softmax_graph(rows, len, dtype);
+        let c = CpuBackend::new(2).compile_graph(&g).unwrap();
+        let grouped = kinds(&c) == ["rows(reduce pointwise reduce pointwise)"];
+        assert_eq!(grouped, rows != 1, "{rows}x{len}: {:?}", kinds(&c));
+        check(&g, &[tensor_for(&g.inputs[0].meta, 0.3, false)], 1e-6);
+    }
+    for (b, rows, len) in [(2, 3, 16), (4, 130, 96), (1, 1, 5)] {
+        let g = layer_norm_graph(b, rows, len);
+        let c = CpuBackend::new(2).compile_graph(&g).unwrap();
+        let want: &[&str] = if b * rows > 1 {
+            &["rows(pointwise reduce pointwise reduce pointwise pointwise)"]
+        } else {
+            &["pointwise", "reduce", "pointwise", "reduce", "pointwise", "pointwise"]
+        };
+        assert_eq!(kinds(&c), want, "{b}x{rows}x{len}");
+        let ins: Vec<CpuTensor> =
+            g.inputs.iter().enumerate().map(|(i, x)| tensor_for(&x.meta, 0.2 + i as f64, false)).collect();
+        check(&g, &ins, 1e-5);
+    }
+}
+
+#[test]
+fn row_groups_stop_where_a_stage_reads_another_row() {
+    // The second reduction reads the exponentials transposed (a [n, n] space): a
+    // stage would read rows another block has not written yet, so it is not grouped.
+    let n = 40;
+    let mut g = Graph::new();
+    let xm = m(&[n, n], DType::F32);
+    let x = input(&mut g, "x", xm.clone());
+    let mx = node(&mut g, Op::Reduce { op: ReduceOp::Amax, dims: vec![1], keepdim: true }, &[x]);
+    let d = node(&mut g, Op::Binary(BinaryOp::Sub), &[x, mx]);
+    let e = node(&mut g, Op::Unary(UnaryOp::Exp), &[d]);
+    let et = node(&mut g, Op::Transpose(0, 1), &[e]);
+    let s = node(&mut g, Op::Reduce { op: ReduceOp::Sum, dims: vec![1], keepdim: true }, &[et]);
+    let p = node(&mut g, Op::Binary(BinaryOp::Div), &[e, s]);
+    g.outputs = vec![p];
+    let c = CpuBackend::new(2).compile_graph(&g).unwrap();
+    assert_eq!(kinds(&c), ["rows(reduce pointwise)", "rows(reduce pointwise)"]);
+    check(&g, &[tensor_for(&xm, 0.5, false)], 1e-6);
 }

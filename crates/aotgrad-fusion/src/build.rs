@@ -15,6 +15,10 @@
 //!    into it; reductions with their prologue; matmuls; the rest as extern ops.
 //! 5. A matmul whose result only one pointwise kernel reads (in the matmul's own
 //!    element order, with its other inputs ready) takes that kernel as its epilogue.
+//! 6. Consecutive reductions over the same trailing dims of one space, with the
+//!    pointwise kernels over that space (or over its rows) around them, become one
+//!    row group when each reads the others' results only at the index they were
+//!    written: a backend runs all of them on a block of rows before the next block.
 
 use crate::plan::*;
 use crate::PlanError;
@@ -499,8 +503,146 @@ pub fn plan_graph(g: &Graph) -> Result<KernelPlan, PlanError> {
         plan.outputs.push(Output { buf, meta: ctx.meta(*o)?.clone() });
     }
     attach_epilogues(&mut plan);
+    group_rows(&mut plan);
     recompute_liveness(&mut plan);
     Ok(plan)
+}
+
+/// Where `shape` splits into kept leading dims and reduced trailing dims for a
+/// reduction reducing `reduced` (size-1 dims may sit on either side): the number of
+/// leading dims, or `None` when a reduced dim comes before a kept one.
+fn trailing_split(shape: &[Dim], reduced: &[bool]) -> Option<usize> {
+    let one = |d: usize| shape[d] == Dim::Const(1);
+    let outer = (0..shape.len()).rev().find(|&d| !reduced[d] && !one(d)).map_or(0, |d| d + 1);
+    let ok = (0..shape.len()).all(|d| one(d) || (d < outer) != reduced[d]);
+    ok.then_some(outer)
+}
+
+/// An access of a per-row stage (indexed by the rows: `shape[..outer]`, with or
+/// without the trailing dims as 1s) indexed by the whole space instead.
+fn lift_row_access(a: &Access, shape: &[Dim], outer: usize) -> Access {
+    let strides = (0..shape.len()).map(|d| if d < outer { a.strides[d].clone() } else { Dim::Const(0) }).collect();
+    Access { buf: a.buf, shape: shape.to_vec(), strides, offset: a.offset.clone(), dtype: a.dtype }
+}
+
+/// A stage's reads and writes indexed by the group's space, when `k` can be a stage of
+/// a row group over `shape` split at `outer`.
+fn stage_accesses(k: &Kernel, shape: &[Dim], outer: usize) -> Option<(Vec<Access>, Vec<Access>)> {
+    match k {
+        Kernel::Pointwise(p) if p.shape == shape => {
+            Some((p.body.loads.clone(), p.stores.iter().map(|s| s.dst.clone()).collect()))
+        }
+        Kernel::Pointwise(p) => {
+            let kept = &shape[..outer];
+            let per_row = p.shape == kept
+                || (p.shape.len() == shape.len()
+                    && p.shape[..outer] == *kept
+                    && p.shape[outer..].iter().all(|d| *d == Dim::Const(1)));
+            per_row.then(|| {
+                let lift = |a: &Access| lift_row_access(a, shape, outer);
+                (p.body.loads.iter().map(lift).collect(), p.stores.iter().map(|s| lift(&s.dst)).collect())
+            })
+        }
+        Kernel::Reduce(r) if r.shape == shape && trailing_split(&r.shape, &r.reduced) == Some(outer) => {
+            Some((r.body.loads.clone(), vec![r.dst.clone()]))
+        }
+        _ => None,
+    }
+}
+
+/// How many kernels of `seq`, from its start, can be stages of one row group over
+/// `shape` split at `outer`.
+fn accepted<'k>(seq: impl Iterator<Item = &'k Kernel>, shape: &[Dim], outer: usize) -> usize {
+    let mut written: HashMap<BufId, Access> = HashMap::new();
+    let mut read: std::collections::HashSet<BufId> = std::collections::HashSet::new();
+    let mut n = 0;
+    let mut element_writes = 0;
+    for k in seq {
+        if n == MAX_STAGES {
+            break;
+        }
+        let Some((reads, writes)) = stage_accesses(k, shape, outer) else { break };
+        // Every buffer a group writes stays live until the group ends: a few per group.
+        let elem = matches!(k, Kernel::Pointwise(p) if p.shape == shape);
+        if elem && element_writes + writes.len() > MAX_ELEMENT_WRITES {
+            break;
+        }
+        // Reads of the group's own results only at the index they were written.
+        let reads_ok =
+            reads.iter().all(|r| written.get(&r.buf).is_none_or(|w| w.strides == r.strides && w.offset == r.offset));
+        // One writer per buffer, and never a buffer this or an earlier stage reads.
+        let writes_ok = writes
+            .iter()
+            .all(|w| !written.contains_key(&w.buf) && !read.contains(&w.buf) && !reads.iter().any(|r| r.buf == w.buf));
+        if !reads_ok || !writes_ok {
+            break;
+        }
+        read.extend(reads.iter().map(|r| r.buf));
+        if elem {
+            element_writes += writes.len();
+        }
+        for w in writes {
+            written.insert(w.buf, w);
+        }
+        n += 1;
+    }
+    n
+}
+
+/// Most element-wise kernels just before a reduction that join its row group.
+const MAX_LEADING: usize = 4;
+/// Most stages of one row group (a layer norm's forward has six).
+const MAX_STAGES: usize = 8;
+/// Most element-sized buffers one row group writes: all of them stay live until the
+/// group ends, so longer groups would grow the arena (a softmax writes two, a layer
+/// norm's forward three).
+const MAX_ELEMENT_WRITES: usize = 4;
+
+/// Step 6: a reduction over trailing dims, the reductions over the same dims after it
+/// and the pointwise kernels around them, reading each other's results row by row,
+/// become one [`RowsKernel`] (a softmax, a layer norm and their backward).
+fn group_rows(plan: &mut KernelPlan) {
+    let kernels = std::mem::take(&mut plan.kernels);
+    let mut out: Vec<Kernel> = Vec::with_capacity(kernels.len());
+    let mut i = 0;
+    while i < kernels.len() {
+        let split = match &kernels[i] {
+            Kernel::Reduce(r) => trailing_split(&r.shape, &r.reduced)
+                .filter(|&o| o > 0 && o < r.shape.len())
+                .map(|o| (r.shape.clone(), o)),
+            _ => None,
+        };
+        let Some((shape, outer)) = split else {
+            out.push(kernels[i].clone());
+            i += 1;
+            continue;
+        };
+        // Element-wise kernels over the same space just before it may lead the group.
+        let mut lead = 0;
+        while lead < MAX_LEADING
+            && lead < out.len()
+            && matches!(&out[out.len() - 1 - lead], Kernel::Pointwise(p) if p.shape == shape)
+        {
+            lead += 1;
+        }
+        let mut n = accepted(out[out.len() - lead..].iter().chain(&kernels[i..]), &shape, outer);
+        if n <= lead {
+            lead = 0;
+            n = accepted(kernels[i..].iter(), &shape, outer);
+        } else {
+            n -= lead;
+        }
+        if lead + n < 2 {
+            out.push(kernels[i].clone());
+            i += 1;
+            continue;
+        }
+        let mut stages: Vec<Kernel> = out.drain(out.len() - lead..).collect();
+        stages.extend_from_slice(&kernels[i..i + n]);
+        out.push(Kernel::Rows(RowsKernel { shape, outer, stages }));
+        i += n;
+    }
+    plan.kernels = out;
 }
 
 /// Step 5: move a matmul's only pointwise reader into the matmul as its epilogue.

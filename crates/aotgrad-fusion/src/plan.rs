@@ -186,6 +186,25 @@ pub struct ExternKernel {
     pub loc: Option<SourceLoc>,
 }
 
+/// Kernels over one iteration space whose reductions reduce exactly its trailing dims,
+/// run row block by row block: every stage runs on a block of rows before the next
+/// block starts, so the values one stage writes and the next reads (a softmax's
+/// maximum, its exponentials and their sum; a layer norm's mean and variance) are
+/// still in cache. Each stage reads what an earlier stage of the group wrote only at
+/// the same row, so running the stages row block by row block computes what running
+/// them one after the other does.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RowsKernel {
+    /// The iteration space of the element stages.
+    pub shape: Vec<Dim>,
+    /// How many leading dims of `shape` index rows; every reduction reduces the rest.
+    pub outer: usize,
+    /// The stages in order: [`Kernel::Reduce`] over `shape` reducing the trailing
+    /// dims, or [`Kernel::Pointwise`] over `shape` (per element) or over the rows
+    /// (`shape` with its trailing dims 1 or dropped: per row).
+    pub stages: Vec<Kernel>,
+}
+
 /// One kernel of the plan.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Kernel {
@@ -197,6 +216,8 @@ pub enum Kernel {
     Matmul(MatmulKernel),
     /// Any other op.
     Extern(ExternKernel),
+    /// Reductions and pointwise kernels run row block by row block.
+    Rows(RowsKernel),
 }
 
 impl Kernel {
@@ -213,6 +234,7 @@ impl Kernel {
                 v
             }
             Kernel::Extern(e) => e.args.iter().collect(),
+            Kernel::Rows(r) => r.stages.iter().flat_map(|k| k.reads()).collect(),
         }
     }
     /// Buffers the kernel writes.
@@ -228,6 +250,17 @@ impl Kernel {
                 v
             }
             Kernel::Extern(e) => vec![e.out],
+            Kernel::Rows(r) => r.stages.iter().flat_map(|k| k.writes()).collect(),
+        }
+    }
+    /// How many graph nodes the kernel computes (an extern op: one).
+    pub fn nodes(&self) -> usize {
+        match self {
+            Kernel::Pointwise(p) => p.nodes,
+            Kernel::Reduce(r) => r.nodes,
+            Kernel::Matmul(m) => 1 + m.epilogue.as_ref().map_or(0, |e| e.nodes),
+            Kernel::Extern(_) => 1,
+            Kernel::Rows(r) => r.stages.iter().map(Kernel::nodes).sum(),
         }
     }
     /// Short kind name.
@@ -237,6 +270,7 @@ impl Kernel {
             Kernel::Reduce(_) => "reduce",
             Kernel::Matmul(_) => "matmul",
             Kernel::Extern(_) => "extern",
+            Kernel::Rows(_) => "rows",
         }
     }
 }
@@ -322,59 +356,65 @@ impl PointwiseKernel {
     }
 }
 
+impl Kernel {
+    /// The kernel with every size passed through `f` (`None` when `f` fails).
+    pub fn map_dims(&self, f: &dyn Fn(&Dim) -> Option<Dim>) -> Option<Kernel> {
+        Some(match self {
+            Kernel::Pointwise(p) => Kernel::Pointwise(p.map(f)?),
+            Kernel::Reduce(r) => Kernel::Reduce(ReduceKernel {
+                op: r.op,
+                shape: map_dims(&r.shape, f)?,
+                reduced: r.reduced.clone(),
+                body: r.body.map(f)?,
+                dst: r.dst.map(f)?,
+                nodes: r.nodes,
+                value: r.value,
+                loc: r.loc.clone(),
+            }),
+            Kernel::Matmul(m) => Kernel::Matmul(MatmulKernel {
+                a: m.a.map(f)?,
+                b: m.b.map(f)?,
+                out: m.out.map(f)?,
+                epilogue: match &m.epilogue {
+                    Some(e) => Some(e.map(f)?),
+                    None => None,
+                },
+            }),
+            Kernel::Rows(r) => Kernel::Rows(RowsKernel {
+                shape: map_dims(&r.shape, f)?,
+                outer: r.outer,
+                stages: r.stages.iter().map(|k| k.map_dims(f)).collect::<Option<_>>()?,
+            }),
+            Kernel::Extern(e) => {
+                let bad = std::cell::Cell::new(false);
+                let op = e.op.map_dims(&|d| {
+                    f(d).unwrap_or_else(|| {
+                        bad.set(true);
+                        d.clone()
+                    })
+                });
+                if bad.get() {
+                    return None;
+                }
+                Kernel::Extern(ExternKernel {
+                    op,
+                    args: e.args.iter().map(|a| a.map(f)).collect::<Option<_>>()?,
+                    out: e.out,
+                    meta: map_meta(&e.meta, f)?,
+                    value: e.value,
+                    loc: e.loc.clone(),
+                })
+            }
+        })
+    }
+}
+
 impl KernelPlan {
     /// The plan with every size passed through `f` (`None` from `f` — e.g. a value
     /// that overflows — makes the whole result `None`). Used to bind the symbols of
     /// a call: `plan.map_dims(&|d| d.checked_subst(&env))`.
     pub fn map_dims(&self, f: &dyn Fn(&Dim) -> Option<Dim>) -> Option<KernelPlan> {
-        let kernels = self
-            .kernels
-            .iter()
-            .map(|k| {
-                Some(match k {
-                    Kernel::Pointwise(p) => Kernel::Pointwise(p.map(f)?),
-                    Kernel::Reduce(r) => Kernel::Reduce(ReduceKernel {
-                        op: r.op,
-                        shape: map_dims(&r.shape, f)?,
-                        reduced: r.reduced.clone(),
-                        body: r.body.map(f)?,
-                        dst: r.dst.map(f)?,
-                        nodes: r.nodes,
-                        value: r.value,
-                        loc: r.loc.clone(),
-                    }),
-                    Kernel::Matmul(m) => Kernel::Matmul(MatmulKernel {
-                        a: m.a.map(f)?,
-                        b: m.b.map(f)?,
-                        out: m.out.map(f)?,
-                        epilogue: match &m.epilogue {
-                            Some(e) => Some(e.map(f)?),
-                            None => None,
-                        },
-                    }),
-                    Kernel::Extern(e) => {
-                        let bad = std::cell::Cell::new(false);
-                        let op = e.op.map_dims(&|d| {
-                            f(d).unwrap_or_else(|| {
-                                bad.set(true);
-                                d.clone()
-                            })
-                        });
-                        if bad.get() {
-                            return None;
-                        }
-                        Kernel::Extern(ExternKernel {
-                            op,
-                            args: e.args.iter().map(|a| a.map(f)).collect::<Option<_>>()?,
-                            out: e.out,
-                            meta: map_meta(&e.meta, f)?,
-                            value: e.value,
-                            loc: e.loc.clone(),
-                        })
-                    }
-                })
-            })
-            .collect::<Option<_>>()?;
+        let kernels = self.kernels.iter().map(|k| k.map_dims(f)).collect::<Option<_>>()?;
         Some(KernelPlan {
             inputs: self.inputs.iter().map(|m| map_meta(m, f)).collect::<Option<_>>()?,
             buffers: self

@@ -46,6 +46,66 @@ fn pointwise(out: &mut String, p: &PointwiseKernel) {
     }
 }
 
+/// One kernel's text, its header line starting with `label`.
+fn kernel(out: &mut String, label: &str, k: &Kernel) {
+    match k {
+        Kernel::Pointwise(p) => {
+            let _ =
+                writeln!(out, "{label}: pointwise [{}] {} ({} nodes)", dims(&p.shape), p.body.compute.name(), p.nodes);
+            pointwise(out, p);
+        }
+        Kernel::Reduce(r) => {
+            let red: Vec<usize> = (0..r.reduced.len()).filter(|&d| r.reduced[d]).collect();
+            let _ = writeln!(
+                out,
+                "{label}: reduce {} over {:?} of [{}] {} ({} nodes) -> {}",
+                r.op.name(),
+                red,
+                dims(&r.shape),
+                r.body.compute.name(),
+                r.nodes,
+                access(&r.dst)
+            );
+            body(out, &r.body);
+        }
+        Kernel::Matmul(m) => {
+            let _ = writeln!(
+                out,
+                "{label}: matmul {} @ {} -> {} [{}]",
+                access(&m.a),
+                access(&m.b),
+                access(&m.out),
+                dims(&m.out.shape)
+            );
+            if let Some(e) = &m.epilogue {
+                let _ = writeln!(out, "  epilogue [{}] {} ({} nodes)", dims(&e.shape), e.body.compute.name(), e.nodes);
+                pointwise(out, e);
+            }
+        }
+        Kernel::Rows(r) => {
+            let _ = writeln!(
+                out,
+                "{label}: rows [{}] outer {} ({} stages, {} nodes)",
+                dims(&r.shape),
+                r.outer,
+                r.stages.len(),
+                k.nodes()
+            );
+            for (s, st) in r.stages.iter().enumerate() {
+                let mut inner = String::new();
+                kernel(&mut inner, &format!("s{s}"), st);
+                for line in inner.lines() {
+                    let _ = writeln!(out, "  {line}");
+                }
+            }
+        }
+        Kernel::Extern(e) => {
+            let args: Vec<String> = e.args.iter().map(access).collect();
+            let _ = writeln!(out, "{label}: extern {} ({}) -> b{} {}", e.op.name(), args.join(", "), e.out, e.meta);
+        }
+    }
+}
+
 /// Print `plan`; with `slots`, each intermediate shows its arena slot and the header
 /// the arena and output bytes.
 pub fn print_plan(plan: &KernelPlan, slots: Option<&SlotPlan>) -> String {
@@ -77,46 +137,7 @@ pub fn print_plan(plan: &KernelPlan, slots: Option<&SlotPlan>) -> String {
         let _ = writeln!(out, "b{i} = {kind} {}", b.layout);
     }
     for (i, k) in plan.kernels.iter().enumerate() {
-        match k {
-            Kernel::Pointwise(p) => {
-                let _ =
-                    writeln!(out, "k{i}: pointwise [{}] {} ({} nodes)", dims(&p.shape), p.body.compute.name(), p.nodes);
-                pointwise(&mut out, p);
-            }
-            Kernel::Reduce(r) => {
-                let red: Vec<usize> = (0..r.reduced.len()).filter(|&d| r.reduced[d]).collect();
-                let _ = writeln!(
-                    out,
-                    "k{i}: reduce {} over {:?} of [{}] {} ({} nodes) -> {}",
-                    r.op.name(),
-                    red,
-                    dims(&r.shape),
-                    r.body.compute.name(),
-                    r.nodes,
-                    access(&r.dst)
-                );
-                body(&mut out, &r.body);
-            }
-            Kernel::Matmul(m) => {
-                let _ = writeln!(
-                    out,
-                    "k{i}: matmul {} @ {} -> {} [{}]",
-                    access(&m.a),
-                    access(&m.b),
-                    access(&m.out),
-                    dims(&m.out.shape)
-                );
-                if let Some(e) = &m.epilogue {
-                    let _ =
-                        writeln!(out, "  epilogue [{}] {} ({} nodes)", dims(&e.shape), e.body.compute.name(), e.nodes);
-                    pointwise(&mut out, e);
-                }
-            }
-            Kernel::Extern(e) => {
-                let args: Vec<String> = e.args.iter().map(access).collect();
-                let _ = writeln!(out, "k{i}: extern {} ({}) -> b{} {}", e.op.name(), args.join(", "), e.out, e.meta);
-            }
-        }
+        kernel(&mut out, &format!("k{i}"), k);
     }
     let outs: Vec<String> = plan.outputs.iter().map(|o| format!("b{} {}", o.buf, o.meta)).collect();
     let _ = writeln!(out, "outputs: {}", outs.join(", "));

@@ -4,7 +4,8 @@
 
 use crate::{CpuError, Result};
 use aotgrad_fusion::{
-    extent, plan_slots, Access, Body, BufferKind, Compute, Instr, Kernel, KernelPlan, PointwiseKernel, SlotPlan,
+    extent, plan_slots, Access, Body, BufferKind, Compute, Instr, Kernel, KernelPlan, PointwiseKernel, ReduceKernel,
+    RowsKernel, SlotPlan,
 };
 use aotgrad_ir::{BinaryOp, CmpOp, DType, Dim, Op, ReduceOp, SourceLoc, TensorMeta, UnaryOp, ValueId};
 
@@ -96,13 +97,72 @@ pub(crate) struct CExtern {
     pub at: (ValueId, Option<SourceLoc>),
 }
 
+/// A stage of a lowered row group.
+#[derive(Clone, Debug)]
+pub(crate) enum CStage {
+    /// A pointwise kernel over the group's elements.
+    Elem(CPointwise),
+    /// A pointwise kernel over its rows.
+    Row(CPointwise),
+    /// A reduction of each row; its accumulators start at `acc` in the scratch.
+    Reduce {
+        k: CReduce,
+        acc: usize,
+        /// (size, stride in the result) of each row dim, and the result's offset.
+        rows: Vec<(usize, usize)>,
+        offset: usize,
+    },
+}
+
+/// A lowered row group: `rows` rows of `row_len` elements.
+#[derive(Clone, Debug)]
+pub(crate) struct CRows {
+    pub rows: usize,
+    pub row_len: usize,
+    /// Whether the stages run row block by row block (else each over everything).
+    pub blocked: bool,
+    pub stages: Vec<CStage>,
+}
+
 #[derive(Clone, Debug)]
 pub(crate) enum CKernel {
     Pointwise(CPointwise),
     Reduce(CReduce),
     Matmul(CMatmul),
     Extern(CExtern),
+    Rows(CRows),
 }
+
+impl CKernel {
+    /// Buffers the kernel loads from.
+    pub(crate) fn loaded(&self) -> Vec<usize> {
+        match self {
+            CKernel::Pointwise(p) => p.body.loads.iter().map(|a| a.buf).collect(),
+            CKernel::Reduce(r) => r.body.loads.iter().map(|a| a.buf).collect(),
+            CKernel::Matmul(m) => {
+                let mut v = vec![m.a.0, m.b.0];
+                if let Some(e) = &m.epilogue {
+                    v.extend(e.body.loads.iter().map(|a| a.buf));
+                }
+                v
+            }
+            CKernel::Extern(_) => vec![],
+            CKernel::Rows(g) => g
+                .stages
+                .iter()
+                .flat_map(|s| match s {
+                    CStage::Elem(p) | CStage::Row(p) => &p.body.loads,
+                    CStage::Reduce { k, .. } => &k.body.loads,
+                })
+                .map(|a| a.buf)
+                .collect(),
+        }
+    }
+}
+
+/// Longest row (elements) a row group runs block by block; longer rows do not fit
+/// in cache, and the stages run one after the other instead.
+const MAX_BLOCKED_ROW: usize = 1 << 16;
 
 /// Where a plan buffer lives during a call.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -241,6 +301,63 @@ impl Lowering {
         Ok((cshape, cb, extra_accs.to_vec(), cflags))
     }
 
+    fn reduce(&mut self, r: &ReduceKernel, buffers: &[aotgrad_fusion::Buffer]) -> Result<CReduce> {
+        let last =
+            r.body.instrs.len().checked_sub(1).ok_or_else(|| CpuError::Internal("empty reduction body".into()))?;
+        let (shape, body, dst, flags) = self.body(&r.body, &r.shape, &[&r.dst], &[last], Some(&r.reduced))?;
+        let full = ints(&r.shape, "size")?;
+        let count = full.iter().zip(&r.reduced).filter(|(_, red)| **red).map(|(s, _)| *s).product();
+        let dst = dst.into_iter().next().ok_or_else(|| CpuError::Internal("reduction without a result".into()))?;
+        let dst_extent = extent(&buffers[dst.buf].layout).unwrap_or(0);
+        let value = body.phys[0];
+        Ok(CReduce {
+            op: r.op,
+            shape,
+            reduced: flags,
+            body,
+            value,
+            dst,
+            dst_extent,
+            count,
+            at: (r.value, r.loc.clone()),
+        })
+    }
+
+    /// A row group and the f64 scratch its reductions need.
+    fn rows(&mut self, g: &RowsKernel, buffers: &[aotgrad_fusion::Buffer]) -> Result<(CRows, usize)> {
+        let shape = ints(&g.shape, "size")?;
+        let rows: usize = shape[..g.outer].iter().product();
+        let row_len: usize = shape[g.outer..].iter().product();
+        let mut stages = Vec::with_capacity(g.stages.len());
+        let mut acc = 0usize;
+        for st in &g.stages {
+            stages.push(match st {
+                Kernel::Pointwise(p) => {
+                    let c = self.pointwise(p)?;
+                    if p.shape == g.shape {
+                        CStage::Elem(c)
+                    } else if c.numel == rows {
+                        CStage::Row(c)
+                    } else {
+                        return Err(CpuError::Internal("a row group's stage does not match its space".into()));
+                    }
+                }
+                Kernel::Reduce(r) => {
+                    let k = self.reduce(r, buffers)?;
+                    let strides = ints(&r.dst.strides, "stride")?;
+                    let row_dims = (0..g.outer).map(|d| (shape[d], strides[d])).collect();
+                    let offset = int(&r.dst.offset, "offset")?;
+                    let base = acc;
+                    acc += k.dst_extent;
+                    CStage::Reduce { k, acc: base, rows: row_dims, offset }
+                }
+                _ => return Err(CpuError::Internal("a row group holds a kernel that is not a stage".into())),
+            });
+        }
+        let blocked = rows >= 2 && row_len > 0 && row_len <= MAX_BLOCKED_ROW;
+        Ok((CRows { rows, row_len, blocked, stages }, acc))
+    }
+
     fn pointwise(&mut self, p: &PointwiseKernel) -> Result<CPointwise> {
         let extra: Vec<&Access> = p.stores.iter().map(|s| &s.dst).collect();
         let keep: Vec<usize> = p.stores.iter().map(|s| s.reg).collect();
@@ -364,31 +481,14 @@ pub(crate) fn lower(plan: &KernelPlan) -> Result<Lowered> {
         kernels.push(match k {
             Kernel::Pointwise(p) => CKernel::Pointwise(l.pointwise(p)?),
             Kernel::Reduce(r) => {
-                let last = r
-                    .body
-                    .instrs
-                    .len()
-                    .checked_sub(1)
-                    .ok_or_else(|| CpuError::Internal("empty reduction body".into()))?;
-                let (shape, body, dst, flags) = l.body(&r.body, &r.shape, &[&r.dst], &[last], Some(&r.reduced))?;
-                let full = ints(&r.shape, "size")?;
-                let count = full.iter().zip(&r.reduced).filter(|(_, red)| **red).map(|(s, _)| *s).product();
-                let dst =
-                    dst.into_iter().next().ok_or_else(|| CpuError::Internal("reduction without a result".into()))?;
-                let dst_extent = extent(&plan.buffers[dst.buf].layout).unwrap_or(0);
-                scratch = scratch.max(dst_extent);
-                let value = body.phys[0];
-                CKernel::Reduce(CReduce {
-                    op: r.op,
-                    shape,
-                    reduced: flags,
-                    body,
-                    value,
-                    dst,
-                    dst_extent,
-                    count,
-                    at: (r.value, r.loc.clone()),
-                })
+                let c = l.reduce(r, &plan.buffers)?;
+                scratch = scratch.max(c.dst_extent);
+                CKernel::Reduce(c)
+            }
+            Kernel::Rows(g) => {
+                let (c, need) = l.rows(g, &plan.buffers)?;
+                scratch = scratch.max(need);
+                CKernel::Rows(c)
             }
             Kernel::Matmul(m) => {
                 let batched = m.out.shape.len() == 3;

@@ -154,6 +154,10 @@ impl Drop for CpuCompiledGraph {
                     format!("{:?}x{:?}{}", m.a.shape, m.b.shape, if m.epilogue.is_some() { " + epilogue" } else { "" })
                 }
                 aotgrad_fusion::Kernel::Extern(e) => e.op.name(),
+                aotgrad_fusion::Kernel::Rows(r) => {
+                    let kinds: Vec<&str> = r.stages.iter().map(|s| s.kind_name()).collect();
+                    format!("{} nodes over {:?} ({})", kern.nodes(), r.shape, kinds.join(" "))
+                }
             };
             eprintln!(
                 "  k{k:<4} {:>5.1}% {:>9.3} ms/call  {} {what}",
@@ -433,18 +437,7 @@ impl CpuCompiledGraph {
                     Loc::Input(_) | Loc::Extern => Raw::NONE,
                 };
             }
-            let touched: Vec<usize> = match k {
-                CKernel::Pointwise(p) => p.body.loads.iter().map(|a| a.buf).collect(),
-                CKernel::Reduce(r) => r.body.loads.iter().map(|a| a.buf).collect(),
-                CKernel::Matmul(m) => {
-                    let mut v = vec![m.a.0, m.b.0];
-                    if let Some(e) = &m.epilogue {
-                        v.extend(e.body.loads.iter().map(|a| a.buf));
-                    }
-                    v
-                }
-                CKernel::Extern(_) => vec![],
-            };
+            let touched: Vec<usize> = k.loaded();
             for b in touched {
                 let storage = match low.loc[b] {
                     Loc::Input(i) => &inputs[i].storage,
@@ -483,6 +476,7 @@ impl CpuCompiledGraph {
                         })?
                     }
                     CKernel::Matmul(m) => exec::matmul(m, &bufs, threads),
+                    CKernel::Rows(g) => exec::rows(g, &bufs, &mut arena.scratch, threads)?,
                     CKernel::Extern(_) => {}
                 }
             }
