@@ -102,3 +102,25 @@ fn argmax_and_integer_sums_pass_no_gradient() {
     assert_eq!(outs[3].to_vec_f64(), vec![0.0; 6]);
     assert_eq!(outs[3].shape(), vec![2, 3]);
 }
+
+#[test]
+fn cumsum_and_sort_by_argsort_pass_finite_differences() {
+    let cases: [(&[usize], usize); 5] = [(&[2, 3, 4], 0), (&[2, 3, 4], 1), (&[2, 3, 4], 2), (&[5], 0), (&[], 0)];
+    for (k, (shape, dim)) in cases.iter().enumerate() {
+        let n = shape.iter().product();
+        let vals = Rng(40 + k as u64).vec(n, -2.0, 2.0);
+        let mut g = GB::new();
+        let x = g.inp("x", shape, F);
+        let y = g.op(Op::Cumsum(*dim), &[x]);
+        gradcheck_all(&g.outputs(&[y]), &[t64(&vals, shape)]);
+        // sort(x) = gather(x, dim, argsort(x)), both directions (distinct values: no ties).
+        for descending in [false, true] {
+            let mut g = GB::new();
+            let x = g.inp("x", shape, F);
+            let idx = g.op(Op::Argsort { dim: *dim, descending }, &[x]);
+            let y = if shape.is_empty() { x } else { g.op(Op::Gather(*dim), &[x, idx]) };
+            let z = g.op(Op::Unary(aotgrad_ir::UnaryOp::Sin), &[y]);
+            gradcheck_all(&g.outputs(&[z]), &[t64(&vals, shape)]);
+        }
+    }
+}

@@ -145,6 +145,8 @@ pub(crate) fn compute(op: &Op, args: &[&CpuTensor], out: &TensorMeta) -> Result<
         Op::Reduce { op: r, dims, .. } => reduce::reduce(*r, a(0)?, dims, out),
         Op::ArgMax { dim, .. } => reduce::arg_extreme(true, a(0)?, *dim, out),
         Op::ArgMin { dim, .. } => reduce::arg_extreme(false, a(0)?, *dim, out),
+        Op::Cumsum(dim) => reduce::cumsum(a(0)?, *dim, out),
+        Op::Argsort { dim, descending } => reduce::argsort(a(0)?, *dim, *descending, out),
         Op::Mm => matmul::matmul(a(0)?, a(1)?, out, false),
         Op::Bmm => matmul::matmul(a(0)?, a(1)?, out, true),
         Op::Full { value, .. } | Op::FullLike { value, .. } => {

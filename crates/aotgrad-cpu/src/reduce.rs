@@ -171,3 +171,128 @@ pub(crate) fn arg_extreme(max: bool, x: &CpuTensor, dim: usize, out: &TensorMeta
     };
     Ok(Vals::I64(idx).into_buffer(out.dtype))
 }
+
+// ---- scans along one dim: cumsum, sort, argsort ----------------------------------------
+
+/// For the input gathered with `dim` last (`outer` lines of `len`), the offset of each
+/// line's first element in the row-major output and the output stride along `dim`.
+fn line_offsets(shape: &[usize], dim: usize) -> (Vec<usize>, usize) {
+    let stride: usize = shape[dim + 1..].iter().product();
+    let others: Vec<usize> = (0..shape.len()).filter(|&d| d != dim).collect();
+    let out_strides: Vec<usize> = others.iter().map(|&d| shape[d + 1..].iter().product()).collect();
+    let outer: usize = others.iter().map(|&d| shape[d]).product();
+    let offs = (0..outer)
+        .map(|mut o| {
+            let mut off = 0;
+            for (k, &d) in others.iter().enumerate().rev() {
+                off += (o % shape[d]) * out_strides[k];
+                o /= shape[d];
+            }
+            off
+        })
+        .collect();
+    (offs, stride)
+}
+
+/// The lines of `x` along `dim` (its values gathered with `dim` last), their length,
+/// and where each goes in a row-major result of `x`'s shape.
+fn lines(op: &str, x: &CpuTensor, dim: usize) -> Result<(Vals, usize, Vec<usize>, usize)> {
+    if x.meta.rank() == 0 {
+        if dim > 0 {
+            return Err(CpuError::kernel(op, format!("dimension {dim} out of range for a tensor of rank 0")));
+        }
+        let (vals, _) = gather_grouped(op, x, &[], &[])?;
+        return Ok((vals, 1, vec![0], 1));
+    }
+    let (vals, len) = gather_grouped(op, x, &[dim], &[])?;
+    let shape = x.meta.concrete_shape().ok_or_else(|| CpuError::Internal(format!("{op}: symbolic input")))?;
+    let (offs, stride) = line_offsets(&shape, dim);
+    Ok((vals, len, offs, stride))
+}
+
+/// Write each line of `v` (lines of `len`) to `offs[line] + i * stride`.
+fn scatter_lines<T: Copy + Default>(v: &[T], len: usize, offs: &[usize], stride: usize) -> Vec<T> {
+    let mut out = vec![T::default(); v.len()];
+    for (line, &o) in offs.iter().enumerate() {
+        for i in 0..len {
+            out[o + i * stride] = v[line * len + i];
+        }
+    }
+    out
+}
+
+/// `cumsum` along `dim`: floats summed in f64 in order and rounded once per element;
+/// integers and bools in wrapping i64 (PyTorch's i64 result).
+pub(crate) fn cumsum(x: &CpuTensor, dim: usize, out: &TensorMeta) -> Result<Buffer> {
+    let (vals, len, offs, stride) = lines("cumsum", x, dim)?;
+    let scan = |v: Vals| -> Result<Vals> {
+        Ok(match v {
+            Vals::F64(mut v) => {
+                for line in v.chunks_mut(len.max(1)) {
+                    let mut acc = 0.0;
+                    for e in line {
+                        acc += *e;
+                        *e = acc;
+                    }
+                }
+                Vals::F64(scatter_lines(&v, len, &offs, stride))
+            }
+            Vals::I64(mut v) => {
+                for line in v.chunks_mut(len.max(1)) {
+                    let mut acc = 0i64;
+                    for e in line {
+                        acc = acc.wrapping_add(*e);
+                        *e = acc;
+                    }
+                }
+                Vals::I64(scatter_lines(&v, len, &offs, stride))
+            }
+            _ => return Err(CpuError::Internal("cumsum: input gathered into an unexpected kind".into())),
+        })
+    };
+    Ok(scan(vals)?.into_buffer(out.dtype))
+}
+
+/// The stable order of `line` (ascending or descending); NaN sorts above every number,
+/// as in PyTorch (last ascending, first descending).
+fn float_order(line: &[f64], descending: bool) -> Vec<usize> {
+    let key = |x: f64| (x.is_nan(), if x.is_nan() { 0.0 } else { x });
+    let mut idx: Vec<usize> = (0..line.len()).collect();
+    idx.sort_by(|&a, &b| {
+        let (ka, kb) = (key(line[a]), key(line[b]));
+        let o = ka.0.cmp(&kb.0).then(ka.1.total_cmp(&kb.1));
+        if descending {
+            o.reverse()
+        } else {
+            o
+        }
+    });
+    idx
+}
+
+fn int_order(line: &[i64], descending: bool) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..line.len()).collect();
+    idx.sort_by(|&a, &b| if descending { line[b].cmp(&line[a]) } else { line[a].cmp(&line[b]) });
+    idx
+}
+
+/// `argsort` along `dim`: the i64 indices of a stable sort (equal values keep their
+/// order; `-0.0` and `0.0` are equal).
+pub(crate) fn argsort(x: &CpuTensor, dim: usize, descending: bool, out: &TensorMeta) -> Result<Buffer> {
+    let (vals, len, offs, stride) = lines("argsort", x, dim)?;
+    let orders: Vec<Vec<usize>> = match &vals {
+        Vals::F64(v) => v
+            .chunks(len.max(1))
+            .map(|l| float_order(&l.iter().map(|x| x + 0.0).collect::<Vec<_>>(), descending))
+            .collect(),
+        Vals::I64(v) => v.chunks(len.max(1)).map(|l| int_order(l, descending)).collect(),
+        _ => return Err(CpuError::Internal("argsort: input gathered into an unexpected kind".into())),
+    };
+    let mut flat = Vec::with_capacity(orders.len() * len);
+    if len > 0 {
+        for o in &orders {
+            flat.extend(o.iter().map(|&i| i as i64));
+        }
+    }
+    Ok(Vals::I64(scatter_lines(&flat, len, &offs, stride)).into_buffer(out.dtype))
+}

@@ -605,3 +605,21 @@ fn row_groups_stop_where_a_stage_reads_another_row() {
     assert_eq!(kinds(&c), ["rows(reduce pointwise)", "rows(reduce pointwise)"]);
     check(&g, &[tensor_for(&xm, 0.5, false)], 1e-6);
 }
+
+#[test]
+fn scans_on_every_layout() {
+    let mut rng = Lcg(11);
+    for dtype in [DType::F32, DType::I64] {
+        for l in layouts(&mut rng, dtype) {
+            for dim in 0..l.rank().max(1) {
+                for op in [Op::Cumsum(dim), Op::Argsort { dim, descending: dim % 2 == 0 }] {
+                    let mut g = Graph::new();
+                    let x = input(&mut g, "x", l.clone());
+                    let y = node(&mut g, op, &[x]);
+                    g.outputs = vec![y];
+                    check(&g, &[tensor_for(&l, 0.7, false)], 1e-5);
+                }
+            }
+        }
+    }
+}

@@ -223,6 +223,18 @@ pub enum Op {
         /// Keep it as size 1.
         keepdim: bool,
     },
+    /// `[x]`: cumulative sum along the dim (same shape; integer and bool inputs give
+    /// i64, as in PyTorch).
+    Cumsum(usize),
+    /// `[x]`: the i64 indices that sort `x` along `dim`, stably (equal values keep
+    /// their order); NaN sorts above every number, as in PyTorch. `sort` is
+    /// `gather(x, dim, argsort(x))`.
+    Argsort {
+        /// Sorted dim.
+        dim: usize,
+        /// Largest first.
+        descending: bool,
+    },
 
     // ---- linear algebra ---------------------------------------------------------
     /// `[a: (n, k), b: (k, m)]` -> `(n, m)`.
@@ -566,6 +578,8 @@ impl Op {
             Op::Reduce { op, .. } => op.name(),
             Op::ArgMax { .. } => "argmax",
             Op::ArgMin { .. } => "argmin",
+            Op::Cumsum(_) => "cumsum",
+            Op::Argsort { .. } => "argsort",
             Op::Mm => "mm",
             Op::Bmm => "bmm",
             Op::View(_) => "view",

@@ -266,3 +266,85 @@ fn max_and_min_over_a_dim_with_indices() {
     let g = pending.backward(&[out[0].ones_like().unwrap()]).unwrap();
     assert_eq!(g[0].as_ref().unwrap().to_vec_f64().unwrap(), vec![0.0, 1.0, 0.0, 0.0, 0.0, 1.0]);
 }
+
+#[test]
+fn cumsum_values_dtypes_and_gradient() {
+    let x = t(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
+    assert_eq!(x.cumsum(0).unwrap().to_vec_f64().unwrap(), vec![1.0, 2.0, 3.0, 5.0, 7.0, 9.0]);
+    assert_eq!(x.cumsum(-1).unwrap().to_vec_f64().unwrap(), vec![1.0, 3.0, 6.0, 4.0, 9.0, 15.0]);
+    // torch.arange(6.).view(2, 3).t().cumsum(0) = [[0, 3], [1, 7], [3, 12]], contiguous.
+    let c = arange(6, &[2, 3]).t().unwrap().cumsum(0).unwrap();
+    assert_eq!(c.to_vec_f64().unwrap(), vec![0.0, 3.0, 1.0, 7.0, 3.0, 12.0]);
+    assert_eq!(c.sizes().unwrap(), vec![3, 2]);
+    // Integers and bools accumulate in i64, as PyTorch; f32 stays f32; a 0-d tensor is itself.
+    let b = Tensor::from_vec(vec![true, false, true], &[3]).unwrap().cumsum(0).unwrap();
+    assert_eq!((b.dtype(), b.to_vec_i64().unwrap()), (DType::I64, vec![1, 1, 2]));
+    let i = Tensor::from_i64(&[1, 2, 3], &[3]).unwrap().to(DType::I32).unwrap().cumsum(0).unwrap();
+    assert_eq!((i.dtype(), i.to_vec_i64().unwrap()), (DType::I64, vec![1, 3, 6]));
+    assert_eq!(Tensor::from_f64(&[1.5, 2.0], &[2], DType::F32).unwrap().cumsum(0).unwrap().dtype(), DType::F32);
+    assert_eq!(t(&[5.0], &[]).cumsum(0).unwrap().to_vec_f64().unwrap(), vec![5.0]);
+    assert!(x.cumsum(2).unwrap_err().to_string().contains("out of range"));
+    // x.requires_grad_(); (w * x.cumsum(1)).sum().backward(): x.grad[i, j] = sum of w[i, j..].
+    let w = t(&[1.0, -1.0, 2.0, 0.5, 3.0, 1.0], &[2, 3]);
+    let f = |a: &[Tensor]| -> aotgrad::trace::Result<Vec<Tensor>> { Ok(vec![a[0].cumsum(1)?.mul(&a[1])?.sum_all()?]) };
+    let xr = x.requires_grad(true).unwrap();
+    let c = aot_function(f, AotConfig::default().no_cache()).unwrap();
+    let (out, pending) = c.forward(&[xr.clone(), w.clone()]).unwrap();
+    assert_eq!(out[0].item().unwrap(), f(&[x.clone(), w.clone()]).unwrap()[0].item().unwrap());
+    let g = pending.backward(&[out[0].ones_like().unwrap()]).unwrap();
+    assert_eq!(g[0].as_ref().unwrap().to_vec_f64().unwrap(), vec![2.0, 1.0, 2.0, 4.5, 4.0, 1.0]);
+}
+
+#[test]
+fn sort_argsort_and_topk_match_pytorch() {
+    let nan = f64::NAN;
+    let x = t(&[3.0, 1.0, nan, 2.0, 1.0], &[5]);
+    // torch.sort(x, stable=True): NaN last ascending, first descending; ties keep order.
+    let (v, i) = x.sort(0, false).unwrap();
+    let v = v.to_vec_f64().unwrap();
+    assert_eq!(&v[..4], &[1.0, 1.0, 2.0, 3.0]);
+    assert!(v[4].is_nan());
+    assert_eq!(i.to_vec_i64().unwrap(), vec![1, 4, 3, 0, 2]);
+    let (v, i) = x.sort(-1, true).unwrap();
+    assert!(v.to_vec_f64().unwrap()[0].is_nan());
+    assert_eq!(i.to_vec_i64().unwrap(), vec![2, 0, 3, 1, 4]);
+    assert_eq!(x.argsort(0, true).unwrap().to_vec_i64().unwrap(), vec![2, 0, 3, 1, 4]);
+    // -0.0 and 0.0 are equal: stable order.
+    assert_eq!(t(&[-0.0, 0.0, -0.0], &[3]).argsort(0, false).unwrap().to_vec_i64().unwrap(), vec![0, 1, 2]);
+    assert_eq!(t(&[5.0], &[]).argsort(0, false).unwrap().to_vec_i64().unwrap(), vec![0]);
+    // Integers sort exactly.
+    let n = Tensor::from_i64(&[5, -3, 9, 0], &[2, 2]).unwrap();
+    assert_eq!(n.sort(1, false).unwrap().0.to_vec_i64().unwrap(), vec![-3, 5, 0, 9]);
+    let y = t(&[1.0, 5.0, 2.0, 4.0, 3.0, 0.0, 7.0, 6.0], &[2, 4]);
+    let (v, i) = y.topk(2, 1, true).unwrap();
+    assert_eq!((v.to_vec_f64().unwrap(), i.to_vec_i64().unwrap()), (vec![5.0, 4.0, 7.0, 6.0], vec![1, 3, 2, 3]));
+    assert_eq!(i.sizes().unwrap(), vec![2, 2]);
+    let (v, i) = y.topk(2, 1, false).unwrap();
+    assert_eq!((v.to_vec_f64().unwrap(), i.to_vec_i64().unwrap()), (vec![1.0, 2.0, 0.0, 3.0], vec![0, 2, 1, 0]));
+    let e = y.topk(5, 1, true).unwrap_err().to_string();
+    assert!(e.contains("k (5) is larger than the size 4"), "{e}");
+}
+
+#[test]
+fn sort_and_topk_gradients_go_back_to_their_elements_compiled_as_eager() {
+    let x = t(&[0.3, -1.2, 0.7, 2.0, 1.5, 0.1, -0.4, 0.9], &[2, 4]);
+    let f = |a: &[Tensor]| -> aotgrad::trace::Result<Vec<Tensor>> {
+        let (v, i) = a[0].sort(1, true)?;
+        let (k, ki) = a[0].topk(2, 1, true)?;
+        Ok(vec![v.mul(&a[1])?.sum_all()?.add(&k.mul(&a[2])?.sum_all()?)?, i, ki])
+    };
+    let (wv, wk) = (t(&[1.0, 2.0, 3.0, 4.0], &[4]), t(&[1.0, 10.0], &[2]));
+    let eager = f(&[x.clone(), wv.clone(), wk.clone()]).unwrap();
+    let c = aot_function(f, AotConfig::default().no_cache()).unwrap();
+    let xr = x.requires_grad(true).unwrap();
+    let (out, pending) = c.forward(&[xr, wv, wk]).unwrap();
+    assert!((out[0].item().unwrap() - eager[0].item().unwrap()).abs() < 1e-12);
+    // torch: x.sort(1, descending=True).indices = [[3, 2, 0, 1], [0, 3, 1, 2]]; topk(2).indices = [[3, 2], [0, 3]].
+    assert_eq!(out[1].to_vec_i64().unwrap(), vec![3, 2, 0, 1, 0, 3, 1, 2]);
+    assert_eq!(out[2].to_vec_i64().unwrap(), eager[2].to_vec_i64().unwrap());
+    assert_eq!(out[2].to_vec_i64().unwrap(), vec![3, 2, 0, 3]);
+    let ones = out[0].ones_like().unwrap();
+    let g = pending.backward(&[ones, out[1].zeros_like().unwrap(), out[2].zeros_like().unwrap()]).unwrap();
+    // PyTorch: sort part [[3, 4, 2, 1], [1, 3, 4, 2]] plus topk part [[0, 0, 10, 1], [1, 0, 0, 10]].
+    assert_eq!(g[0].as_ref().unwrap().to_vec_f64().unwrap(), vec![3.0, 4.0, 12.0, 2.0, 2.0, 3.0, 4.0, 12.0]);
+}

@@ -33,6 +33,7 @@ pub(crate) fn grad_flows(op: &Op, i: usize) -> bool {
         | Op::CompareScalar(..)
         | Op::ArgMax { .. }
         | Op::ArgMin { .. }
+        | Op::Argsort { .. }
         | Op::Full { .. }
         | Op::FullLike { .. }
         | Op::Arange { .. }
@@ -41,7 +42,7 @@ pub(crate) fn grad_flows(op: &Op, i: usize) -> bool {
         | Op::Bernoulli { .. } => false,
         Op::Where => i == 1 || i == 2,
         Op::Copy => i == 1,
-        Op::Reduce { .. } | Op::Mm | Op::Bmm => true,
+        Op::Reduce { .. } | Op::Cumsum(_) | Op::Mm | Op::Bmm => true,
         Op::View(_)
         | Op::Permute(_)
         | Op::Transpose(..)
@@ -86,6 +87,7 @@ pub(crate) fn vjp(b: &mut Builder, node: &Node, g: ValueId, needs: &[bool]) -> R
         | Op::FullLike { .. }
         | Op::Bernoulli { .. } => pointwise::vjp(b, node, g, needs)?,
         Op::Reduce { .. } | Op::ArgMax { .. } | Op::ArgMin { .. } => reduce::vjp(b, node, g, needs)?,
+        Op::Cumsum(_) | Op::Argsort { .. } => reduce::scan_vjp(b, node, g, needs)?,
         Op::Mm | Op::Bmm => linalg::vjp(b, node, g, needs)?,
         // `_unsafe_view` (a reshaped fresh copy): the gradient reshaped back to the input's shape.
         Op::UnsafeView(_) if needs[0] => {

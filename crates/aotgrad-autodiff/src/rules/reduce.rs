@@ -72,6 +72,32 @@ pub(crate) fn vjp(b: &mut Builder, node: &Node, g: ValueId, needs: &[bool]) -> R
     Ok(vec![Some(v)])
 }
 
+/// Rules of the scans along one dim:
+/// - `cumsum`: each input element feeds every later output, so its gradient is the
+///   reversed cumulative sum of `g`: `sum(g, dim) - cumsum(g, dim) + g`;
+/// - `argsort`: integer result, no gradient (`sort` gathers at its indices, and the
+///   gradient flows through the gather).
+pub(crate) fn scan_vjp(b: &mut Builder, node: &Node, g: ValueId, needs: &[bool]) -> Result<Vec<Option<ValueId>>> {
+    if !needs[0] || matches!(node.op, Op::Argsort { .. }) {
+        return Ok(vec![None]);
+    }
+    let x = arg(node, 0)?;
+    if b.meta(x)?.rank() == 0 {
+        // One element: the scan is the identity.
+        return Ok(vec![Some(g)]);
+    }
+    let v = match &node.op {
+        Op::Cumsum(dim) => {
+            let total = b.sum(g, vec![*dim], true)?;
+            let c = b.emit(Op::Cumsum(*dim), vec![g])?;
+            let rest = b.binary(BinaryOp::Sub, total, c)?;
+            b.binary(BinaryOp::Add, rest, g)?
+        }
+        other => return Err(AutodiffError::Internal(format!("{} is not a scan", other.name()))),
+    };
+    Ok(vec![Some(v)])
+}
+
 /// `v` (of the input's rank, reduced dims of size 1) expanded to `shape`.
 fn expand_to(b: &mut Builder, v: ValueId, shape: &[Dim]) -> Result<ValueId> {
     if b.meta(v)?.shape.as_slice() == shape {

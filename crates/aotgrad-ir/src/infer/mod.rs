@@ -89,6 +89,7 @@ pub(crate) fn infer_named(op: &Op, name: &str, args: &[&TensorMeta], oracle: &mu
         | Op::FullLike { .. }
         | Op::Bernoulli { .. } => pointwise::infer_pointwise(op, name, args, oracle),
         Op::Reduce { .. } | Op::ArgMax { .. } | Op::ArgMin { .. } => reduce::infer_reduce(op, name, args, oracle),
+        Op::Cumsum(_) | Op::Argsort { .. } => reduce::infer_scan(op, name, args),
         Op::Mm | Op::Bmm => linalg::infer_linalg(op, name, args, oracle),
         Op::View(_)
         | Op::Permute(_)

@@ -1,4 +1,5 @@
-//! Reductions (`sum`, `mean`, `amax`, `amin`) and `argmax`/`argmin`.
+//! Reductions (`sum`, `mean`, `amax`, `amin`), `argmax`/`argmin`, and the scans along
+//! one dim (`cumsum`, `argsort`).
 
 use super::{arity, check_dim, dense, dim_eq, shape_str, Result};
 use crate::dtype::DType;
@@ -73,6 +74,20 @@ pub(crate) fn infer_reduce(
         }
         other => Err(ShapeError::Invalid { op: name.into(), msg: format!("{} is not a reduction", other.name()) }),
     }
+}
+
+/// Infer `Cumsum` or `Argsort`: the input's shape, contiguous; `cumsum` of integers
+/// or bools and `argsort` give i64.
+pub(crate) fn infer_scan(op: &Op, name: &str, args: &[&TensorMeta]) -> Result<TensorMeta> {
+    arity(name, args, 1)?;
+    let x = args[0];
+    let (dim, dtype) = match op {
+        Op::Cumsum(dim) => (*dim, if x.dtype.is_float() { x.dtype } else { DType::I64 }),
+        Op::Argsort { dim, .. } => (*dim, DType::I64),
+        other => return Err(ShapeError::Invalid { op: name.into(), msg: format!("{} is not a scan", other.name()) }),
+    };
+    check_dim(name, dim, x.rank(), true)?;
+    dense(name, x.shape.clone(), dtype)
 }
 
 /// The shape left after reducing `dims` (kept as size 1 with `keepdim`).

@@ -143,6 +143,18 @@ fn reductions() {
 }
 
 #[test]
+fn scans_keep_the_shape_contiguous() {
+    let t = strided(&[3, 2], &[1, 3], 0, F32);
+    assert_eq!(ok(&Op::Cumsum(0), &[&t]), f(&[3, 2]));
+    assert_eq!(ok(&Op::Cumsum(0), &[&c(&[4], Bool)]), c(&[4], I64));
+    assert_eq!(ok(&Op::Cumsum(0), &[&c(&[4], I32)]), c(&[4], I64));
+    assert_eq!(ok(&Op::Cumsum(0), &[&f(&[])]), f(&[]));
+    assert_eq!(ok(&Op::Argsort { dim: 1, descending: true }, &[&t]), c(&[3, 2], I64));
+    err(&Op::Cumsum(2), &[&t], "dim", &["cumsum"]);
+    err(&Op::Argsort { dim: 1, descending: false }, &[&f(&[])], "dim", &["argsort"]);
+}
+
+#[test]
 fn matrix_products() {
     assert_eq!(ok(&Op::Mm, &[&f(&[2, 3]), &strided(&[3, 4], &[1, 3], 0, F32)]), f(&[2, 4]));
     err(&Op::Mm, &[&f(&[2, 3]), &f(&[4, 5])], "matmul", &["mm", "[2, 3]", "[4, 5]"]);

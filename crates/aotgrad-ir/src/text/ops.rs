@@ -23,6 +23,8 @@ pub(super) enum Base {
     Cast,
     ArgMax,
     ArgMin,
+    Cumsum,
+    Argsort,
     Mm,
     Bmm,
     View,
@@ -66,12 +68,14 @@ pub(super) enum Base {
 }
 
 /// Every base other than the families with their own `ALL` lists.
-const OTHER_BASES: [Base; 45] = [
+const OTHER_BASES: [Base; 47] = [
     Base::Where,
     Base::Clamp,
     Base::Cast,
     Base::ArgMax,
     Base::ArgMin,
+    Base::Cumsum,
+    Base::Argsort,
     Base::Mm,
     Base::Bmm,
     Base::View,
@@ -140,6 +144,8 @@ impl Base {
             Base::Cast => "to",
             Base::ArgMax => "argmax",
             Base::ArgMin => "argmin",
+            Base::Cumsum => "cumsum",
+            Base::Argsort => "argsort",
             Base::Mm => "mm",
             Base::Bmm => "bmm",
             Base::View => "view",
@@ -322,6 +328,16 @@ fn parse_params(p: &mut Parser<'_>, base: Base, st: &mut Params<'_>) -> PResult<
             } else {
                 Op::ArgMin { dim, keepdim }
             }
+        }
+        Base::Cumsum => {
+            p.named(st, "dim")?;
+            Op::Cumsum(p.usize_value(cx("dim"))?)
+        }
+        Base::Argsort => {
+            p.named(st, "dim")?;
+            let dim = p.usize_value(cx("dim"))?;
+            p.named(st, "descending")?;
+            Op::Argsort { dim, descending: p.bool_value(cx("descending"))? }
         }
         Base::Mm => Op::Mm,
         Base::Bmm => Op::Bmm,

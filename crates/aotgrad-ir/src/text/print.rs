@@ -179,6 +179,10 @@ fn write_params(w: &mut ParamWriter<'_>, op: &Op) {
             w.named("dim", dim);
             w.named("keepdim", keepdim);
         }
+        Op::Argsort { dim, descending } => {
+            w.named("dim", dim);
+            w.named("descending", descending);
+        }
         Op::View(shape) | Op::UnsafeView(shape) | Op::Expand(shape) => w.pos(DimList(shape)),
         Op::Permute(p) => w.pos(UsizeList(p)),
         Op::Transpose(a, b) => {
@@ -186,7 +190,9 @@ fn write_params(w: &mut ParamWriter<'_>, op: &Op) {
             w.pos(b);
         }
         Op::Squeeze(dims) => w.named("dims", UsizeList(dims)),
-        Op::Unsqueeze(d) | Op::IndexSelect(d) | Op::Gather(d) | Op::ScatterAdd(d) | Op::Cat(d) => w.named("dim", d),
+        Op::Unsqueeze(d) | Op::IndexSelect(d) | Op::Gather(d) | Op::ScatterAdd(d) | Op::Cat(d) | Op::Cumsum(d) => {
+            w.named("dim", d)
+        }
         Op::Slice { dim, start, end, step } | Op::SliceScatter { dim, start, end, step } => {
             w.named("dim", dim);
             w.named("start", start);

@@ -413,6 +413,8 @@ fn proto(b: Base) -> Op {
         Base::Cast => Op::Cast(crate::DType::F32),
         Base::ArgMax => Op::ArgMax { dim: 0, keepdim: false },
         Base::ArgMin => Op::ArgMin { dim: 0, keepdim: false },
+        Base::Cumsum => Op::Cumsum(0),
+        Base::Argsort => Op::Argsort { dim: 0, descending: false },
         Base::Mm => Op::Mm,
         Base::Bmm => Op::Bmm,
         Base::View => Op::View(d()),
@@ -461,7 +463,7 @@ fn proto(b: Base) -> Op {
 #[test]
 fn text_base_names_agree_with_op_name_and_are_unambiguous() {
     let all: Vec<Base> = Base::all().collect();
-    assert_eq!(all.len(), 21 + 7 + 6 + 4 + 45);
+    assert_eq!(all.len(), 21 + 7 + 6 + 4 + 47);
     for &b in &all {
         assert_eq!(b.name(), proto(b).name(), "{b:?}");
         assert_eq!(Base::lookup(b.name()), Some(b), "name {} is used twice", b.name());

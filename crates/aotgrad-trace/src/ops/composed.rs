@@ -213,6 +213,36 @@ impl Tensor {
         }
     }
 
+    /// The values sorted along `dim` and the indices they came from, as PyTorch's
+    /// `sort(dim, descending, stable=True)`. The values are gathered at the indices,
+    /// so each gradient goes back to the element it came from.
+    #[track_caller]
+    pub fn sort(&self, dim: i64, descending: bool) -> Result<(Tensor, Tensor)> {
+        let idx = self.argsort(dim, descending)?;
+        Ok((self.gather(dim, &idx)?, idx))
+    }
+
+    /// The `k` largest (or, with `largest = false`, smallest) values along `dim`, in
+    /// order, and their indices, as PyTorch's `topk(k, dim, largest, sorted=True)`;
+    /// among equal values the first comes first.
+    #[track_caller]
+    pub fn topk(&self, k: usize, dim: i64, largest: bool) -> Result<(Tensor, Tensor)> {
+        let loc = SourceLoc::caller();
+        let d = wrap_dim("topk", dim, self.dim(), &loc)?;
+        let size = if self.dim() == 0 { Some(1) } else { self.size(d as i64)?.as_const() };
+        if let Some(size) = size.filter(|&s| k as i64 > s) {
+            let shape: Vec<String> = self.shape().iter().map(|s| s.to_string()).collect();
+            return Err(Error::invalid(
+                "topk",
+                &loc,
+                format!("k ({k}) is larger than the size {size} of dimension {dim} (shape [{}])", shape.join(", ")),
+            ));
+        }
+        let order = self.argsort(dim, largest)?;
+        let idx = if self.dim() == 0 { order } else { order.slice(dim, Some(0), Some(k as i64), 1)?.contiguous()? };
+        Ok((self.gather(dim, &idx)?, idx))
+    }
+
     /// `value - self` (PyTorch's `rsub`, what `2.0 - x` computes).
     #[track_caller]
     pub fn rsub(&self, value: impl Into<Scalar>) -> Result<Tensor> {

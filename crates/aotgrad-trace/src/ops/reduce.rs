@@ -80,6 +80,23 @@ impl Tensor {
         let dim = wrap("argmin", dim, self.dim(), &loc)?;
         dispatch(Op::ArgMin { dim, keepdim }, &[self], &loc)
     }
+    /// Cumulative sum along `dim` (PyTorch's `cumsum`; integer and bool inputs give
+    /// i64).
+    #[track_caller]
+    pub fn cumsum(&self, dim: i64) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        let dim = wrap("cumsum", dim, self.dim(), &loc)?;
+        dispatch(Op::Cumsum(dim), &[self], &loc)
+    }
+    /// The i64 indices that sort `self` along `dim` (ascending, or `descending`), as
+    /// PyTorch's `argsort(stable=True)`: equal values keep their order, NaN sorts
+    /// above every number.
+    #[track_caller]
+    pub fn argsort(&self, dim: i64, descending: bool) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        let dim = wrap("argsort", dim, self.dim(), &loc)?;
+        dispatch(Op::Argsort { dim, descending }, &[self], &loc)
+    }
     /// Matrix product of `(n, k)` and `(k, m)`.
     #[track_caller]
     pub fn mm(&self, other: &Tensor) -> Result<Tensor> {
