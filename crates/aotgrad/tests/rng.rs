@@ -74,3 +74,69 @@ fn backward_sees_the_forward_mask() -> Result<(), Box<dyn std::error::Error>> {
     }
     Ok(())
 }
+
+fn counts(samples: &[i64], n: usize) -> Vec<f64> {
+    let mut c = vec![0.0; n];
+    for &s in samples {
+        c[s as usize] += 1.0;
+    }
+    c.iter().map(|x| x / samples.len() as f64).collect()
+}
+
+#[test]
+fn multinomial_draws_follow_the_weights() -> Result<(), Box<dyn std::error::Error>> {
+    // Unnormalized weights: 0.1 : 0 : 0.6 : 0.3.
+    let p = Tensor::from_f64(&[1.0, 0.0, 6.0, 3.0], &[4], DType::F32)?;
+    let s = p.multinomial(20_000, true, 5)?;
+    assert_eq!((s.dtype(), s.sizes()?), (DType::I64, vec![20_000]));
+    let f = counts(&s.to_vec_i64()?, 4);
+    assert_eq!(f[1], 0.0, "a zero weight is never drawn");
+    for (got, want) in f.iter().zip([0.1, 0.0, 0.6, 0.3]) {
+        assert!((got - want).abs() < 0.015, "frequencies {f:?}");
+    }
+    // Without replacement: distinct categories; the first draw of each row follows the
+    // weights, and a row of as many samples as positive weights never draws the zero.
+    let rows = Tensor::from_f64(&[1.0, 0.0, 6.0, 3.0].repeat(4000), &[4000, 4], DType::F64)?;
+    let s = rows.multinomial(3, false, 9)?;
+    assert_eq!(s.sizes()?, vec![4000, 3]);
+    let v = s.to_vec_i64()?;
+    for r in v.chunks(3) {
+        let mut r = r.to_vec();
+        r.sort();
+        assert_eq!(r, vec![0, 2, 3]);
+    }
+    let first: Vec<i64> = v.chunks(3).map(|r| r[0]).collect();
+    let f = counts(&first, 4);
+    for (got, want) in f.iter().zip([0.1, 0.0, 0.6, 0.3]) {
+        assert!((got - want).abs() < 0.03, "first-draw frequencies {f:?}");
+    }
+    Ok(())
+}
+
+#[test]
+fn multinomial_compiled_draws_what_eager_draws_and_bad_weights_are_errors() -> Result<(), Box<dyn std::error::Error>> {
+    let g = |a: &[Tensor]| -> aotgrad::trace::Result<Vec<Tensor>> {
+        Ok(vec![a[0].multinomial(6, true, RngSeed::Global)?, a[0].multinomial(2, false, RngSeed::Global)?])
+    };
+    let p = Tensor::from_f64(&[0.2, 0.3, 0.5, 1.0, 1.0, 0.0], &[2, 3], DType::F64)?;
+    manual_seed(3);
+    let eager = g(std::slice::from_ref(&p))?;
+    let compiled = aot_function(g, AotConfig::default())?;
+    manual_seed(3);
+    let got = compiled.call(std::slice::from_ref(&p))?;
+    for (e, c) in eager.iter().zip(&got) {
+        assert_eq!(e.to_vec_i64()?, c.to_vec_i64()?);
+        assert_eq!(e.sizes()?, c.sizes()?);
+    }
+    let err = |t: &Tensor, n: usize, repl: bool| t.multinomial(n, repl, 0).unwrap_err().to_string();
+    let neg = Tensor::from_f64(&[0.5, -0.1], &[2], DType::F64)?;
+    assert!(err(&neg, 1, true).contains("element < 0"));
+    let zero = Tensor::from_f64(&[0.0, 0.0], &[2], DType::F64)?;
+    assert!(err(&zero, 1, true).contains("sum of probabilities"));
+    let one = Tensor::from_f64(&[0.0, 2.0, 0.0], &[3], DType::F64)?;
+    assert!(err(&one, 2, false).contains("not enough non-negative"));
+    assert!(err(&one, 4, false).contains("n_sample (4) > prob_dist.size(-1) (3)"));
+    assert!(err(&Tensor::ones(&[2, 2, 2], DType::F64)?, 1, true).contains("1 or 2 dim"));
+    assert!(err(&one, 0, true).contains("num_samples = 0"));
+    Ok(())
+}

@@ -10,6 +10,7 @@
 
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
+use crate::RngSeed;
 use aotgrad_ir::{DType, Dim, Scalar, SourceLoc};
 
 fn concrete_size(t: &Tensor, op: &str, d: usize, loc: &SourceLoc) -> Result<i64> {
@@ -241,6 +242,92 @@ impl Tensor {
         let order = self.argsort(dim, largest)?;
         let idx = if self.dim() == 0 { order } else { order.slice(dim, Some(0), Some(k as i64), 1)?.contiguous()? };
         Ok((self.gather(dim, &idx)?, idx))
+    }
+
+    /// Draws `num_samples` category indices (i64) from each row of `self`, a 1-D `[n]`
+    /// or 2-D `[b, n]` tensor of non-negative weights (they need not sum to 1), as
+    /// PyTorch's `multinomial`:
+    /// - with `replacement`, independent draws by the inverse CDF: the first category
+    ///   whose cumulative weight exceeds `u * total`, `u` uniform;
+    /// - without, distinct categories by the exponential race PyTorch uses: the
+    ///   `num_samples` largest `p / E` with `E ~ Exp(1)`.
+    ///
+    /// The uniform values come from `seed` like every random op (a fixed stream, the
+    /// thread's generator, or the trace's RNG inputs), so a compiled function draws
+    /// what eager draws from the same stream. Eagerly, weights that are negative,
+    /// infinite or NaN, a row summing to 0, and (without replacement) fewer positive
+    /// weights than samples are errors; while tracing the values are unknown.
+    #[track_caller]
+    pub fn multinomial(&self, num_samples: usize, replacement: bool, seed: impl Into<RngSeed>) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        let bad = |msg: String| Error::invalid("multinomial", &loc, msg);
+        if !matches!(self.dim(), 1 | 2) {
+            return Err(bad(format!("prob_dist must be 1 or 2 dim, got {} dims", self.dim())));
+        }
+        if !self.dtype().is_float() {
+            return Err(bad(format!("expected a floating point weight tensor, got {}", self.dtype())));
+        }
+        if num_samples == 0 {
+            return Err(bad("cannot sample num_samples = 0 samples".into()));
+        }
+        let n = self.size(-1)?;
+        if let Some(n) = n.as_const() {
+            if n == 0 {
+                return Err(bad("the weights have no categories (their last dim has size 0)".into()));
+            }
+            if !replacement && num_samples as i64 > n {
+                return Err(bad(format!(
+                    "cannot sample n_sample ({num_samples}) > prob_dist.size(-1) ({n}) samples without replacement"
+                )));
+            }
+        }
+        if !crate::trace::is_tracing() {
+            let vals = self.to_vec_f64()?;
+            let len = n.as_const().unwrap_or(1).max(1) as usize;
+            for row in vals.chunks(len) {
+                if row.iter().any(|p| !p.is_finite() || *p < 0.0) {
+                    return Err(bad("probability tensor contains either inf, nan or element < 0".into()));
+                }
+                let positive = row.iter().filter(|p| **p > 0.0).count();
+                if positive == 0 {
+                    return Err(bad("invalid multinomial distribution (sum of probabilities <= 0)".into()));
+                }
+                if !replacement && positive < num_samples {
+                    return Err(bad(format!(
+                        "invalid multinomial distribution (with replacement=False, not enough non-negative \
+                         categories to sample: {positive} for {num_samples} samples)"
+                    )));
+                }
+            }
+        }
+        let p = self.to(DType::F64)?;
+        let mut lead: Vec<Dim> = self.shape();
+        lead.pop();
+        if replacement {
+            // idx = #{j : cdf[j] <= u * total}, clamped to the last category (a u
+            // within rounding of 1).
+            let cdf = p.cumsum(-1)?;
+            let total = p.sum(&[-1], true)?;
+            let mut ushape = lead.clone();
+            ushape.push(Dim::Const(num_samples as i64));
+            let u = Tensor::rand_dims(&ushape, DType::F64, seed)?;
+            let target = u.mul(&total)?.unsqueeze(-1)?;
+            let below = cdf.unsqueeze(-2)?.le(&target)?;
+            let last = n.as_const().map_or(i64::MAX, |n| n - 1);
+            let idx = below.sum(&[-1], false)?;
+            if last == i64::MAX {
+                return Ok(idx);
+            }
+            idx.clamp_max(last)
+        } else {
+            let mut ushape = lead;
+            ushape.push(n);
+            let u = Tensor::rand_dims(&ushape, DType::F64, seed)?;
+            // E = -log(1 - u) ~ Exp(1); keys p / E (a zero weight is never drawn).
+            let e = u.rsub(1.0)?.log()?.neg()?;
+            let keys = p.div(&e)?;
+            Ok(keys.topk(num_samples, -1, true)?.1)
+        }
     }
 
     /// `value - self` (PyTorch's `rsub`, what `2.0 - x` computes).
