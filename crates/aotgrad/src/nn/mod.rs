@@ -6,6 +6,8 @@
 //! graph inputs the parameters are lifted to).
 //!
 //! - [`layers`] holds [`Linear`], [`LayerNorm`], [`Embedding`], [`GeluMlp`], [`Mlp`];
+//! - [`containers`] holds [`Dropout`] (train / eval), [`Activation`] and
+//!   [`Sequential`];
 //! - [`attention`] holds [`MultiHeadSelfAttention`], [`TransformerBlock`];
 //! - [`optim`] holds the [`Optimizer`] interface, [`Sgd`], [`AdamW`] (and Adam, via
 //!   [`AdamW::adam`]), [`clip_grad_norm`] and the
@@ -19,11 +21,13 @@
 
 pub mod attention;
 pub mod checkpoint;
+pub mod containers;
 pub mod layers;
 pub mod optim;
 pub mod params;
 
 pub use attention::{MultiHeadSelfAttention, TransformerBlock};
+pub use containers::{Activation, ActivationKind, Dropout, Sequential};
 pub use layers::{Embedding, GeluMlp, Init, LayerNorm, Linear, Mlp};
 pub use optim::{clip_grad_norm, AdamW, Optimizer, OptimizerState, Sgd, WarmupCosine};
 pub use params::{ParamStore, Params};

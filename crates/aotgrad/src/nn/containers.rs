@@ -1,0 +1,185 @@
+//! Modules without parameters and the container that chains modules:
+//! [`Dropout`] (train / eval), [`Activation`] (ReLU, GELU, tanh, sigmoid, SiLU) and
+//! [`Sequential`].
+
+use super::{expect_inputs, Module, ParamStore, Params};
+use crate::error::{Error, Result};
+use aotgrad_trace::{RngSeed, Tensor};
+use std::sync::Arc;
+
+/// Zeroes each element with probability `p` and scales the rest by `1 / (1 - p)`
+/// while training; the identity in eval mode (PyTorch's `nn.Dropout`). The mask comes
+/// from the thread's generator, which a compiled module takes as an input, so every
+/// call draws a fresh mask exactly as eager mode does.
+#[derive(Clone, Debug, Default)]
+pub struct Dropout {
+    store: ParamStore,
+    /// Probability of zeroing an element.
+    pub p: f64,
+    /// Training mode (the default); `false` is eval mode.
+    pub training: bool,
+}
+
+impl Dropout {
+    /// Dropout with probability `p` in `[0, 1]`, in training mode.
+    pub fn new(p: f64) -> Result<Dropout> {
+        if !(0.0..=1.0).contains(&p) {
+            return Err(Error::Call {
+                name: "Dropout".into(),
+                msg: format!("dropout probability has to be between 0 and 1, but got {p}"),
+            });
+        }
+        Ok(Dropout { store: ParamStore::new(), p, training: true })
+    }
+
+    /// The same layer in eval mode (the identity).
+    pub fn eval(mut self) -> Dropout {
+        self.training = false;
+        self
+    }
+
+    /// The same layer in training mode.
+    pub fn train(mut self) -> Dropout {
+        self.training = true;
+        self
+    }
+
+    /// Apply to `x`.
+    #[track_caller]
+    pub fn apply(&self, x: &Tensor) -> aotgrad_trace::Result<Tensor> {
+        x.dropout(self.p, self.training, RngSeed::Global)
+    }
+}
+
+impl Module for Dropout {
+    fn store(&self) -> &ParamStore {
+        &self.store
+    }
+    fn forward(&self, _p: &Params, inputs: &[Tensor]) -> aotgrad_trace::Result<Vec<Tensor>> {
+        let x = expect_inputs("Dropout", inputs, 1)?;
+        Ok(vec![self.apply(&x[0])?])
+    }
+}
+
+/// Which activation an [`Activation`] module applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActivationKind {
+    /// `max(x, 0)`.
+    Relu,
+    /// GELU with the exact (erf) form, PyTorch's default.
+    Gelu,
+    /// `tanh(x)`.
+    Tanh,
+    /// `1 / (1 + exp(-x))`.
+    Sigmoid,
+    /// `x * sigmoid(x)`.
+    Silu,
+}
+
+/// An elementwise activation as a module (PyTorch's `nn.ReLU`, `nn.GELU`, ...), for
+/// [`Sequential`].
+#[derive(Clone, Debug)]
+pub struct Activation {
+    store: ParamStore,
+    /// The function.
+    pub kind: ActivationKind,
+}
+
+impl Activation {
+    /// The activation `kind`.
+    pub fn new(kind: ActivationKind) -> Activation {
+        Activation { store: ParamStore::new(), kind }
+    }
+
+    /// Apply to `x`.
+    #[track_caller]
+    pub fn apply(&self, x: &Tensor) -> aotgrad_trace::Result<Tensor> {
+        match self.kind {
+            ActivationKind::Relu => x.relu(),
+            ActivationKind::Gelu => x.gelu(),
+            ActivationKind::Tanh => x.tanh(),
+            ActivationKind::Sigmoid => x.sigmoid(),
+            ActivationKind::Silu => x.silu(),
+        }
+    }
+}
+
+impl Module for Activation {
+    fn store(&self) -> &ParamStore {
+        &self.store
+    }
+    fn forward(&self, _p: &Params, inputs: &[Tensor]) -> aotgrad_trace::Result<Vec<Tensor>> {
+        let x = expect_inputs("Activation", inputs, 1)?;
+        Ok(vec![self.apply(&x[0])?])
+    }
+}
+
+/// Modules applied one after the other, each to the previous one's single output
+/// (PyTorch's `nn.Sequential`); the `i`-th module's tensors are named `"{i}.{name}"`,
+/// as in PyTorch's state dicts.
+#[derive(Clone, Default)]
+pub struct Sequential {
+    store: ParamStore,
+    modules: Vec<Arc<dyn Module>>,
+}
+
+impl std::fmt::Debug for Sequential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sequential")
+            .field("modules", &self.modules.len())
+            .field("tensors", &self.store.names())
+            .finish()
+    }
+}
+
+impl Sequential {
+    /// An empty sequence (the identity).
+    pub fn new() -> Sequential {
+        Sequential::default()
+    }
+
+    /// The sequence with `m` appended.
+    pub fn push(mut self, m: impl Module + 'static) -> Result<Sequential> {
+        self.store.add_child(&self.modules.len().to_string(), m.store())?;
+        self.modules.push(Arc::new(m));
+        Ok(self)
+    }
+
+    /// How many modules it chains.
+    pub fn len(&self) -> usize {
+        self.modules.len()
+    }
+
+    /// Whether it chains none.
+    pub fn is_empty(&self) -> bool {
+        self.modules.is_empty()
+    }
+
+    /// Apply to `x`.
+    #[track_caller]
+    pub fn apply(&self, p: &Params, x: &Tensor) -> aotgrad_trace::Result<Tensor> {
+        let mut h = x.clone();
+        for (i, m) in self.modules.iter().enumerate() {
+            let mut out = m.forward(&p.scope(&i.to_string()), std::slice::from_ref(&h))?;
+            if out.len() != 1 {
+                return Err(aotgrad_trace::Error::Invalid {
+                    op: "Sequential".into(),
+                    loc: aotgrad_ir::SourceLoc::caller(),
+                    msg: format!("module {i} returned {} outputs; a sequence needs exactly one", out.len()),
+                });
+            }
+            h = out.remove(0);
+        }
+        Ok(h)
+    }
+}
+
+impl Module for Sequential {
+    fn store(&self) -> &ParamStore {
+        &self.store
+    }
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad_trace::Result<Vec<Tensor>> {
+        let x = expect_inputs("Sequential", inputs, 1)?;
+        Ok(vec![self.apply(p, &x[0])?])
+    }
+}
