@@ -28,6 +28,7 @@ pub mod trace;
 pub use decomp::{CompositeKind, DecompPolicy, DecompTable};
 pub use error::{Error, Result};
 pub use grad_mode::{is_grad_enabled, no_grad, set_grad_enabled, NoGradGuard};
+pub use ops::conv::Conv2dOpts;
 pub use ops::{IntoRhs, Rhs};
 pub use rng::{manual_seed, rng_state, set_rng_state, RngSeed};
 pub use shape_env::{GuardFailure, ShapeEnv};

@@ -54,6 +54,6 @@ pub mod prelude {
     pub use crate::{aot_module, aot_module_simplified, AotModule};
     pub use aotgrad_ir::{DType, Dim, Scalar};
     pub use aotgrad_trace::{
-        is_grad_enabled, no_grad, trace, CompositeKind, DecompTable, NoGradGuard, Tensor, TraceConfig,
+        is_grad_enabled, no_grad, trace, CompositeKind, Conv2dOpts, DecompTable, NoGradGuard, Tensor, TraceConfig,
     };
 }

@@ -261,3 +261,27 @@ fn dropout_layer_trains_and_evaluates() {
     );
     assert!(Dropout::new(1.5).unwrap_err().to_string().contains("between 0 and 1"));
 }
+
+/// A small CNN as a `Sequential`: conv (padding 1) → ReLU → max pool → conv with two
+/// groups and stride 2 → flatten → linear. Every parameter's gradient against finite
+/// differences, through `aot_module`'s training path.
+#[test]
+fn cnn_gradients_match_finite_differences() {
+    use aotgrad::nn::{Activation, ActivationKind, Conv2d, Flatten, MaxPool2d, Sequential};
+    use aotgrad::trace::Conv2dOpts;
+    let f = DType::F64;
+    let cnn = Sequential::new()
+        .push(Conv2d::new(2, 4, [3, 3], Conv2dOpts::default().padding(1), true, f, 1).unwrap())
+        .and_then(|s| s.push(Activation::new(ActivationKind::Relu)))
+        .and_then(|s| s.push(MaxPool2d::new([2, 2])))
+        .and_then(|s| {
+            s.push(Conv2d::new(4, 4, [2, 2], Conv2dOpts::default().groups(2).stride(2), false, f, 2).unwrap())
+        })
+        .and_then(|s| s.push(Flatten::new()))
+        .and_then(|s| s.push(Linear::new(4, 3, true, f, 3).unwrap()))
+        .unwrap();
+    assert_eq!(cnn.store().names(), vec!["0.weight", "0.bias", "3.weight", "5.weight", "5.bias"]);
+    // [2, 2, 4, 4] -> conv [2, 4, 4, 4] -> pool [2, 4, 2, 2] -> conv [2, 4, 1, 1] -> flatten [2, 4] -> [2, 3].
+    let x = data(&[2, 2, 4, 4], DType::F64, 4, 1.0).requires_grad(true).unwrap();
+    check_against_finite_differences(Arc::new(cnn), &[x], &[2, 3], 12);
+}

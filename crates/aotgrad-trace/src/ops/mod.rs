@@ -10,6 +10,7 @@
 //! - [`indexing`]: gathers, scatters and `cat`.
 
 pub mod composed;
+pub mod conv;
 pub mod creation;
 pub mod indexing;
 pub mod inplace;

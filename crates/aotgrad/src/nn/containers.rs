@@ -1,6 +1,6 @@
 //! Modules without parameters and the container that chains modules:
-//! [`Dropout`] (train / eval), [`Activation`] (ReLU, GELU, tanh, sigmoid, SiLU) and
-//! [`Sequential`].
+//! [`Dropout`] (train / eval), [`Activation`] (ReLU, GELU, tanh, sigmoid, SiLU),
+//! [`MaxPool2d`], [`Flatten`] and [`Sequential`].
 
 use super::{expect_inputs, Module, ParamStore, Params};
 use crate::error::{Error, Result};
@@ -111,6 +111,62 @@ impl Module for Activation {
     fn forward(&self, _p: &Params, inputs: &[Tensor]) -> aotgrad_trace::Result<Vec<Tensor>> {
         let x = expect_inputs("Activation", inputs, 1)?;
         Ok(vec![self.apply(&x[0])?])
+    }
+}
+
+/// 2-D max pooling (PyTorch's `nn.MaxPool2d`, stride defaulting to the kernel).
+#[derive(Clone, Debug)]
+pub struct MaxPool2d {
+    store: ParamStore,
+    /// Window.
+    pub kernel: [usize; 2],
+    /// Step between windows.
+    pub stride: [usize; 2],
+    /// -inf added on each side.
+    pub padding: [usize; 2],
+}
+
+impl MaxPool2d {
+    /// Windows of `kernel`, stepping by the kernel, no padding.
+    pub fn new(kernel: [usize; 2]) -> MaxPool2d {
+        MaxPool2d { store: ParamStore::new(), kernel, stride: kernel, padding: [0, 0] }
+    }
+}
+
+impl Module for MaxPool2d {
+    fn store(&self) -> &ParamStore {
+        &self.store
+    }
+    fn forward(&self, _p: &Params, inputs: &[Tensor]) -> aotgrad_trace::Result<Vec<Tensor>> {
+        let x = expect_inputs("MaxPool2d", inputs, 1)?;
+        Ok(vec![x[0].max_pool2d(self.kernel, Some(self.stride), self.padding, [1, 1])?])
+    }
+}
+
+/// Flattens every dim after the first (PyTorch's `nn.Flatten()`): `[N, ...]` to
+/// `[N, prod(...)]`.
+#[derive(Clone, Debug, Default)]
+pub struct Flatten {
+    store: ParamStore,
+}
+
+impl Flatten {
+    /// The layer.
+    pub fn new() -> Flatten {
+        Flatten::default()
+    }
+}
+
+impl Module for Flatten {
+    fn store(&self) -> &ParamStore {
+        &self.store
+    }
+    fn forward(&self, _p: &Params, inputs: &[Tensor]) -> aotgrad_trace::Result<Vec<Tensor>> {
+        let x = expect_inputs("Flatten", inputs, 1)?;
+        let mut shape = vec![x[0].size(0)?];
+        let rest: Vec<aotgrad_ir::Dim> = x[0].shape().into_iter().skip(1).collect();
+        shape.push(aotgrad_ir::Dim::product(&rest));
+        Ok(vec![x[0].reshape_dims(&shape)?])
     }
 }
 

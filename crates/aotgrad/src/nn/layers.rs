@@ -1,4 +1,4 @@
-//! Basic layers: [`Linear`], [`LayerNorm`], [`Embedding`], and the two MLPs
+//! Basic layers: [`Linear`], [`Conv2d`], [`LayerNorm`], [`Embedding`], and the two MLPs
 //! ([`GeluMlp`]: Linear → GELU → Linear; [`Mlp`]: N × (Linear + GELU)).
 //!
 //! Each layer has an `apply` method taking the [`Params`] view of its own names, used
@@ -262,6 +262,69 @@ impl Module for Mlp {
     }
     fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad_trace::Result<Vec<Tensor>> {
         let x = expect_inputs("Mlp", inputs, 1)?;
+        Ok(vec![self.apply(p, &x[0])?])
+    }
+}
+
+/// A 2-D convolution layer (PyTorch's `nn.Conv2d`): `weight` `[out, in / groups, kh,
+/// kw]` and an optional `bias` `[out]`, both uniform in `±1/sqrt(fan_in)` with
+/// `fan_in = in / groups * kh * kw` (PyTorch's default initialization).
+#[derive(Clone, Debug)]
+pub struct Conv2d {
+    store: ParamStore,
+    has_bias: bool,
+    /// Stride, padding, dilation and groups.
+    pub opts: aotgrad_trace::Conv2dOpts,
+}
+
+impl Conv2d {
+    /// `in_channels → out_channels` with a `kernel` window.
+    pub fn new(
+        in_channels: usize,
+        out_channels: usize,
+        kernel: [usize; 2],
+        opts: aotgrad_trace::Conv2dOpts,
+        bias: bool,
+        dtype: DType,
+        seed: u64,
+    ) -> Result<Conv2d> {
+        let g = opts.groups;
+        if in_channels == 0 || out_channels == 0 || kernel.contains(&0) {
+            return Err(config_error("Conv2d", "channels and kernel sizes must be positive"));
+        }
+        if g == 0 || !in_channels.is_multiple_of(g) || !out_channels.is_multiple_of(g) {
+            return Err(config_error(
+                "Conv2d",
+                format!(
+                    "in_channels ({in_channels}) and out_channels ({out_channels}) must be divisible by groups ({g})"
+                ),
+            ));
+        }
+        let fan_in = (in_channels / g * kernel[0] * kernel[1]) as f64;
+        let bound = 1.0 / fan_in.sqrt();
+        let mut store = ParamStore::new();
+        let shape = [out_channels, in_channels / g, kernel[0], kernel[1]];
+        store.add_param("weight", uniform(&shape, bound, dtype, child_seed(seed, 0))?)?;
+        if bias {
+            store.add_param("bias", uniform(&[out_channels], bound, dtype, child_seed(seed, 1))?)?;
+        }
+        Ok(Conv2d { store, has_bias: bias, opts })
+    }
+
+    /// Apply to `x` of shape `[N, in, H, W]` (or `[in, H, W]`).
+    #[track_caller]
+    pub fn apply(&self, p: &Params, x: &Tensor) -> aotgrad_trace::Result<Tensor> {
+        let bias = if self.has_bias { Some(p.get("bias")?) } else { None };
+        x.conv2d(p.get("weight")?, bias, self.opts)
+    }
+}
+
+impl Module for Conv2d {
+    fn store(&self) -> &ParamStore {
+        &self.store
+    }
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad_trace::Result<Vec<Tensor>> {
+        let x = expect_inputs("Conv2d", inputs, 1)?;
         Ok(vec![self.apply(p, &x[0])?])
     }
 }

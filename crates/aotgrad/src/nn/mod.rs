@@ -5,9 +5,9 @@
 //! tensors, [`Module::forward_eager`]) and under `aot_module` (the view holds the fake
 //! graph inputs the parameters are lifted to).
 //!
-//! - [`layers`] holds [`Linear`], [`LayerNorm`], [`Embedding`], [`GeluMlp`], [`Mlp`];
-//! - [`containers`] holds [`Dropout`] (train / eval), [`Activation`] and
-//!   [`Sequential`];
+//! - [`layers`] holds [`Linear`], [`Conv2d`], [`LayerNorm`], [`Embedding`], [`GeluMlp`], [`Mlp`];
+//! - [`containers`] holds [`Dropout`] (train / eval), [`Activation`], [`MaxPool2d`],
+//!   [`Flatten`] and [`Sequential`];
 //! - [`attention`] holds [`MultiHeadSelfAttention`], [`TransformerBlock`];
 //! - [`optim`] holds the [`Optimizer`] interface, [`Sgd`], [`AdamW`] (and Adam, via
 //!   [`AdamW::adam`]), [`clip_grad_norm`] and the
@@ -27,8 +27,8 @@ pub mod optim;
 pub mod params;
 
 pub use attention::{MultiHeadSelfAttention, TransformerBlock};
-pub use containers::{Activation, ActivationKind, Dropout, Sequential};
-pub use layers::{Embedding, GeluMlp, Init, LayerNorm, Linear, Mlp};
+pub use containers::{Activation, ActivationKind, Dropout, Flatten, MaxPool2d, Sequential};
+pub use layers::{Conv2d, Embedding, GeluMlp, Init, LayerNorm, Linear, Mlp};
 pub use optim::{clip_grad_norm, AdamW, Optimizer, OptimizerState, Sgd, WarmupCosine};
 pub use params::{ParamStore, Params};
 

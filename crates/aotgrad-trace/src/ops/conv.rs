@@ -1,0 +1,280 @@
+//! Convolution and pooling over 2-D images, as decompositions into core ops.
+//!
+//! Every op here gathers the `kh * kw` window taps as strided slices of the (padded)
+//! input, `x[:, :, i*dh :: sh, j*dw :: sw]`, each a view of `[N, C, OH, OW]`, and
+//! stacks them into `[N, C, kh*kw, OH, OW]` (im2col without overlapping views, so
+//! every gradient flows through the slices' and the stack's own rules):
+//! - `conv2d` multiplies the taps with the weight as one (grouped, batched) matmul,
+//!   which the CPU backend runs through its GEMM;
+//! - `avg_pool2d` takes their mean, `max_pool2d` gathers at their first maximum (so
+//!   the gradient goes to that one element, as PyTorch's indices send it).
+
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+use aotgrad_ir::{Dim, SourceLoc};
+
+/// A 2-D convolution's or pooling's geometry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Conv2dOpts {
+    /// Step between windows (rows, columns).
+    pub stride: [usize; 2],
+    /// Zeros (or, for max pooling, -inf) added on each side (rows, columns).
+    pub padding: [usize; 2],
+    /// Step between a window's taps (rows, columns).
+    pub dilation: [usize; 2],
+    /// Channel groups (convolution only).
+    pub groups: usize,
+}
+
+impl Default for Conv2dOpts {
+    /// PyTorch's defaults: stride 1, no padding, no dilation, one group.
+    fn default() -> Self {
+        Conv2dOpts { stride: [1, 1], padding: [0, 0], dilation: [1, 1], groups: 1 }
+    }
+}
+
+impl Conv2dOpts {
+    /// With `stride`.
+    pub fn stride(mut self, s: usize) -> Self {
+        self.stride = [s, s];
+        self
+    }
+    /// With `padding` on every side.
+    pub fn padding(mut self, p: usize) -> Self {
+        self.padding = [p, p];
+        self
+    }
+    /// With `dilation`.
+    pub fn dilation(mut self, d: usize) -> Self {
+        self.dilation = [d, d];
+        self
+    }
+    /// With `groups`.
+    pub fn groups(mut self, g: usize) -> Self {
+        self.groups = g;
+        self
+    }
+}
+
+fn bad(op: &str, loc: &SourceLoc, msg: String) -> Error {
+    Error::invalid(op, loc, msg)
+}
+
+fn shape_text(t: &Tensor) -> String {
+    let s: Vec<String> = t.shape().iter().map(|d| d.to_string()).collect();
+    format!("[{}]", s.join(", "))
+}
+
+/// Concrete spatial sizes of a 4-D input.
+fn spatial(op: &str, x: &Tensor, loc: &SourceLoc) -> Result<[usize; 2]> {
+    let hw = [x.size(2)?.as_const(), x.size(3)?.as_const()];
+    match hw {
+        [Some(h), Some(w)] => Ok([h as usize, w as usize]),
+        _ => Err(bad(
+            op,
+            loc,
+            format!("needs concrete image sizes, got {} (batch and channels may be symbolic)", shape_text(x)),
+        )),
+    }
+}
+
+/// The window taps of `x` `[N, C, H, W]`: `[N, C, kh*kw, OH, OW]` and `(OH, OW)`.
+fn taps(
+    op: &str,
+    x: &Tensor,
+    k: [usize; 2],
+    o: &Conv2dOpts,
+    pad: f64,
+    loc: &SourceLoc,
+) -> Result<(Tensor, [usize; 2])> {
+    if o.stride.contains(&0) || o.dilation.contains(&0) || k.contains(&0) {
+        return Err(bad(
+            op,
+            loc,
+            format!("kernel {k:?}, stride {:?} and dilation {:?} must be positive", o.stride, o.dilation),
+        ));
+    }
+    let [h, w] = spatial(op, x, loc)?;
+    let mut out = [0usize; 2];
+    for (a, (size, kk)) in [h, w].into_iter().zip(k).enumerate() {
+        let span = o.dilation[a] * (kk - 1) + 1;
+        let padded = size + 2 * o.padding[a];
+        if padded < span {
+            return Err(bad(
+                op,
+                loc,
+                format!(
+                    "input {} is smaller than the kernel: padded size {padded} < dilated kernel size {span} in dim {}",
+                    shape_text(x),
+                    a + 2
+                ),
+            ));
+        }
+        out[a] = (padded - span) / o.stride[a] + 1;
+    }
+    // Padding: concatenate constant blocks on both sides of dims 2 and 3.
+    let mut xp = x.clone();
+    for a in 0..2 {
+        let p = o.padding[a];
+        if p == 0 {
+            continue;
+        }
+        let mut blk: Vec<Dim> = xp.shape();
+        blk[a + 2] = Dim::Const(p as i64);
+        let side = Tensor::full_dims(&blk, pad, xp.dtype())?;
+        xp = Tensor::cat(&[&side, &xp, &side], (a + 2) as i64)?;
+    }
+    let mut parts = Vec::with_capacity(k[0] * k[1]);
+    for i in 0..k[0] {
+        for j in 0..k[1] {
+            let (r0, c0) = (i * o.dilation[0], j * o.dilation[1]);
+            let r1 = r0 + o.stride[0] * (out[0] - 1) + 1;
+            let c1 = c0 + o.stride[1] * (out[1] - 1) + 1;
+            let s = xp.slice(2, Some(r0 as i64), Some(r1 as i64), o.stride[0] as i64)?;
+            parts.push(s.slice(3, Some(c0 as i64), Some(c1 as i64), o.stride[1] as i64)?);
+        }
+    }
+    let refs: Vec<&Tensor> = parts.iter().collect();
+    Ok((Tensor::stack(&refs, 2)?, out))
+}
+
+/// `x` as a batch of images: 4-D as is, 3-D `[C, H, W]` as a batch of one.
+fn batched(op: &str, x: &Tensor, loc: &SourceLoc) -> Result<(Tensor, bool)> {
+    match x.dim() {
+        4 => Ok((x.clone(), false)),
+        3 => Ok((x.unsqueeze(0)?, true)),
+        r => Err(bad(op, loc, format!("expected a 3-D or 4-D input, got {r}-D {}", shape_text(x)))),
+    }
+}
+
+fn unbatched(y: Tensor, squeeze: bool) -> Result<Tensor> {
+    if squeeze {
+        y.squeeze_dim(0)
+    } else {
+        Ok(y)
+    }
+}
+
+impl Tensor {
+    /// 2-D convolution (PyTorch's `conv2d`): `self` `[N, C, H, W]` (or `[C, H, W]`),
+    /// `weight` `[OC, C / groups, KH, KW]`, optional `bias` `[OC]`; the result is
+    /// `[N, OC, OH, OW]` with `OH = (H + 2 pad - dil (KH - 1) - 1) / stride + 1`.
+    #[track_caller]
+    pub fn conv2d(&self, weight: &Tensor, bias: Option<&Tensor>, opts: Conv2dOpts) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        let op = "conv2d";
+        let (x, squeeze) = batched(op, self, &loc)?;
+        if weight.dim() != 4 {
+            return Err(bad(
+                op,
+                &loc,
+                format!("expected a 4-D weight [OC, C/groups, KH, KW], got {}", shape_text(weight)),
+            ));
+        }
+        let dims = |t: &Tensor, d: i64| t.size(d).map(|s| s.as_const());
+        let (oc, cg, kh, kw) = (dims(weight, 0)?, dims(weight, 1)?, dims(weight, 2)?, dims(weight, 3)?);
+        let (Some(oc), Some(cg), Some(kh), Some(kw)) = (oc, cg, kh, kw) else {
+            return Err(bad(op, &loc, format!("needs a weight of concrete size, got {}", shape_text(weight))));
+        };
+        let g = opts.groups as i64;
+        let c = x.size(1)?;
+        if g == 0 || oc % g != 0 || c.as_const().is_some_and(|c| c != cg * g) {
+            return Err(bad(
+                op,
+                &loc,
+                format!(
+                    "input {} and weight {} with groups={}: expected {} input channels and output channels divisible by \
+                     the groups",
+                    shape_text(&x),
+                    shape_text(weight),
+                    opts.groups,
+                    cg * g
+                ),
+            ));
+        }
+        if let Some(b) = bias {
+            if b.dim() != 1 || b.size(0)?.as_const() != Some(oc) {
+                return Err(bad(op, &loc, format!("expected a bias of shape [{oc}], got {}", shape_text(b))));
+            }
+        }
+        let (t, [oh, ow]) = taps(op, &x, [kh as usize, kw as usize], &opts, 0.0, &loc)?;
+        // [N, C, KK, OH, OW] -> [N, g, Cg*KK, OH*OW]; weight [OC, Cg, KH, KW] -> [1, g, OCg, Cg*KK].
+        let (l, kk) = ((oh * ow) as i64, kh * kw);
+        let n = x.size(0)?;
+        let cols = t.reshape_dims(&[n.clone(), Dim::Const(g), Dim::Const(cg * kk), Dim::Const(l)])?;
+        let wm = weight.reshape(&[1, g, oc / g, cg * kk])?;
+        let y = wm.matmul(&cols)?.reshape_dims(&[n, Dim::Const(oc), Dim::Const(oh as i64), Dim::Const(ow as i64)])?;
+        let y = match bias {
+            Some(b) => y.add(&b.view(&[1, oc, 1, 1])?)?,
+            None => y,
+        };
+        unbatched(y, squeeze)
+    }
+
+    /// 2-D average pooling (PyTorch's `avg_pool2d` with `ceil_mode=False`,
+    /// `count_include_pad=True`): the mean of each `kernel` window, zeros padded in.
+    #[track_caller]
+    pub fn avg_pool2d(&self, kernel: [usize; 2], stride: Option<[usize; 2]>, padding: [usize; 2]) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        let (x, squeeze) = batched("avg_pool2d", self, &loc)?;
+        pool_pad_check("avg_pool2d", kernel, padding, &loc)?;
+        let opts = Conv2dOpts { stride: stride.unwrap_or(kernel), padding, dilation: [1, 1], groups: 1 };
+        let (t, _) = taps("avg_pool2d", &x, kernel, &opts, 0.0, &loc)?;
+        unbatched(t.mean(&[2], false)?, squeeze)
+    }
+
+    /// 2-D max pooling (PyTorch's `max_pool2d` with `ceil_mode=False`): the maximum of
+    /// each `kernel` window (padding counts as -inf); the gradient goes to the first
+    /// maximum of each window, as PyTorch's indices send it.
+    #[track_caller]
+    pub fn max_pool2d(
+        &self,
+        kernel: [usize; 2],
+        stride: Option<[usize; 2]>,
+        padding: [usize; 2],
+        dilation: [usize; 2],
+    ) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        let (x, squeeze) = batched("max_pool2d", self, &loc)?;
+        pool_pad_check("max_pool2d", kernel, padding, &loc)?;
+        let opts = Conv2dOpts { stride: stride.unwrap_or(kernel), padding, dilation, groups: 1 };
+        let pad = if x.dtype().is_float() { f64::NEG_INFINITY } else { i64::MIN as f64 };
+        let (t, _) = taps("max_pool2d", &x, kernel, &opts, pad, &loc)?;
+        let idx = t.argmax(2, true)?;
+        unbatched(t.gather(2, &idx)?.squeeze_dim(2)?, squeeze)
+    }
+
+    /// Average pooling to an `out` size that divides the input's (PyTorch's
+    /// `adaptive_avg_pool2d` in that case: windows of `H / OH` by `W / OW`).
+    #[track_caller]
+    pub fn adaptive_avg_pool2d(&self, out: [usize; 2]) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        let (x, _) = batched("adaptive_avg_pool2d", self, &loc)?;
+        let [h, w] = spatial("adaptive_avg_pool2d", &x, &loc)?;
+        if out.contains(&0) || h % out[0] != 0 || w % out[1] != 0 {
+            return Err(bad(
+                "adaptive_avg_pool2d",
+                &loc,
+                format!(
+                    "output size {out:?} must divide the input size [{h}, {w}] (other sizes are not supported yet)"
+                ),
+            ));
+        }
+        let k = [h / out[0], w / out[1]];
+        self.avg_pool2d(k, Some(k), [0, 0])
+    }
+}
+
+/// PyTorch's rule: padding at most half the kernel.
+fn pool_pad_check(op: &str, kernel: [usize; 2], padding: [usize; 2], loc: &SourceLoc) -> Result<()> {
+    if padding.iter().zip(kernel).any(|(p, k)| 2 * p > k) {
+        return Err(bad(
+            op,
+            loc,
+            format!(
+                "pad should be at most half of effective kernel size, got padding {padding:?} for kernel {kernel:?}"
+            ),
+        ));
+    }
+    Ok(())
+}

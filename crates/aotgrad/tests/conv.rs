@@ -1,0 +1,122 @@
+//! conv2d, max_pool2d, avg_pool2d and adaptive_avg_pool2d against values and
+//! gradients computed by PyTorch 2.15 (printed to 12 digits), eagerly and compiled.
+
+use aotgrad::prelude::*;
+
+/// `((i * a) mod m) - 1` for `i in 0..n`, the inputs the PyTorch script used.
+fn vals(n: usize, a: f64) -> Vec<f64> {
+    (0..n).map(|i| ((i as f64 * a) % 2.0) - 1.0).collect()
+}
+
+fn t(v: &[f64], shape: &[usize]) -> Tensor {
+    Tensor::from_f64(v, shape, DType::F64).unwrap()
+}
+
+fn close(what: &str, got: &[f64], want: &[f64]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= 1e-9 * (1.0 + w.abs()), "{what}[{i}]: got {g}, PyTorch {w}");
+    }
+}
+
+fn sum_abs(v: &[f64]) -> f64 {
+    v.iter().map(|x| x.abs()).sum()
+}
+
+/// `f` compiled, its output, and the gradients of `sum(out * g)` for every input.
+fn compiled(
+    f: impl Fn(&[Tensor]) -> aotgrad::trace::Result<Vec<Tensor>> + Send + Sync + 'static,
+    inputs: &[Tensor],
+    g: &Tensor,
+) -> (Vec<f64>, Vec<Vec<f64>>) {
+    let c = aot_function(f, AotConfig::default().no_cache()).unwrap();
+    let ins: Vec<Tensor> = inputs.iter().map(|x| x.requires_grad(true).unwrap()).collect();
+    let (out, back) = c.forward(&ins).unwrap();
+    let grads = back.backward(std::slice::from_ref(g)).unwrap();
+    (out[0].to_vec_f64().unwrap(), grads.iter().map(|g| g.as_ref().unwrap().to_vec_f64().unwrap()).collect())
+}
+
+#[test]
+fn conv2d_with_stride_padding_dilation_and_groups_matches_pytorch() {
+    // x [2, 4, 5, 6], w [6, 2, 3, 3], groups 2, stride (2, 1), padding (1, 2), dilation (1, 2).
+    let x = t(&vals(240, 0.37), &[2, 4, 5, 6]);
+    let w = t(&vals(108, 0.53), &[6, 2, 3, 3]);
+    let b = t(&[0.1, -0.2, 0.3, 0.0, 0.5, -0.4], &[6]);
+    let opts = Conv2dOpts { stride: [2, 1], padding: [1, 2], dilation: [1, 2], groups: 2 };
+    let f =
+        move |a: &[Tensor]| -> aotgrad::trace::Result<Vec<Tensor>> { Ok(vec![a[0].conv2d(&a[1], Some(&a[2]), opts)?]) };
+    let y = f(&[x.clone(), w.clone(), b.clone()]).unwrap().remove(0);
+    assert_eq!(y.sizes().unwrap(), vec![2, 6, 3, 6]);
+    let yv = y.to_vec_f64().unwrap();
+    close("y", &yv[..8], &[0.7136, -0.674, -0.672, 0.92, -1.2664, -1.3028, -1.0976, -0.3388]);
+    close("sum y", &[yv.iter().sum()], &[22.7028]);
+    let g = t(&vals(216, 0.71), &[2, 6, 3, 6]);
+    let (out, grads) = compiled(f, &[x, w, b], &g);
+    close("compiled y", &out, &yv);
+    close("dx", &grads[0][..8], &[0.9972, -0.3201, 0.2196, 0.217, 0.9164, -0.0231, -0.7098, -0.7644]);
+    close("sum dx", &[grads[0].iter().sum(), sum_abs(&grads[0])], &[-6.198, 170.4144]);
+    close("dw", &grads[1][..8], &[-1.2096, -0.2048, 0.9528, 1.0812, 2.8646, -0.094, 1.6392, -1.4704]);
+    close("sum |dw|", &[sum_abs(&grads[1])], &[130.128]);
+    close("db", &grads[2], &[-2.5, -0.42, -0.34, -0.26, 1.82, -0.1]);
+}
+
+#[test]
+fn pooling_matches_pytorch_values_and_gradients() {
+    let x = t(&vals(32, 0.61), &[1, 2, 4, 4]);
+    let f = |a: &[Tensor]| -> aotgrad::trace::Result<Vec<Tensor>> {
+        Ok(vec![a[0].max_pool2d([2, 2], Some([1, 1]), [1, 1], [1, 1])?])
+    };
+    let mp = f(std::slice::from_ref(&x)).unwrap().remove(0);
+    assert_eq!(mp.sizes().unwrap(), vec![1, 2, 5, 5]);
+    #[rustfmt::skip]
+    let want = [-1.0, -0.39, 0.22, 0.83, 0.83, -0.56, 0.05, 0.66, 0.83, 0.83, -0.12, 0.49, 0.66, 0.66, -0.29, 0.32,
+        0.93, 0.93, 0.15, 0.15, 0.32, 0.93, 0.93, 0.15, 0.15, 0.76, 0.76, -0.02, 0.59, 0.59, 0.76, 0.76, 0.42, 0.59,
+        0.59, -0.36, 0.25, 0.86, 0.86, -0.53, 0.08, 0.69, 0.86, 0.86, -0.09, 0.08, 0.69, 0.69, -0.09, -0.09];
+    close("max_pool2d", &mp.to_vec_f64().unwrap(), &want);
+    let (out, grads) = compiled(f, std::slice::from_ref(&x), &t(&vals(50, 0.29), &[1, 2, 5, 5]));
+    close("compiled max_pool2d", &out, &want);
+    #[rustfmt::skip]
+    close("max_pool2d dx", &grads[0], &[-1.0, -0.71, -0.42, -1.04, 0.45, 0.74, 0.28, 0.0, -0.1, 0.19, 0.0, -0.94,
+        0.15, -1.96, 0.0, 0.36, 0.48, 0.0, 0.83, -0.04, 0.0, 0.0, 0.28, 0.0, -0.85, -0.56, -1.6, 0.31, 0.65, 1.86, 0.0,
+        -0.11]);
+
+    let f = |a: &[Tensor]| -> aotgrad::trace::Result<Vec<Tensor>> {
+        Ok(vec![a[0].avg_pool2d([3, 3], Some([2, 2]), [1, 1])?])
+    };
+    #[rustfmt::skip]
+    let want = [-0.211111111111, 0.071111111111, 0.123333333333, -0.011111111111, -0.095555555556, -0.088888888889,
+        -0.036666666667, -0.028888888889];
+    let (out, grads) = compiled(f, std::slice::from_ref(&x), &t(&vals(8, 0.29), &[1, 2, 2, 2]));
+    close("avg_pool2d", &out, &want);
+    #[rustfmt::skip]
+    close("avg_pool2d dx", &grads[0], &[-0.111111111111, -0.19, -0.078888888889, -0.078888888889, -0.157777777778,
+        -0.251111111111, -0.093333333333, -0.093333333333, -0.046666666667, -0.061111111111, -0.014444444444,
+        -0.014444444444, -0.046666666667, -0.061111111111, -0.014444444444, -0.014444444444, 0.017777777778,
+        0.067777777778, 0.05, 0.05, 0.1, 0.042222222222, -0.057777777778, -0.057777777778, 0.082222222222,
+        -0.025555555556, -0.107777777778, -0.107777777778, 0.082222222222, -0.025555555556, -0.107777777778,
+        -0.107777777778]);
+    close(
+        "adaptive_avg_pool2d",
+        &x.adaptive_avg_pool2d([2, 1]).unwrap().to_vec_f64().unwrap(),
+        &[-0.115, 0.015, -0.105, 0.025],
+    );
+}
+
+#[test]
+fn convolution_errors_name_the_shapes() {
+    let x = t(&vals(2 * 3 * 4 * 4, 0.3), &[2, 3, 4, 4]);
+    let w = t(&vals(4 * 3 * 3 * 3, 0.2), &[4, 3, 3, 3]);
+    let e = |r: aotgrad::trace::Result<Tensor>| r.unwrap_err().to_string();
+    assert!(e(x.conv2d(&w, None, Conv2dOpts::default().groups(2))).contains("groups=2"));
+    assert!(e(x.conv2d(&t(&[0.0; 12], &[4, 3]), None, Conv2dOpts::default())).contains("4-D weight"));
+    assert!(e(x.conv2d(&w, Some(&t(&[0.0; 3], &[3])), Conv2dOpts::default())).contains("bias of shape [4]"));
+    let big = t(&vals(4 * 3 * 5 * 5, 0.2), &[4, 3, 5, 5]);
+    assert!(e(x.conv2d(&big, None, Conv2dOpts::default())).contains("smaller than the kernel"));
+    assert!(e(x.conv2d(&w, None, Conv2dOpts::default().stride(0))).contains("must be positive"));
+    assert!(e(t(&[0.0; 4], &[2, 2]).conv2d(&w, None, Conv2dOpts::default())).contains("3-D or 4-D"));
+    assert!(e(x.max_pool2d([2, 2], None, [2, 2], [1, 1])).contains("at most half"));
+    assert!(e(x.adaptive_avg_pool2d([3, 3])).contains("must divide"));
+    // An unbatched [C, H, W] input gives an unbatched result.
+    let y = x.select(0, 0).unwrap().conv2d(&w, None, Conv2dOpts::default().padding(1)).unwrap();
+    assert_eq!(y.sizes().unwrap(), vec![4, 4, 4]);
+}
