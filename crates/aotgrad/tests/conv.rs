@@ -13,9 +13,13 @@ fn t(v: &[f64], shape: &[usize]) -> Tensor {
 }
 
 fn close(what: &str, got: &[f64], want: &[f64]) {
+    close_tol(what, got, want, 1e-9)
+}
+
+fn close_tol(what: &str, got: &[f64], want: &[f64], tol: f64) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!((g - w).abs() <= 1e-9 * (1.0 + w.abs()), "{what}[{i}]: got {g}, PyTorch {w}");
+        assert!((g - w).abs() <= tol * (1.0 + w.abs()), "{what}[{i}]: got {g}, PyTorch {w}");
     }
 }
 
@@ -119,4 +123,72 @@ fn convolution_errors_name_the_shapes() {
     // An unbatched [C, H, W] input gives an unbatched result.
     let y = x.select(0, 0).unwrap().conv2d(&w, None, Conv2dOpts::default().padding(1)).unwrap();
     assert_eq!(y.sizes().unwrap(), vec![4, 4, 4]);
+}
+
+/// `BatchNorm2d` in training mode: PyTorch's output and running statistics (buffer
+/// mutation through the compiled graph's epilogue), then eval mode from those.
+#[test]
+fn batch_norm_trains_updates_its_buffers_and_evaluates_as_pytorch() {
+    use aotgrad::nn::BatchNorm2d;
+    use std::sync::Arc;
+    let make = || {
+        let bn = BatchNorm2d::new(3, DType::F64).unwrap();
+        no_grad(|| {
+            bn.store().get("weight").unwrap().copy_(&t(&[1.0, 2.0, -0.5], &[3])).unwrap();
+            bn.store().get("bias").unwrap().copy_(&t(&[0.0, 0.1, 0.2], &[3])).unwrap();
+        });
+        bn
+    };
+    let x = t(&vals(24, 0.37), &[2, 3, 2, 2]);
+    #[rustfmt::skip]
+    let want = [-1.654054511292, -0.864376873643, -0.074699235994, 0.714978401655, 1.602955737127, 2.773679152255,
+        -2.383832108984, -1.213108693856, 0.219775736344, -0.072905117438, -0.36558597122, 0.92379184409,
+        -0.714978401655, 0.074699235994, 0.864376873643, 1.654054511292, 2.995167365928, -2.162343895311,
+        -0.991620480183, 0.179102934945, -0.128277170856, -0.420958024638, 0.868419790671, 0.575738936889];
+    // nn.BatchNorm2d's CPU kernel and F.batch_norm differ by ~1e-8 in f64; the formula
+    // (x - mean) / sqrt(var + eps) * w + b in f64 is F.batch_norm's to the last digit.
+    let close = |what: &str, got: &[f64], want: &[f64]| close_tol(what, got, want, 1e-7);
+    let eager = make();
+    close("eager", &eager.forward_eager(std::slice::from_ref(&x)).unwrap()[0].to_vec_f64().unwrap(), &want);
+    let bn = Arc::new(make());
+    let compiled = aot_module(bn.clone(), AotConfig::default().no_cache()).unwrap();
+    let y = compiled.call(std::slice::from_ref(&x)).unwrap().remove(0);
+    close("compiled", &y.to_vec_f64().unwrap(), &want);
+    for m in [&eager, &*bn] {
+        let s = m.store();
+        close("running_mean", &s.get("running_mean").unwrap().to_vec_f64().unwrap(), &[-0.0225, 0.0005, -0.0015]);
+        close("running_var", &s.get("running_var").unwrap().to_vec_f64().unwrap(), &[0.925088571429, 0.94566, 0.94566]);
+        assert_eq!(s.get("num_batches_tracked").unwrap().to_vec_i64().unwrap(), vec![1]);
+    }
+    let ev = eager.clone().eval();
+    let e = ev.forward_eager(std::slice::from_ref(&x)).unwrap()[0].to_vec_f64().unwrap();
+    close(
+        "eval",
+        &e[..6],
+        &[-1.01630195479, -0.631614769857, -0.246927584923, 0.13775960001, 1.086163221938, 1.847123371188],
+    );
+    let e = x.batch_norm(None, None, None, None, false, 0.1, 1e-5).unwrap_err().to_string();
+    assert!(e.contains("must be defined in evaluation mode"), "{e}");
+    let one = t(&[1.0, 2.0, 3.0], &[1, 3, 1, 1]);
+    assert!(one
+        .batch_norm(None, None, None, None, true, 0.1, 1e-5)
+        .unwrap_err()
+        .to_string()
+        .contains("more than 1 value"));
+}
+
+#[test]
+fn group_norm_matches_pytorch() {
+    let x = t(&vals(24, 0.37), &[2, 3, 2, 2]);
+    let (w, b) = (t(&[1.0, 2.0, -0.5], &[3]), t(&[0.0, 0.1, 0.2], &[3]));
+    let y = x.group_norm(3, Some(&w), Some(&b), 1e-5).unwrap().to_vec_f64().unwrap();
+    #[rustfmt::skip]
+    close("group_norm", &y[..8], &[-1.341601587611, -0.447200529204, 0.447200529204, 1.341601587611, 1.455449576636,
+        2.582452595412, -2.382452595412, -1.255449576636]);
+    let x4 = t(&vals(24, 0.41), &[2, 4, 3]);
+    #[rustfmt::skip]
+    close("group_norm 2 groups", &x4.group_norm(2, None, None, 1e-5).unwrap().to_vec_f64().unwrap()[..8],
+        &[-1.148757953472, -0.467807455751, 0.21314304197, 0.894093539691, 1.575044037411, -1.065715209848,
+        -0.67021265651, 0.096635313264]);
+    assert!(x.group_norm(2, None, None, 1e-5).unwrap_err().to_string().contains("divisible by num_groups=2"));
 }

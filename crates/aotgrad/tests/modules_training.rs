@@ -285,3 +285,14 @@ fn cnn_gradients_match_finite_differences() {
     let x = data(&[2, 2, 4, 4], DType::F64, 4, 1.0).requires_grad(true).unwrap();
     check_against_finite_differences(Arc::new(cnn), &[x], &[2, 3], 12);
 }
+
+/// `BatchNorm2d` in training mode: gradients of its scale and shift, and of the input,
+/// against finite differences (the running statistics change at every call and do not
+/// enter the training-mode output).
+#[test]
+fn batch_norm_gradients_match_finite_differences() {
+    use aotgrad::nn::BatchNorm2d;
+    let bn = BatchNorm2d::new(3, DType::F64).unwrap();
+    let x = data(&[2, 3, 2, 2], DType::F64, 5, 1.0).requires_grad(true).unwrap();
+    check_against_finite_differences(Arc::new(bn), &[x], &[2, 3, 2, 2], usize::MAX);
+}

@@ -14,6 +14,7 @@ pub mod conv;
 pub mod creation;
 pub mod indexing;
 pub mod inplace;
+pub mod norm;
 pub mod operators;
 pub mod pointwise;
 pub mod reduce;

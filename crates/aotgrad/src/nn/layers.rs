@@ -328,3 +328,79 @@ impl Module for Conv2d {
         Ok(vec![self.apply(p, &x[0])?])
     }
 }
+
+/// Batch normalization over the channels of `[N, C, H, W]` (PyTorch's
+/// `nn.BatchNorm2d`): a learned scale (`weight`, ones) and shift (`bias`, zeros), and
+/// the buffers `running_mean` (zeros), `running_var` (ones) and `num_batches_tracked`
+/// (i64), which a training-mode call updates in place. Under `aot_module` that is a
+/// buffer mutation: the compiled graph returns the new values and the epilogue writes
+/// them into the module's buffers, as eager mode would.
+#[derive(Clone, Debug)]
+pub struct BatchNorm2d {
+    store: ParamStore,
+    /// Channels.
+    pub channels: usize,
+    /// Added to the variance.
+    pub eps: f64,
+    /// Weight of the batch statistics in the running ones.
+    pub momentum: f64,
+    /// Training mode (the default): batch statistics, running ones updated; else the
+    /// running statistics normalize.
+    pub training: bool,
+}
+
+impl BatchNorm2d {
+    /// PyTorch's defaults: `eps = 1e-5`, `momentum = 0.1`, training mode.
+    pub fn new(channels: usize, dtype: DType) -> Result<BatchNorm2d> {
+        if channels == 0 {
+            return Err(config_error("BatchNorm2d", "channels must be positive"));
+        }
+        let mut store = ParamStore::new();
+        store.add_param("weight", Tensor::ones(&[channels], dtype)?)?;
+        store.add_param("bias", Tensor::zeros(&[channels], dtype)?)?;
+        store.add_buffer("running_mean", Tensor::zeros(&[channels], dtype)?)?;
+        store.add_buffer("running_var", Tensor::ones(&[channels], dtype)?)?;
+        store.add_buffer("num_batches_tracked", Tensor::zeros(&[], DType::I64)?)?;
+        Ok(BatchNorm2d { store, channels, eps: 1e-5, momentum: 0.1, training: true })
+    }
+
+    /// The same layer in eval mode.
+    pub fn eval(mut self) -> BatchNorm2d {
+        self.training = false;
+        self
+    }
+
+    /// Apply to `x` of shape `[N, channels, H, W]`.
+    #[track_caller]
+    pub fn apply(&self, p: &Params, x: &Tensor) -> aotgrad_trace::Result<Tensor> {
+        if x.dim() != 4 {
+            return Err(aotgrad_trace::Error::Invalid {
+                op: "BatchNorm2d".into(),
+                loc: aotgrad_ir::SourceLoc::caller(),
+                msg: format!("expected a 4-D input [N, C, H, W], got {} dims", x.dim()),
+            });
+        }
+        if self.training {
+            aotgrad_trace::no_grad(|| p.get("num_batches_tracked")?.add_(1))?;
+        }
+        x.batch_norm(
+            Some(p.get("running_mean")?),
+            Some(p.get("running_var")?),
+            Some(p.get("weight")?),
+            Some(p.get("bias")?),
+            self.training,
+            self.momentum,
+            self.eps,
+        )
+    }
+}
+
+impl Module for BatchNorm2d {
+    fn store(&self) -> &ParamStore {
+        &self.store
+    }
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad_trace::Result<Vec<Tensor>> {
+        let x = expect_inputs("BatchNorm2d", inputs, 1)?;
+        Ok(vec![self.apply(p, &x[0])?])
+    }
+}

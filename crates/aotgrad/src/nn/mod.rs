@@ -5,7 +5,7 @@
 //! tensors, [`Module::forward_eager`]) and under `aot_module` (the view holds the fake
 //! graph inputs the parameters are lifted to).
 //!
-//! - [`layers`] holds [`Linear`], [`Conv2d`], [`LayerNorm`], [`Embedding`], [`GeluMlp`], [`Mlp`];
+//! - [`layers`] holds [`Linear`], [`Conv2d`], [`BatchNorm2d`], [`LayerNorm`], [`Embedding`], [`GeluMlp`], [`Mlp`];
 //! - [`containers`] holds [`Dropout`] (train / eval), [`Activation`], [`MaxPool2d`],
 //!   [`Flatten`] and [`Sequential`];
 //! - [`attention`] holds [`MultiHeadSelfAttention`], [`TransformerBlock`];
@@ -28,7 +28,7 @@ pub mod params;
 
 pub use attention::{MultiHeadSelfAttention, TransformerBlock};
 pub use containers::{Activation, ActivationKind, Dropout, Flatten, MaxPool2d, Sequential};
-pub use layers::{Conv2d, Embedding, GeluMlp, Init, LayerNorm, Linear, Mlp};
+pub use layers::{BatchNorm2d, Conv2d, Embedding, GeluMlp, Init, LayerNorm, Linear, Mlp};
 pub use optim::{clip_grad_norm, AdamW, Optimizer, OptimizerState, Sgd, WarmupCosine};
 pub use params::{ParamStore, Params};
 
