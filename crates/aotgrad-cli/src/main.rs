@@ -111,20 +111,21 @@ fn run_explain(a: ExplainArgs) -> Result<(), String> {
 
 #[derive(Args)]
 struct TrainArgs {
-    /// The model: `mlp` (784-256-128-10, GELU) or `vit` (2-block vision transformer).
+    /// The model: `mlp` (784-256-128-10, GELU), `vit` (2-block vision transformer) or
+    /// `cnn` (two 3×3 convolutions with ReLU and max pooling, a linear head).
     #[arg(long, value_enum, default_value = "mlp")]
     model: ModelKind,
     /// Directory with the four IDX files (else $AOTGRAD_DATA, else the
     /// dataset-fashion-mnist package's /usr/share/datasets/fashion-mnist).
     #[arg(long)]
     data: Option<PathBuf>,
-    /// Epochs (default: 10 for mlp, 12 for vit).
+    /// Epochs (default: 10 for mlp, 12 for vit, 5 for cnn).
     #[arg(long)]
     epochs: Option<usize>,
     /// Mini-batch size.
     #[arg(long, default_value_t = 128)]
     batch_size: usize,
-    /// Peak learning rate (default: 2e-3 for mlp, 3e-3 for vit).
+    /// Peak learning rate (default: 2e-3 for mlp and cnn, 3e-3 for vit).
     #[arg(long)]
     lr: Option<f64>,
     /// AdamW weight decay.

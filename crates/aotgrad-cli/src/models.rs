@@ -1,11 +1,13 @@
-//! The image classifiers `aotgrad train` builds: a GELU MLP and a small vision
-//! transformer. Both are [`Module`]s whose forward takes `(images, labels)` —
+//! The image classifiers `aotgrad train` builds: a GELU MLP, a small vision
+//! transformer and a small CNN. Both are [`Module`]s whose forward takes `(images, labels)` —
 //! images `(batch, 784)` f32, labels `(batch)` i64 — and returns
 //! `[cross-entropy loss, logits (batch, 10)]`, so one compiled module serves the
 //! training step (gradient of the loss) and evaluation (the inference path, under
 //! no-grad).
 
-use aotgrad::nn::{child_seed, expect_inputs, Init, LayerNorm, Linear, Module, ParamStore, Params, TransformerBlock};
+use aotgrad::nn::{
+    child_seed, expect_inputs, Conv2d, Init, LayerNorm, Linear, Module, ParamStore, Params, TransformerBlock,
+};
 use aotgrad::prelude::*;
 
 /// Image side (Fashion-MNIST: 28).
@@ -21,6 +23,9 @@ pub enum ModelKind {
     Mlp,
     /// A 2-block vision transformer over 7×7 patches.
     Vit,
+    /// Two 3×3 convolutions (16 and 32 channels), each with ReLU and 2×2 max pooling,
+    /// then a linear head.
+    Cnn,
 }
 
 impl ModelKind {
@@ -29,6 +34,7 @@ impl ModelKind {
         match self {
             ModelKind::Mlp => Classifier::mlp(&[SIDE * SIDE, 256, 128, CLASSES], seed),
             ModelKind::Vit => Classifier::vit(VitConfig::default(), seed),
+            ModelKind::Cnn => Classifier::cnn(seed),
         }
     }
 }
@@ -56,6 +62,14 @@ impl Default for VitConfig {
 enum Arch {
     Mlp { layers: Vec<Linear> },
     Vit(Box<Vit>),
+    Cnn(Box<Cnn>),
+}
+
+#[derive(Debug)]
+struct Cnn {
+    conv1: Conv2d,
+    conv2: Conv2d,
+    head: Linear,
 }
 
 #[derive(Debug)]
@@ -138,6 +152,26 @@ impl Classifier {
         Ok(Classifier { store, arch: Arch::Vit(Box::new(Vit { cfg, embed, blocks, norm, head })), description })
     }
 
+    /// A small CNN: two 3×3 convolutions (padding 1; 1 → 16 → 32 channels, PyTorch's
+    /// default initialization), each followed by ReLU and 2×2 max pooling, then a
+    /// linear head (Xavier) over the 32×7×7 features.
+    pub fn cnn(seed: u64) -> aotgrad::Result<Classifier> {
+        let same = Conv2dOpts::default().padding(1);
+        let conv1 = Conv2d::new(1, 16, [3, 3], same, true, DType::F32, child_seed(seed, 0))?;
+        let conv2 = Conv2d::new(16, 32, [3, 3], same, true, DType::F32, child_seed(seed, 1))?;
+        let feats = 32 * (SIDE / 4) * (SIDE / 4);
+        let head = Linear::with_init(feats, CLASSES, true, Init::XavierUniform, DType::F32, child_seed(seed, 2))?;
+        let mut store = ParamStore::new();
+        store.add_child("conv1", conv1.store())?;
+        store.add_child("conv2", conv2.store())?;
+        store.add_child("head", head.store())?;
+        let description = format!(
+            "CNN (conv 3×3 16, pool, conv 3×3 32, pool, linear {feats}-{CLASSES}), {} parameters",
+            group(store.num_param_elements())
+        );
+        Ok(Classifier { store, arch: Arch::Cnn(Box::new(Cnn { conv1, conv2, head })), description })
+    }
+
     /// The logits `(batch, 10)` of images `(batch, 784)`.
     pub fn logits(&self, p: &Params, x: &Tensor) -> aotgrad::trace::Result<Tensor> {
         match &self.arch {
@@ -162,6 +196,15 @@ impl Classifier {
                 }
                 let pooled = norm.apply(&p.scope("norm"), &h.mean(&[1], false)?)?;
                 head.apply(&p.scope("head"), &pooled)
+            }
+            Arch::Cnn(cnn) => {
+                let Cnn { conv1, conv2, head } = cnn.as_ref();
+                let side = SIDE as i64;
+                let img = x.reshape(&[-1, 1, side, side])?;
+                let h = conv1.apply(&p.scope("conv1"), &img)?.relu()?.max_pool2d([2, 2], None, [0, 0], [1, 1])?;
+                let h = conv2.apply(&p.scope("conv2"), &h)?.relu()?.max_pool2d([2, 2], None, [0, 0], [1, 1])?;
+                let feats = 32 * (side / 4) * (side / 4);
+                head.apply(&p.scope("head"), &h.reshape(&[-1, feats])?)
             }
         }
     }

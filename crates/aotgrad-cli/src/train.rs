@@ -73,6 +73,7 @@ impl TrainOptions {
         let (epochs, lr, weight_decay) = match model {
             ModelKind::Mlp => (10, 2e-3, 0.05),
             ModelKind::Vit => (12, 3e-3, 0.05),
+            ModelKind::Cnn => (5, 2e-3, 0.05),
         };
         TrainOptions {
             model,

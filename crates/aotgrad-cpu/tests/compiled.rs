@@ -623,3 +623,26 @@ fn scans_on_every_layout() {
         }
     }
 }
+
+#[test]
+fn concatenations_are_copy_kernels_into_windows_of_the_result() {
+    for dim in [0usize, 1] {
+        let mut g = Graph::new();
+        let a = input(&mut g, "a", m(&[3, 4], DType::F32));
+        let b = input(&mut g, "b", m(&[4, 3], DType::F32));
+        let c = input(&mut g, "c", m(&[4], DType::F32));
+        let bt = node(&mut g, Op::Transpose(0, 1), &[b]);
+        let c1 = node(&mut g, Op::Unsqueeze(0), &[c]);
+        let ce = node(&mut g, Op::Expand(vec![Dim::Const(2), Dim::Const(4)]), &[c1]);
+        let s = node(&mut g, Op::Unary(UnaryOp::Sin), &[a]);
+        let (x, y, z) = if dim == 0 { (s, bt, ce) } else { (s, bt, bt) };
+        let e = node(&mut g, Op::Slice { dim, start: Dim::Const(0), end: Dim::Const(0), step: 1 }, &[x]);
+        let out = node(&mut g, Op::Cat(dim), &[x, e, y, z]);
+        g.outputs = vec![out];
+        let c = CpuBackend::new(1).compile_graph(&g).unwrap();
+        assert!(!kinds(&c).iter().any(|k| k == "extern"), "{:?}", kinds(&c));
+        let ins: Vec<CpuTensor> =
+            g.inputs.iter().enumerate().map(|(i, x)| tensor_for(&x.meta, i as f64, false)).collect();
+        check(&g, &ins, 1e-6);
+    }
+}

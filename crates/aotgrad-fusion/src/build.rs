@@ -12,7 +12,8 @@
 //!    used by two kernels, a saved value (a forward output) and every graph output
 //!    are materialized.
 //! 4. Kernels in node order: each materialized pointwise node with the nodes inlined
-//!    into it; reductions with their prologue; matmuls; the rest as extern ops.
+//!    into it; reductions with their prologue; matmuls; a concatenation as one copy
+//!    kernel per part into its window of the result; the rest as extern ops.
 //! 5. A matmul whose result only one pointwise kernel reads (in the matmul's own
 //!    element order, with its other inputs ready) takes that kernel as its epilogue.
 //! 6. Consecutive reductions over the same trailing dims of one space, with the
@@ -399,6 +400,29 @@ pub fn plan_graph(g: &Graph) -> Result<KernelPlan, PlanError> {
             plan.buffers.len() - 1
         };
         let args = ctx.arg_metas(j)?;
+        if let (Op::Cat(dim), Some(t)) = (&node.op, value_kind(node.meta.dtype)) {
+            // A concatenation: one copy kernel per part into its window of the result.
+            let plain = is_full_contiguous(&node.meta)
+                && args.iter().all(|a| a.dtype == node.meta.dtype && a.rank() == node.meta.rank());
+            if plain && *dim < node.meta.rank() {
+                let out = new_buf(&mut plan, BufferKind::Intermediate);
+                let mut start = Dim::Const(0);
+                for (a, am) in node.args.iter().zip(&args) {
+                    let src = access(buf_of(&node_buf, &root, &ctx, *a)?, am);
+                    let dst = Access {
+                        buf: out,
+                        shape: am.shape.clone(),
+                        strides: node.meta.strides.clone(),
+                        offset: start.mul(&node.meta.strides[*dim]),
+                        dtype: node.meta.dtype,
+                    };
+                    plan.kernels.push(copy_kernel(t, src, dst, &am.shape));
+                    start = start.add(&am.shape[*dim]);
+                }
+                node_buf[j] = Some(out);
+                continue;
+            }
+        }
         let kernel = if let Some(t) = pw[j] {
             let out = new_buf(&mut plan, BufferKind::Intermediate);
             let shape = node.meta.shape.clone();

@@ -192,3 +192,17 @@ fn group_norm_matches_pytorch() {
         -0.67021265651, 0.096635313264]);
     assert!(x.group_norm(2, None, None, 1e-5).unwrap_err().to_string().contains("divisible by num_groups=2"));
 }
+
+#[test]
+fn max_pool_ties_go_to_the_first_maximum_and_nans_to_the_last_nan() {
+    // torch: x = [[2, 2], [1, 2]] (one 2x2 window): max 2, gradient [1, 0, 0, 0].
+    let x = t(&[2.0, 2.0, 1.0, 2.0, 0.5, f64::NAN, 3.0, f64::NAN], &[2, 1, 2, 2]);
+    let f = |a: &[Tensor]| -> aotgrad::trace::Result<Vec<Tensor>> {
+        Ok(vec![a[0].max_pool2d([2, 2], None, [0, 0], [1, 1])?])
+    };
+    let (out, grads) = compiled(f, std::slice::from_ref(&x), &t(&[1.0, 1.0], &[2, 1, 1, 1]));
+    assert_eq!(out[0], 2.0);
+    assert!(out[1].is_nan(), "a NaN in the window is the maximum, as in PyTorch");
+    // PyTorch sends a NaN window's gradient to its last NaN (checked in PyTorch 2.15).
+    assert_eq!(grads[0], vec![1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]);
+}

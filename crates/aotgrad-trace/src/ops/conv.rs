@@ -1,13 +1,13 @@
 //! Convolution and pooling over 2-D images, as decompositions into core ops.
 //!
 //! Every op here gathers the `kh * kw` window taps as strided slices of the (padded)
-//! input, `x[:, :, i*dh :: sh, j*dw :: sw]`, each a view of `[N, C, OH, OW]`, and
-//! stacks them into `[N, C, kh*kw, OH, OW]` (im2col without overlapping views, so
-//! every gradient flows through the slices' and the stack's own rules):
-//! - `conv2d` multiplies the taps with the weight as one (grouped, batched) matmul,
-//!   which the CPU backend runs through its GEMM;
-//! - `avg_pool2d` takes their mean, `max_pool2d` gathers at their first maximum (so
-//!   the gradient goes to that one element, as PyTorch's indices send it).
+//! input, `x[:, :, i*dh :: sh, j*dw :: sw]`, each a view of `[N, C, OH, OW]` (no
+//! overlapping views, so every gradient flows through the slices' own rule):
+//! - `conv2d` stacks them into `[N, C, kh*kw, OH, OW]` (im2col) and multiplies that
+//!   with the weight as one (grouped, batched) matmul, the CPU backend's GEMM;
+//! - `avg_pool2d` and `max_pool2d` combine the taps elementwise (no stack: one fused
+//!   pointwise kernel): their mean, or their first maximum, so that the gradient goes
+//!   to that one element as PyTorch's indices send it.
 
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
@@ -78,7 +78,8 @@ fn spatial(op: &str, x: &Tensor, loc: &SourceLoc) -> Result<[usize; 2]> {
     }
 }
 
-/// The window taps of `x` `[N, C, H, W]`: `[N, C, kh*kw, OH, OW]` and `(OH, OW)`.
+/// The `kh * kw` window taps of `x` `[N, C, H, W]`, each a strided view `[N, C, OH,
+/// OW]` of the padded input, in row-major window order, and `(OH, OW)`.
 fn taps(
     op: &str,
     x: &Tensor,
@@ -86,7 +87,7 @@ fn taps(
     o: &Conv2dOpts,
     pad: f64,
     loc: &SourceLoc,
-) -> Result<(Tensor, [usize; 2])> {
+) -> Result<(Vec<Tensor>, [usize; 2])> {
     if o.stride.contains(&0) || o.dilation.contains(&0) || k.contains(&0) {
         return Err(bad(
             op,
@@ -134,8 +135,52 @@ fn taps(
             parts.push(s.slice(3, Some(c0 as i64), Some(c1 as i64), o.stride[1] as i64)?);
         }
     }
-    let refs: Vec<&Tensor> = parts.iter().collect();
-    Ok((Tensor::stack(&refs, 2)?, out))
+    Ok((parts, out))
+}
+
+/// The elementwise maximum of the taps, computed so that its gradient goes to one
+/// tap only, the one PyTorch's max-pooling indices pick: the first tap equal to the
+/// maximum, or, when the window holds a NaN (which is then the maximum), the last
+/// NaN. The value is the sum of `where(selected, tap, 0)` over the taps, one selected
+/// per element. All pointwise: one fused kernel over the taps' strided views.
+fn first_max(taps: &[Tensor]) -> Result<Tensor> {
+    let mut m = taps[0].clone();
+    for t in &taps[1..] {
+        m = m.maximum(t)?;
+    }
+    let flag = if taps[0].dtype().is_float() { taps[0].dtype() } else { aotgrad_ir::DType::F32 };
+    // Per tap, as 0 / 1 flags: selected among the equal ones (first), among the NaNs (last).
+    let first = |hits: Vec<Tensor>| -> Result<Vec<Tensor>> {
+        let mut found: Option<Tensor> = None;
+        let mut sel = Vec::with_capacity(hits.len());
+        for h in hits {
+            sel.push(match &found {
+                None => h.clone(),
+                Some(f) => h.mul(&f.rsub(1.0)?)?,
+            });
+            found = Some(match found {
+                None => h,
+                Some(f) => f.maximum(&h)?,
+            });
+        }
+        Ok(sel)
+    };
+    let eq: Vec<Tensor> = taps.iter().map(|t| t.eq(&m)?.to(flag)).collect::<Result<_>>()?;
+    let mut nan: Vec<Tensor> = taps.iter().rev().map(|t| t.ne(t)?.to(flag)).collect::<Result<_>>()?;
+    let sel_eq = first(eq)?;
+    nan = first(nan)?;
+    nan.reverse();
+    let m_nan = m.ne(&m)?.to(flag)?;
+    let mut value: Option<Tensor> = None;
+    for (k, t) in taps.iter().enumerate() {
+        let sel = sel_eq[k].mul(&m_nan.rsub(1.0)?)?.add(&nan[k].mul(&m_nan)?)?;
+        let take = Tensor::where_(&sel.gt(0.5)?, t, &t.zeros_like()?)?;
+        value = Some(match value {
+            None => take,
+            Some(v) => v.add(&take)?,
+        });
+    }
+    Ok(value.unwrap_or(m))
 }
 
 /// `x` as a batch of images: 4-D as is, 3-D `[C, H, W]` as a batch of one.
@@ -197,7 +242,9 @@ impl Tensor {
                 return Err(bad(op, &loc, format!("expected a bias of shape [{oc}], got {}", shape_text(b))));
             }
         }
-        let (t, [oh, ow]) = taps(op, &x, [kh as usize, kw as usize], &opts, 0.0, &loc)?;
+        let (parts, [oh, ow]) = taps(op, &x, [kh as usize, kw as usize], &opts, 0.0, &loc)?;
+        let refs: Vec<&Tensor> = parts.iter().collect();
+        let t = Tensor::stack(&refs, 2)?;
         // [N, C, KK, OH, OW] -> [N, g, Cg*KK, OH*OW]; weight [OC, Cg, KH, KW] -> [1, g, OCg, Cg*KK].
         let (l, kk) = ((oh * ow) as i64, kh * kw);
         let n = x.size(0)?;
@@ -219,8 +266,12 @@ impl Tensor {
         let (x, squeeze) = batched("avg_pool2d", self, &loc)?;
         pool_pad_check("avg_pool2d", kernel, padding, &loc)?;
         let opts = Conv2dOpts { stride: stride.unwrap_or(kernel), padding, dilation: [1, 1], groups: 1 };
-        let (t, _) = taps("avg_pool2d", &x, kernel, &opts, 0.0, &loc)?;
-        unbatched(t.mean(&[2], false)?, squeeze)
+        let (parts, _) = taps("avg_pool2d", &x, kernel, &opts, 0.0, &loc)?;
+        let mut sum = parts[0].clone();
+        for t in &parts[1..] {
+            sum = sum.add(t)?;
+        }
+        unbatched(sum.div((kernel[0] * kernel[1]) as f64)?, squeeze)
     }
 
     /// 2-D max pooling (PyTorch's `max_pool2d` with `ceil_mode=False`): the maximum of
@@ -239,9 +290,8 @@ impl Tensor {
         pool_pad_check("max_pool2d", kernel, padding, &loc)?;
         let opts = Conv2dOpts { stride: stride.unwrap_or(kernel), padding, dilation, groups: 1 };
         let pad = if x.dtype().is_float() { f64::NEG_INFINITY } else { i64::MIN as f64 };
-        let (t, _) = taps("max_pool2d", &x, kernel, &opts, pad, &loc)?;
-        let idx = t.argmax(2, true)?;
-        unbatched(t.gather(2, &idx)?.squeeze_dim(2)?, squeeze)
+        let (parts, _) = taps("max_pool2d", &x, kernel, &opts, pad, &loc)?;
+        unbatched(first_max(&parts)?, squeeze)
     }
 
     /// Average pooling to an `out` size that divides the input's (PyTorch's
