@@ -206,3 +206,34 @@ fn max_pool_ties_go_to_the_first_maximum_and_nans_to_the_last_nan() {
     // PyTorch sends a NaN window's gradient to its last NaN (checked in PyTorch 2.15).
     assert_eq!(grads[0], vec![1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]);
 }
+
+#[test]
+fn conv_transpose2d_matches_pytorch() {
+    // x [2, 4, 3, 4], w [4, 3, 3, 2], groups 2, stride (2, 1), padding (1, 0),
+    // output_padding (1, 0), dilation (1, 2): y [2, 6, 6, 6].
+    let x = t(&vals(96, 0.37), &[2, 4, 3, 4]);
+    let w = t(&vals(72, 0.53), &[4, 3, 3, 2]);
+    let b = t(&[0.1, -0.2, 0.3, 0.0, 0.5, -0.4], &[6]);
+    let opts = Conv2dOpts { stride: [2, 1], padding: [1, 0], dilation: [1, 2], groups: 2 };
+    let f = move |a: &[Tensor]| -> aotgrad::trace::Result<Vec<Tensor>> {
+        Ok(vec![a[0].conv_transpose2d(&a[1], Some(&a[2]), opts, [1, 0])?])
+    };
+    let y = f(&[x.clone(), w.clone(), b.clone()]).unwrap().remove(0);
+    assert_eq!(y.sizes().unwrap(), vec![2, 6, 6, 6]);
+    let yv = y.to_vec_f64().unwrap();
+    close("y", &yv[..8], &[0.264, 0.1382, -0.6504, -0.5098, -0.03, 0.2364, 0.6272, -0.7044]);
+    close("sum y", &[yv.iter().sum()], &[17.5248]);
+    let g = t(&vals(432, 0.71), &[2, 6, 6, 6]);
+    let (out, grads) = compiled(f, &[x, w, b], &g);
+    close("compiled y", &out, &yv);
+    close("dx", &grads[0][..8], &[0.039, 1.8172, 0.0554, 0.0936, 2.3946, 1.4085, -0.5776, 2.1363]);
+    close("sum |dx|", &[sum_abs(&grads[0])], &[82.9034]);
+    close("dw", &grads[1][..8], &[-1.796, 0.6256, 2.2556, 0.9188, 1.7452, -2.5516, 0.9728, -0.5256]);
+    close("sum |dw|", &[sum_abs(&grads[1])], &[99.9784]);
+    close("db", &grads[2], &[-4.44, -0.12, 2.2, -1.48, 0.84, -0.84]);
+    let e = t(&vals(96, 0.37), &[2, 4, 3, 4])
+        .conv_transpose2d(&t(&vals(72, 0.53), &[4, 3, 3, 2]), None, Conv2dOpts::default().stride(2), [2, 0])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("output padding"), "{e}");
+}

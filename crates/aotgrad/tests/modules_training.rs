@@ -296,3 +296,46 @@ fn batch_norm_gradients_match_finite_differences() {
     let x = data(&[2, 3, 2, 2], DType::F64, 5, 1.0).requires_grad(true).unwrap();
     check_against_finite_differences(Arc::new(bn), &[x], &[2, 3, 2, 2], usize::MAX);
 }
+
+/// The CNN of PyTorch tutorials: (`Conv2d` → `BatchNorm2d` → ReLU → `MaxPool2d`) × 2,
+/// then a linear head. Gradients against finite differences, and the running
+/// statistics after two compiled training calls equal to eager's after two calls.
+#[test]
+fn cnn_with_batch_norm_updates_running_statistics_as_eager() {
+    use aotgrad::nn::{Activation, ActivationKind, BatchNorm2d, Conv2d, Flatten, MaxPool2d, Sequential};
+    use aotgrad::trace::Conv2dOpts;
+    let f = DType::F64;
+    let make = || {
+        let same = Conv2dOpts::default().padding(1);
+        Sequential::new()
+            .push(Conv2d::new(2, 4, [3, 3], same, true, f, 1).unwrap())
+            .and_then(|s| s.push(BatchNorm2d::new(4, f).unwrap()))
+            .and_then(|s| s.push(Activation::new(ActivationKind::Relu)))
+            .and_then(|s| s.push(MaxPool2d::new([2, 2])))
+            .and_then(|s| s.push(Conv2d::new(4, 4, [3, 3], same, true, f, 2).unwrap()))
+            .and_then(|s| s.push(BatchNorm2d::new(4, f).unwrap()))
+            .and_then(|s| s.push(Activation::new(ActivationKind::Relu)))
+            .and_then(|s| s.push(MaxPool2d::new([2, 2])))
+            .and_then(|s| s.push(Flatten::new()))
+            .and_then(|s| s.push(Linear::new(4, 3, true, f, 3).unwrap()))
+            .unwrap()
+    };
+    // [2, 2, 4, 4] -> conv, bn [2, 4, 4, 4] -> pool [2, 4, 2, 2] -> conv, bn -> pool [2, 4, 1, 1] -> [2, 3].
+    let x = data(&[2, 2, 4, 4], DType::F64, 4, 1.0);
+    check_against_finite_differences(Arc::new(make()), std::slice::from_ref(&x), &[2, 3], 12);
+    let eager = make();
+    let m = Arc::new(make());
+    let compiled = aot_module(m.clone(), AotConfig::default().no_cache()).unwrap();
+    for _ in 0..2 {
+        eager.forward_eager(std::slice::from_ref(&x)).unwrap();
+        let (_, back) = compiled.forward(std::slice::from_ref(&x)).unwrap();
+        back.backward(&[Tensor::ones(&[2, 3], DType::F64).unwrap()]).unwrap();
+    }
+    let buffers: Vec<String> = eager.store().buffers().iter().map(|(n, _)| n.clone()).collect();
+    assert_eq!(buffers.len(), 6, "{buffers:?}");
+    for name in &buffers {
+        let (e, c) = (vals(eager.store().get(name).unwrap()), vals(m.store().get(name).unwrap()));
+        assert_close(name, &c, &e, 1e-12, 1e-12);
+    }
+    assert_eq!(vals(m.store().get("1.num_batches_tracked").unwrap()), vec![2.0]);
+}

@@ -3,6 +3,8 @@
 //! Every op here gathers the `kh * kw` window taps as strided slices of the (padded)
 //! input, `x[:, :, i*dh :: sh, j*dw :: sw]`, each a view of `[N, C, OH, OW]` (no
 //! overlapping views, so every gradient flows through the slices' own rule):
+//! - `conv_transpose2d` is the other way round: one matmul gives every tap's
+//!   contribution, each added into its strided window of the output;
 //! - `conv2d` stacks them into `[N, C, kh*kw, OH, OW]` (im2col) and multiplies that
 //!   with the weight as one (grouped, batched) matmul, the CPU backend's GEMM;
 //! - `avg_pool2d` and `max_pool2d` combine the taps elementwise (no stack: one fused
@@ -251,6 +253,131 @@ impl Tensor {
         let cols = t.reshape_dims(&[n.clone(), Dim::Const(g), Dim::Const(cg * kk), Dim::Const(l)])?;
         let wm = weight.reshape(&[1, g, oc / g, cg * kk])?;
         let y = wm.matmul(&cols)?.reshape_dims(&[n, Dim::Const(oc), Dim::Const(oh as i64), Dim::Const(ow as i64)])?;
+        let y = match bias {
+            Some(b) => y.add(&b.view(&[1, oc, 1, 1])?)?,
+            None => y,
+        };
+        unbatched(y, squeeze)
+    }
+
+    /// 2-D transposed convolution (PyTorch's `conv_transpose2d`, the gradient of
+    /// `conv2d` with respect to its input): `self` `[N, C, H, W]` (or `[C, H, W]`),
+    /// `weight` `[C, OC / groups, KH, KW]`, optional `bias` `[OC]`; the result is
+    /// `[N, OC, OH, OW]` with `OH = (H - 1) stride - 2 pad + dil (KH - 1) +
+    /// output_padding + 1`. One grouped matmul gives every tap's contribution
+    /// `[N, OC, KH*KW, H, W]`; each tap is added into its strided window of the output
+    /// (a slice scatter), and the padding is cropped.
+    #[track_caller]
+    pub fn conv_transpose2d(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        opts: Conv2dOpts,
+        output_padding: [usize; 2],
+    ) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        let op = "conv_transpose2d";
+        let (x, squeeze) = batched(op, self, &loc)?;
+        if weight.dim() != 4 {
+            return Err(bad(
+                op,
+                &loc,
+                format!("expected a 4-D weight [C, OC/groups, KH, KW], got {}", shape_text(weight)),
+            ));
+        }
+        let dims = |t: &Tensor, d: i64| t.size(d).map(|s| s.as_const());
+        let (Some(cin), Some(ocg), Some(kh), Some(kw)) =
+            (dims(weight, 0)?, dims(weight, 1)?, dims(weight, 2)?, dims(weight, 3)?)
+        else {
+            return Err(bad(op, &loc, format!("needs a weight of concrete size, got {}", shape_text(weight))));
+        };
+        let g = opts.groups as i64;
+        if g == 0 || cin % g != 0 || x.size(1)?.as_const().is_some_and(|c| c != cin) {
+            return Err(bad(
+                op,
+                &loc,
+                format!(
+                    "input {} and weight {} with groups={}: expected {cin} input channels, divisible by the groups",
+                    shape_text(&x),
+                    shape_text(weight),
+                    opts.groups
+                ),
+            ));
+        }
+        if opts.stride.contains(&0) || opts.dilation.contains(&0) {
+            return Err(bad(
+                op,
+                &loc,
+                format!("stride {:?} and dilation {:?} must be positive", opts.stride, opts.dilation),
+            ));
+        }
+        if output_padding.iter().zip(opts.stride.iter().zip(opts.dilation)).any(|(op, (s, d))| *op >= *s && *op >= d) {
+            return Err(bad(
+                op,
+                &loc,
+                format!("output padding {output_padding:?} must be smaller than either stride or dilation"),
+            ));
+        }
+        let oc = ocg * g;
+        if let Some(b) = bias {
+            if b.dim() != 1 || b.size(0)?.as_const() != Some(oc) {
+                return Err(bad(op, &loc, format!("expected a bias of shape [{oc}], got {}", shape_text(b))));
+            }
+        }
+        let [h, w] = spatial(op, &x, &loc)?;
+        let k = [kh as usize, kw as usize];
+        // Full (uncropped) output size per spatial dim.
+        let full: Vec<usize> = (0..2)
+            .map(|a| ([h, w][a] - 1) * opts.stride[a] + opts.dilation[a] * (k[a] - 1) + 1 + output_padding[a])
+            .collect();
+        if full.iter().zip(opts.padding).any(|(f, p)| *f <= 2 * p) {
+            return Err(bad(
+                op,
+                &loc,
+                format!("padding {:?} leaves an empty output for input {}", opts.padding, shape_text(&x)),
+            ));
+        }
+        // Taps: [1, g, OCg*KK, Cg] @ [N, g, Cg, H*W] -> [N, g, OCg, KK, H, W] -> [N, OC, KK, H, W].
+        let n = x.size(0)?;
+        let (cg, kk, hw) = (cin / g, kh * kw, (h * w) as i64);
+        let wt = weight.reshape(&[g, cg, ocg * kk])?.transpose(1, 2)?.unsqueeze(0)?;
+        let xs = x.reshape_dims(&[n.clone(), Dim::Const(g), Dim::Const(cg), Dim::Const(hw)])?;
+        let taps = wt.matmul(&xs)?.reshape_dims(&[
+            n.clone(),
+            Dim::Const(oc),
+            Dim::Const(kk),
+            Dim::Const(h as i64),
+            Dim::Const(w as i64),
+        ])?;
+        let mut y = Tensor::zeros_dims(
+            &[n, Dim::Const(oc), Dim::Const(full[0] as i64), Dim::Const(full[1] as i64)],
+            taps.dtype(),
+        )?;
+        for i in 0..k[0] {
+            for j in 0..k[1] {
+                let t = taps.select(2, (i * k[1] + j) as i64)?;
+                let (r0, c0) = ((i * opts.dilation[0]) as i64, (j * opts.dilation[1]) as i64);
+                let r1 = r0 + (opts.stride[0] * (h - 1) + 1) as i64;
+                let c1 = c0 + (opts.stride[1] * (w - 1) + 1) as i64;
+                let (sr, sc) = (opts.stride[0] as i64, opts.stride[1] as i64);
+                let rows = y.slice(2, Some(r0), Some(r1), sr)?;
+                let window = rows.slice(3, Some(c0), Some(c1), sc)?.add(&t)?;
+                y = y.slice_scatter(
+                    &rows.slice_scatter(&window, 3, Some(c0), Some(c1), sc)?,
+                    2,
+                    Some(r0),
+                    Some(r1),
+                    sr,
+                )?;
+            }
+        }
+        let [p0, p1] = [opts.padding[0] as i64, opts.padding[1] as i64];
+        if p0 > 0 || p1 > 0 {
+            y = y
+                .slice(2, Some(p0), Some(full[0] as i64 - p0), 1)?
+                .slice(3, Some(p1), Some(full[1] as i64 - p1), 1)?
+                .contiguous()?;
+        }
         let y = match bias {
             Some(b) => y.add(&b.view(&[1, oc, 1, 1])?)?,
             None => y,
