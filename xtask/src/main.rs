@@ -18,10 +18,20 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 fn run(step: &str, args: &[&str]) -> Result<()> {
+    run_with(step, args, &[])
+}
+
+/// [`run`] with extra environment variables for cargo.
+fn run_with(step: &str, args: &[&str], envs: &[(&str, &str)]) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-    eprintln!("==> {step}: cargo {}", args.join(" "));
+    let shown: Vec<String> = envs.iter().map(|(k, v)| format!("{k}={v} ")).collect();
+    eprintln!("==> {step}: {}cargo {}", shown.concat(), args.join(" "));
     let start = Instant::now();
-    let status = Command::new(&cargo).args(args).status().with_context(|| format!("could not start {cargo}"))?;
+    let status = Command::new(&cargo)
+        .args(args)
+        .envs(envs.iter().copied())
+        .status()
+        .with_context(|| format!("could not start {cargo}"))?;
     if !status.success() {
         bail!("{step} failed ({status})");
     }
@@ -126,6 +136,8 @@ fn train(args: &[String]) -> Result<()> {
 fn ci() -> Result<()> {
     run("fmt", &["fmt", "--all", "--", "--check"])?;
     run("clippy", &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
+    // Every public item documented, every intra-doc link resolving.
+    run_with("doc", &["doc", "--workspace", "--no-deps"], &[("RUSTDOCFLAGS", "-D warnings")])?;
     // The README's main job must keep working: a short run on real data that must
     // learn (one epoch on a subset, asserting the test accuracy).
     ensure_dataset()?;

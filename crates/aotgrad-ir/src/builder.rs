@@ -1,5 +1,5 @@
 //! `GraphBuilder`: a graph under construction whose nodes get their metadata from
-//! [`infer`](crate::infer::infer) and their storage from the aliasing rule (views share
+//! [`infer`](crate::infer::infer()) and their storage from the aliasing rule (views share
 //! `args[0]`'s storage, everything else gets a fresh one). Passes that build graphs
 //! (functionalization, autodiff) wrap it with their own vocabulary.
 

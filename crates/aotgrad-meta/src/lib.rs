@@ -7,7 +7,7 @@
 //! - [`CallingConvention`]: how the traced inputs map to graph inputs (aliased, mutated
 //!   inputs merged into a synthetic base); the runtime folds duplicate user arguments
 //!   and non-tensor arguments away before tracing;
-//! - [`overlap`]: the exact overlap test for two strided layouts of one storage, and
+//! - [`overlap()`]: the exact overlap test for two strided layouts of one storage, and
 //!   [`Layout::may_repeat`], whether one layout names a storage element twice;
 //! - [`GraphSignature`]: the exported description of a graph's inputs and outputs.
 #![warn(missing_docs)]
