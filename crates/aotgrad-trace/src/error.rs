@@ -70,6 +70,11 @@ pub enum Error {
     /// A failed internal invariant: a bug in aotgrad.
     #[error("internal error (a bug in aotgrad, please report it): {0}")]
     Internal(String),
+    /// An error of a layer above tracing (the facade's `aotgrad::Error`: building a
+    /// layer, calling a compiled function) raised inside a traced or eager function,
+    /// so that such functions can use `?` on it.
+    #[error(transparent)]
+    External(Box<dyn std::error::Error + Send + Sync + 'static>),
 }
 
 fn kernel_text(op: &str, e: &CpuError) -> String {
@@ -88,7 +93,7 @@ impl Error {
             | Error::Mode { op, .. }
             | Error::Autograd { op, .. }
             | Error::Invalid { op, .. } => Some(op),
-            Error::Guard(_) | Error::Internal(_) => None,
+            Error::Guard(_) | Error::Internal(_) | Error::External(_) => None,
         }
     }
     /// The user's source location, when known.
@@ -99,7 +104,7 @@ impl Error {
             | Error::Mode { loc, .. }
             | Error::Autograd { loc, .. }
             | Error::Invalid { loc, .. } => Some(loc),
-            Error::Guard(_) | Error::Internal(_) => None,
+            Error::Guard(_) | Error::Internal(_) | Error::External(_) => None,
         }
     }
     /// The inference error, for [`Error::Shape`].

@@ -7,7 +7,7 @@ use thiserror::Error;
 pub enum Error {
     /// Tracing (or an eager op) failed: shape errors, mode errors, ...
     #[error(transparent)]
-    Trace(#[from] aotgrad_trace::Error),
+    Trace(aotgrad_trace::Error),
     /// Functionalization failed.
     #[error(transparent)]
     Functionalize(#[from] aotgrad_functionalize::FunctionalizeError),
@@ -49,8 +49,34 @@ pub enum Error {
     Internal(String),
 }
 
+impl From<aotgrad_trace::Error> for Error {
+    /// A tracing error; an `aotgrad` error that crossed a user function as
+    /// `trace::Error::External` is itself again.
+    fn from(e: aotgrad_trace::Error) -> Self {
+        match e {
+            aotgrad_trace::Error::External(inner) => match inner.downcast::<Error>() {
+                Ok(own) => *own,
+                Err(other) => Error::Trace(aotgrad_trace::Error::External(other)),
+            },
+            t => Error::Trace(t),
+        }
+    }
+}
+
 /// Result of `aotgrad`.
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// An `aotgrad` error raised inside a function given to `aot_function` (which returns
+/// `trace::Result`): a tracing error comes back as itself, any other is carried whole
+/// (`trace::Error::External`) and turns back into this error when it leaves the call.
+impl From<Error> for aotgrad_trace::Error {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Trace(t) => t,
+            other => aotgrad_trace::Error::External(Box::new(other)),
+        }
+    }
+}
 
 impl From<aotgrad_autodiff::AutodiffError> for Error {
     fn from(e: aotgrad_autodiff::AutodiffError) -> Self {

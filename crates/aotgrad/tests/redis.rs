@@ -22,31 +22,47 @@ impl RedisServer {
             eprintln!("AOTGRAD_SKIP_REDIS_TESTS=1: skipping a Redis test");
             return None;
         }
-        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("addr").port();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot start redis-server ({e}): install it (`sudo apt-get install redis-server`; `cargo xtask \
-                     ci` does) or set AOTGRAD_SKIP_REDIS_TESTS=1 to skip the Redis tests"
-                )
-            });
-        let server = RedisServer { child, port };
-        let t = Instant::now();
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(t.elapsed() < Duration::from_secs(10), "redis-server did not start listening on port {port}");
-            std::thread::sleep(Duration::from_millis(20));
+        // A free port can be handed to two tests at once: a server that exits (its port
+        // taken) is started again on another port, so no test talks to another's server.
+        for _ in 0..20 {
+            let port =
+                std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("addr").port();
+            let child = Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "cannot start redis-server ({e}): install it (`sudo apt-get install redis-server`; `cargo \
+                         xtask ci` does) or set AOTGRAD_SKIP_REDIS_TESTS=1 to skip the Redis tests"
+                    )
+                });
+            let mut server = RedisServer { child, port };
+            let t = Instant::now();
+            let mut exited = false;
+            while TcpStream::connect(("127.0.0.1", port)).is_err() {
+                assert!(t.elapsed() < Duration::from_secs(10), "redis-server did not start listening on port {port}");
+                if server.child.try_wait().ok().flatten().is_some() {
+                    exited = true;
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            // Listening, but maybe someone else's server: ours must still be running.
+            std::thread::sleep(Duration::from_millis(50));
+            if exited || server.child.try_wait().ok().flatten().is_some() {
+                continue;
+            }
+            return Some(server);
         }
-        Some(server)
+        panic!("could not start redis-server on a free port after 20 tries");
     }
     fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }
     fn store(&self, ttl: u64) -> RedisStore {
-        RedisStore::new(&self.url(), Duration::from_millis(500), ttl).expect("url")
+        RedisStore::new(&self.url(), Duration::from_millis(2000), ttl).expect("url")
     }
 }
 
