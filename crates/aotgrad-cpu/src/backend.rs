@@ -1,9 +1,9 @@
 //! The reference backend: "compiling" a graph keeps it, running it interprets it node
 //! by node. Every other backend is tested against this one.
 
-use crate::{interpret, CpuTensor};
+use crate::{interpret_with_symbols, CpuTensor};
 use aotgrad_ir::text::{parse_graph, print_graph};
-use aotgrad_ir::{Backend, BackendError, CompiledGraph, Graph};
+use aotgrad_ir::{Backend, BackendError, CompiledGraph, Graph, SymId};
 
 /// The reference interpreter as a [`Backend`].
 #[derive(Clone, Copy, Debug, Default)]
@@ -40,8 +40,8 @@ impl Backend<CpuTensor> for ReferenceBackend {
 }
 
 impl CompiledGraph<CpuTensor> for InterpretedGraph {
-    fn run(&self, inputs: &[CpuTensor]) -> Result<Vec<CpuTensor>, BackendError> {
-        interpret(&self.graph, inputs).map_err(err)
+    fn run_with_symbols(&self, inputs: &[CpuTensor], symbols: &[(SymId, i64)]) -> Result<Vec<CpuTensor>, BackendError> {
+        interpret_with_symbols(&self.graph, inputs, symbols).map_err(err)
     }
     fn serialize(&self) -> Vec<u8> {
         print_graph(&self.graph).into_bytes()

@@ -73,8 +73,9 @@ fn concrete_values(index: usize, meta: &TensorMeta) -> Result<(Vec<i64>, Vec<i64
     ))
 }
 
-/// Bind every graph symbol from the inputs and check the inputs against the graph.
-pub(crate) fn bind_inputs(g: &Graph, inputs: &[CpuTensor]) -> Result<HashMap<SymId, i64>> {
+/// Bind every graph symbol from the inputs (after the `given` ones) and check the
+/// inputs against the graph.
+pub(crate) fn bind_inputs(g: &Graph, inputs: &[CpuTensor], given: &[(SymId, i64)]) -> Result<HashMap<SymId, i64>> {
     if inputs.len() != g.inputs.len() {
         return Err(input_err(
             inputs.len().min(g.inputs.len()),
@@ -104,7 +105,7 @@ pub(crate) fn bind_inputs(g: &Graph, inputs: &[CpuTensor]) -> Result<HashMap<Sym
         }
         vals.push(concrete_values(i, &t.meta)?);
     }
-    let mut env = HashMap::new();
+    let mut env: HashMap<SymId, i64> = given.iter().copied().collect();
     // Sizes bind first (they are what users think of as the shape), then strides/offsets.
     for (i, (gi, (shape, _, _))) in g.inputs.iter().zip(&vals).enumerate() {
         bind_from(i, "size", &gi.meta.shape, shape, &mut env)?;
@@ -123,8 +124,14 @@ pub(crate) fn bind_inputs(g: &Graph, inputs: &[CpuTensor]) -> Result<HashMap<Sym
 
 /// Run `g` on `inputs`; returns the values of `g.outputs`, in order.
 pub fn interpret(g: &Graph, inputs: &[CpuTensor]) -> Result<Vec<CpuTensor>> {
+    interpret_with_symbols(g, inputs, &[])
+}
+
+/// [`interpret`] with the values of some shape symbols given (those no input dim
+/// carries whole); an input dim must agree with a given value.
+pub fn interpret_with_symbols(g: &Graph, inputs: &[CpuTensor], symbols: &[(SymId, i64)]) -> Result<Vec<CpuTensor>> {
     let _span = tracing::debug_span!("interpret", inputs = g.inputs.len(), nodes = g.nodes.len()).entered();
-    let env = bind_inputs(g, inputs)?;
+    let env = bind_inputs(g, inputs, symbols)?;
     let lookup = |s: SymId| env.get(&s).copied();
     let mut values: HashMap<ValueId, CpuTensor> = HashMap::with_capacity(g.inputs.len() + g.nodes.len());
     for (gi, t) in g.inputs.iter().zip(inputs) {

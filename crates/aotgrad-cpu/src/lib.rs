@@ -135,3 +135,14 @@ pub fn execute(op: &Op, args: &[&CpuTensor], out: &TensorMeta) -> Result<CpuTens
 pub fn interpret(g: &Graph, inputs: &[CpuTensor]) -> Result<Vec<CpuTensor>> {
     interp::interpret(g, inputs)
 }
+
+/// [`interpret`] with the values of some shape symbols given by the caller (a
+/// backward graph's sizes that only the forward's inputs carried); an input dim
+/// must agree with a given value.
+pub fn interpret_with_symbols(
+    g: &Graph,
+    inputs: &[CpuTensor],
+    symbols: &[(aotgrad_ir::SymId, i64)],
+) -> Result<Vec<CpuTensor>> {
+    interp::interpret_with_symbols(g, inputs, symbols)
+}

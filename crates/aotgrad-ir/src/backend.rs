@@ -7,6 +7,7 @@
 //! graph's output metadata (with symbols bound from the inputs).
 
 use crate::graph::Graph;
+use crate::sym::SymId;
 use thiserror::Error;
 
 /// A backend failed to compile or run a graph.
@@ -49,7 +50,16 @@ pub trait Backend<T>: Send + Sync {
 /// A compiled graph, ready to run.
 pub trait CompiledGraph<T>: Send + Sync {
     /// Run on concrete inputs (in graph-input order); returns the graph outputs.
-    fn run(&self, inputs: &[T]) -> Result<Vec<T>, BackendError>;
+    /// Every shape symbol must be bound by an input dim.
+    fn run(&self, inputs: &[T]) -> Result<Vec<T>, BackendError> {
+        self.run_with_symbols(inputs, &[])
+    }
+    /// [`CompiledGraph::run`] with the values of some shape symbols given by the
+    /// caller: those no input carries whole, such as a backward graph's sizes that
+    /// only the forward's inputs determined (PyTorch passes them as saved sym-ints).
+    /// The others are bound from the inputs; an input dim must agree with a given
+    /// value.
+    fn run_with_symbols(&self, inputs: &[T], symbols: &[(SymId, i64)]) -> Result<Vec<T>, BackendError>;
     /// The artifact as bytes, for an on-disk cache.
     fn serialize(&self) -> Vec<u8>;
 }

@@ -19,7 +19,7 @@ pub(crate) mod math;
 
 use crate::interp::bind_inputs;
 use crate::storage::{take_recycled, Buffer, CpuTensor, Storage};
-use crate::{interpret, CpuError};
+use crate::{interpret_with_symbols, CpuError};
 use aotgrad_fusion::{plan_graph, print_plan, KernelPlan, PlanError};
 use aotgrad_ir::{Backend, BackendError, CompiledGraph, Dim, Graph, SymId};
 use exec::Raw;
@@ -277,8 +277,8 @@ impl CpuCompiledGraph {
         Ok(inst)
     }
 
-    fn run_planned(&self, inputs: &[CpuTensor]) -> Result<Vec<CpuTensor>, CpuError> {
-        let env = bind_inputs(&self.graph.inputs, inputs)?;
+    fn run_planned(&self, inputs: &[CpuTensor], symbols: &[(SymId, i64)]) -> Result<Vec<CpuTensor>, CpuError> {
+        let env = bind_inputs(&self.graph.inputs, inputs, symbols)?;
         let inst = self.instance_for(&env)?;
         let low = &inst.lowered;
         for (i, (t, need)) in inputs.iter().zip(&low.input_need).enumerate() {
@@ -502,12 +502,12 @@ impl CpuCompiledGraph {
 }
 
 impl CompiledGraph<CpuTensor> for CpuCompiledGraph {
-    fn run(&self, inputs: &[CpuTensor]) -> Result<Vec<CpuTensor>, BackendError> {
+    fn run_with_symbols(&self, inputs: &[CpuTensor], symbols: &[(SymId, i64)]) -> Result<Vec<CpuTensor>, BackendError> {
         let _span = tracing::debug_span!("cpu_run", nodes = self.graph.nodes).entered();
         if self.plan.is_none() {
-            return interpret(self.graph.full()?, inputs).map_err(err);
+            return interpret_with_symbols(self.graph.full()?, inputs, symbols).map_err(err);
         }
-        let run = || self.run_planned(inputs);
+        let run = || self.run_planned(inputs, symbols);
         match &self.pool {
             Some(p) => p.install(run),
             None => run(),

@@ -54,9 +54,9 @@ impl Tensor {
         if r < 2 {
             return Err(Error::invalid(op, loc, format!("input tensor must have at least 2 dimensions, got {r}")));
         }
-        let (n, m) = (concrete_size(self, op, r - 2, loc)?, concrete_size(self, op, r - 1, loc)?);
-        let rows = Tensor::arange(0, n, 1, DType::I64)?.unsqueeze(1)?;
-        let cols = Tensor::arange(0, m, 1, DType::I64)?.unsqueeze(0)?;
+        let shape = self.shape();
+        let rows = Tensor::arange_dim(&shape[r - 2])?.unsqueeze(1)?;
+        let cols = Tensor::arange_dim(&shape[r - 1])?.unsqueeze(0)?;
         // Element (i, j) is kept when j - i <= k (tril) or j - i >= k (triu).
         let diff = cols.sub(&rows)?;
         let keep = if lower { diff.le(k)? } else { diff.ge(k)? };

@@ -6,7 +6,7 @@ use crate::dispatch::dispatch;
 use crate::error::Result;
 use crate::rng::RngSeed;
 use crate::tensor::Tensor;
-use aotgrad_ir::{DType, Dim, Op, Scalar, SourceLoc};
+use aotgrad_ir::{BinaryOp, DType, Dim, Op, Scalar, SourceLoc};
 
 /// The sizes of a `&[usize]` shape as dims, or an error naming a size too large for a
 /// tensor dimension (at most `i64::MAX`, as in PyTorch).
@@ -65,6 +65,29 @@ impl Tensor {
     ) -> Result<Tensor> {
         let op = Op::Arange { start: start.into(), end: end.into(), step: step.into(), dtype };
         dispatch(op, &[], &SourceLoc::caller())
+    }
+    /// `0, 1, ..., end - 1` (1-D, i64), where `end` may be a shape symbol (PyTorch's
+    /// `arange(x.size(0))` under dynamic shapes): a concrete `end` is an `arange`, a
+    /// symbolic one the running sum of `end` ones, minus one.
+    #[track_caller]
+    pub fn arange_dim(end: &Dim) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        match end.as_const() {
+            Some(n) => dispatch(
+                Op::Arange { start: Scalar::Int(0), end: Scalar::Int(n), step: Scalar::Int(1), dtype: DType::I64 },
+                &[],
+                &loc,
+            ),
+            None => {
+                let ones = dispatch(
+                    Op::Full { shape: vec![end.clone()], value: Scalar::Int(1), dtype: DType::I64 },
+                    &[],
+                    &loc,
+                )?;
+                let run = dispatch(Op::Cumsum(0), &[&ones], &loc)?;
+                dispatch(Op::BinaryScalar(BinaryOp::Sub, Scalar::Int(1)), &[&run], &loc)
+            }
+        }
     }
     /// Uniform values in `[0, 1)`; the same seed gives the same values.
     #[track_caller]

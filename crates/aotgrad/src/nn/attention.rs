@@ -93,18 +93,8 @@ impl MultiHeadSelfAttention {
         let mut scores = q.matmul(&k.transpose(-2, -1)?)?.mul(scale)?;
         if self.causal {
             // Key positions after the query's get -inf before the softmax (weight 0).
-            let seq = match s.as_const() {
-                Some(n) => n,
-                None => {
-                    return Err(aotgrad_trace::Error::Invalid {
-                        op: "MultiHeadSelfAttention".into(),
-                        loc,
-                        msg: format!("causal masking needs a concrete sequence length, got {s}"),
-                    })
-                }
-            };
-            let rows = Tensor::arange(0, seq, 1, DType::I64)?.unsqueeze(1)?;
-            let cols = Tensor::arange(0, seq, 1, DType::I64)?.unsqueeze(0)?;
+            let rows = Tensor::arange_dim(&s)?.unsqueeze(1)?;
+            let cols = Tensor::arange_dim(&s)?.unsqueeze(0)?;
             scores = scores.masked_fill(&cols.gt(&rows)?, f64::NEG_INFINITY)?;
         }
         let ctx = scores.softmax(-1)?.matmul(&v)?; // (B, H, S, Dh)

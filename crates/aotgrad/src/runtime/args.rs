@@ -129,7 +129,10 @@ pub(crate) fn alias_classes(tensors: &[Option<&Tensor>]) -> Vec<(usize, usize)> 
 }
 
 /// Bind the symbols of traced metadata `traced` from concrete metadata `real`; `false`
-/// when a constant differs or a symbol would get two values.
+/// when a constant differs, a symbol would get two values, or a symbol would be 0 or
+/// 1: a symbol stands for sizes of at least 2 (what the trace assumed where it
+/// decided without a guard: contiguity, broadcasting), so sizes 0 and 1 get an entry
+/// specialized to them, as in PyTorch.
 pub(crate) fn bind(traced: &TensorMeta, real: &TensorMeta, env: &mut HashMap<SymId, i64>) -> bool {
     if traced.dtype != real.dtype || traced.rank() != real.rank() {
         return false;
@@ -139,6 +142,7 @@ pub(crate) fn bind(traced: &TensorMeta, real: &TensorMeta, env: &mut HashMap<Sym
         let Some(r) = r.as_const() else { return false };
         if let Some(s) = t.as_single_sym() {
             match env.get(&s) {
+                _ if r < 2 => return false,
                 Some(&v) if v != r => return false,
                 _ => {
                     env.insert(s, r);

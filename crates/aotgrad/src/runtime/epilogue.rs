@@ -26,7 +26,7 @@ pub(crate) fn run(name: &str, entry: &Entry, args: &[Arg], env: &Bindings) -> Re
         let _span = tracing::debug_span!("run_graph").entered();
         let compiled =
             entry.compiled.as_ref().ok_or_else(|| Error::Internal("entry has no inference artifact".into()))?;
-        compiled.run(&inputs)?
+        compiled.run_with_symbols(&inputs, &super::given_symbols(env))?
     };
     apply(entry, args, env, &inputs, &outs)
 }

@@ -212,6 +212,16 @@ where
 /// Symbol values of one call.
 pub(crate) type Bindings = HashMap<SymId, i64>;
 
+/// A call's symbol values, as the backends take them: every compiled graph of an
+/// entry runs with the values its call bound, so a graph whose inputs do not carry a
+/// symbol (a backward graph's sizes that only the forward's inputs determined, a size
+/// such as `s0 + s1` that binds neither) still knows it.
+pub(crate) fn given_symbols(env: &Bindings) -> Vec<(SymId, i64)> {
+    let mut v: Vec<(SymId, i64)> = env.iter().map(|(s, x)| (*s, *x)).collect();
+    v.sort_unstable();
+    v
+}
+
 impl AotFunction {
     /// Call with tensor arguments.
     pub fn call(&self, args: &[Tensor]) -> Result<Vec<Tensor>> {

@@ -118,9 +118,12 @@ fn dynamic_batch_reuses_the_entry() {
     for batch in [2, 5, 1, 7] {
         assert!(!agrees(&c, &f, &|| vec![seq(&[batch, 3], 1.0).into(), seq(&[3], 2.0).into()]), "batch {batch}");
     }
-    assert_eq!(c.num_compiled(), 1);
+    // Batches 2, 5 and 7 share the symbolic entry; batch 1 specializes (a symbol
+    // stands for sizes >= 2, as in PyTorch).
+    assert_eq!(c.num_compiled(), 2);
     let g = &c.compiled_graphs()[0];
     assert!(!g.inputs[0].meta.is_concrete(), "the batch dim is symbolic: {}", g.inputs[0].meta);
+    assert_eq!(c.compiled_graphs()[1].inputs[0].meta.shape[0], aotgrad::trace::Dim::Const(1));
 }
 
 /// Duck sizing: `x` and `y` traced with equal batch sizes share one symbol, so the

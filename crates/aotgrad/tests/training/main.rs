@@ -7,6 +7,7 @@
 
 mod aliasing;
 mod checker;
+mod dynamic;
 mod errors;
 mod inputs;
 mod mutation;

@@ -206,7 +206,7 @@ impl PendingBackward {
         bw_inputs.extend(tangents);
         let grads = {
             let _span = tracing::debug_span!("run_backward").entered();
-            parts.bw.run(&bw_inputs)?
+            parts.bw.run_with_symbols(&bw_inputs, &crate::runtime::given_symbols(&self.env))?
         };
         // Graph-input gradients back to traced inputs.
         let mut by_graph_input: Vec<Option<Tensor>> = vec![None; entry.m().graph_inputs];

@@ -168,7 +168,7 @@ pub(crate) fn run_forward(
         (0..entry.m().convention.args.len()).map(|k| traced_input_meta(entry, args, k)).collect::<Result<_>>()?;
     let outs = {
         let _span = tracing::debug_span!("run_forward").entered();
-        parts.fw.run(&inputs)?
+        parts.fw.run_with_symbols(&inputs, &super::given_symbols(&env))?
     };
     let n = entry.tm()?.num_fw_outputs;
     if outs.len() < n {
