@@ -421,6 +421,15 @@ impl fmt::Display for Guard {
 pub trait DimOracle {
     /// Decide `lhs rel rhs`.
     fn decide(&mut self, lhs: &Dim, rel: Rel, rhs: &Dim) -> bool;
+    /// The value of `d`, when the oracle can fix it (a trace knows its example sizes):
+    /// the result then holds only under the guard `d == value`, which the oracle
+    /// records. Inference asks for it only where a symbolic answer cannot be
+    /// expressed (a `-1` in a view that a polynomial does not divide, such as
+    /// `[s0] -> [-1, 2]`), as PyTorch specializes a size it cannot reason about.
+    /// The default fixes nothing.
+    fn specialize(&mut self, d: &Dim) -> Option<i64> {
+        d.as_const()
+    }
 }
 
 /// An oracle that decides only what holds for every value of the symbols: constant

@@ -325,6 +325,14 @@ impl DimOracle for ShapeEnv {
             _ => StaticOracle.decide(lhs, rel, rhs),
         }
     }
+    fn specialize(&mut self, d: &Dim) -> Option<i64> {
+        if let Some(c) = d.as_const() {
+            return Some(c);
+        }
+        let v = self.evaluate(d)?;
+        self.record(Guard::new(d.clone(), Rel::Eq, Dim::Const(v), true));
+        Some(v)
+    }
 }
 
 #[cfg(test)]

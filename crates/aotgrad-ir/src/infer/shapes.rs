@@ -19,7 +19,8 @@ fn sizes_str(shape: &[Option<Dim>]) -> String {
 /// Resolve a view/reshape size list where `None` stands for `-1`.
 ///
 /// At most one `-1` (else `Invalid`); it becomes `numel / product(known sizes)`, which
-/// must divide exactly (polynomially for symbolic dims). A `-1` next to a zero-size
+/// must divide exactly (polynomially for symbolic dims; where no polynomial is the
+/// quotient, [`DimOracle::specialize`] may fix the sizes to their values). A `-1` next to a zero-size
 /// known product is ambiguous and rejected, and a numel mismatch is a `View` error,
 /// both like PyTorch's `infer_size`.
 pub fn resolve_view_shape(
@@ -56,8 +57,21 @@ pub fn resolve_view_shape(
         }
         return Err(view_err(invalid()));
     }
-    let Some(missing) = numel.exact_div(&known) else {
-        return Err(view_err(invalid()));
+    let missing = match numel.exact_div(&known) {
+        Some(m) => m,
+        // No polynomial is `numel / known` (`s0 / 2`): fix the sizes to their values
+        // where the oracle can (a trace, under a guard), as PyTorch does.
+        None if !numel.is_const() || !known.is_const() => {
+            match (oracle.specialize(&numel), oracle.specialize(&known)) {
+                (Some(n), Some(k)) if k != 0 && n % k == 0 => Dim::Const(n / k),
+                // Name the sizes as eager would see them.
+                (Some(n), Some(_)) => {
+                    return Err(view_err(format!("shape '{to}' is invalid for input of size {n}")));
+                }
+                _ => return Err(view_err(invalid())),
+            }
+        }
+        None => return Err(view_err(invalid())),
     };
     Ok(shape.iter().map(|d| d.clone().unwrap_or_else(|| missing.clone())).collect())
 }

@@ -274,3 +274,24 @@ fn transformer_block_with_dynamic_batch_and_sequence() {
     // (2, 3), (3, 5) and (4, 2) share an entry; seq 1, and then batch 1 too, specialize.
     assert_eq!(dynamic.function().num_compiled(), 3);
 }
+
+#[test]
+fn view_with_an_inferred_dim_a_symbol_does_not_divide() {
+    // `[s0] -> [-1, 2]`: no polynomial is `s0 / 2`, so the trace fixes s0 to its
+    // value under a guard (PyTorch specializes what it cannot reason about): each
+    // size gets its own entry, every one agreeing with the static compile.
+    let f = arc(|a| {
+        let x = tensor(&a[0])?;
+        let v = x.view(&[-1, 2])?;
+        Ok(vec![v.sum(&[1], false)?.sin()?, v.t()?])
+    });
+    let sizes = [shapes(&[&[4]]), shapes(&[&[6]]), shapes(&[&[4]]), shapes(&[&[8]])];
+    assert_eq!(agrees_with_static(f.clone(), &[(0, 0)], &sizes), [3, 3]);
+    // An odd size fails as eager does, with eager's message.
+    let ff = f.clone();
+    let c = aot_function_args(move |a: &[Arg]| ff(a), AotConfig { dynamic: vec![(0, 0)], ..AotConfig::default() })
+        .expect("compile");
+    step(&c, &shapes(&[&[4]]), 0).expect("size 4");
+    let e = step(&c, &shapes(&[&[5]]), 0).expect_err("size 5 cannot be viewed as [-1, 2]");
+    assert!(e.contains("shape '[-1, 2]' is invalid for input of size 5"), "{e}");
+}
