@@ -324,5 +324,24 @@ pub(crate) fn as_strided_scatter(
     if region.shape.len() != region.strides.len() {
         return Err(CpuError::kernel(op, "size and stride must have the same length"));
     }
-    scatter_view(op, base, src, region, out)
+    let layout = Layout::from_meta(out)?;
+    if layout == Layout::contiguous(&layout.shape) {
+        return scatter_view(op, base, src, region, out);
+    }
+    // The region names positions in the result's storage, which is laid out like
+    // the base (a clone with the preserved memory format): write there, then read
+    // the values back in row-major order.
+    let ss = out_shape(&src.meta)?;
+    if ss != region.shape {
+        return Err(CpuError::kernel(
+            op,
+            format!("src of shape {ss:?} does not match the view of shape {:?}", region.shape),
+        ));
+    }
+    let mut storage = Buffer::zeros(out.dtype, layout.extent());
+    scatter_into(op, &mut storage, &layout, cast_buffer(contiguous_copy(op, base)?, out.dtype))?;
+    region.check_fits(op, storage.len())?;
+    scatter_into(op, &mut storage, &region, cast_buffer(contiguous_copy(op, src)?, out.dtype))?;
+    let result = CpuTensor { storage: crate::storage::Storage::new(storage), meta: out.clone() };
+    contiguous_copy(op, &result)
 }

@@ -3,7 +3,7 @@
 
 use crate::{FunctionalizeError, Result};
 use aotgrad_ir::infer::infer;
-use aotgrad_ir::{contiguous_strides, Aliasing, Dim, DimOracle, GraphBuilder, Op, SourceLoc, TensorMeta, ValueId};
+use aotgrad_ir::{Aliasing, Dim, DimOracle, GraphBuilder, Op, SourceLoc, StaticOracle, TensorMeta, ValueId};
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 
@@ -111,14 +111,17 @@ impl<'o> Builder<'o> {
         Ok(self.inner.emit(Op::Alias, vec![x], loc.clone())?)
     }
 
-    /// `x` itself when it is dense, row-major and at offset 0, else a contiguous copy.
-    pub fn dense(&mut self, x: ValueId, loc: &Option<SourceLoc>) -> Result<ValueId> {
-        let m = self.meta(x)?;
-        // Exactly row-major (also for size-1 dims: their strides are observable too).
-        if m.strides == contiguous_strides(&m.shape) && m.offset == Dim::Const(0) {
+    /// `x` itself when it is laid out as `like`'s storage keeps `like` (its strides, at
+    /// offset 0: what `copy_` into `like` gives), else `x` copied into that layout. A storage's new value keeps the storage's layout,
+    /// so views replayed from it, and results computed from those, get eager's strides.
+    pub fn dense_like(&mut self, x: ValueId, like: ValueId, loc: &Option<SourceLoc>) -> Result<ValueId> {
+        let m = self.meta(x)?.clone();
+        let want = infer(&Op::Copy, &[self.meta(like)?, &m], &mut StaticOracle)?;
+        // Exactly (also for size-1 dims: their strides are observable too).
+        if m.strides == want.strides && m.offset == Dim::Const(0) {
             return Ok(x);
         }
-        self.emit(Op::Clone, vec![x], loc)
+        self.emit(Op::Copy, vec![like, x], loc)
     }
 
     /// Given `x` and the new value `y` of `op(x)`, build the new value of `x`. Chains

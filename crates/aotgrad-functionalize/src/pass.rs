@@ -11,7 +11,8 @@
 use crate::chain::Builder;
 use crate::plan::{plan, Group};
 use crate::{outputs, AutogradFacts, FunctionalizeError, Functionalized, Options, Result, TraceFacts};
-use aotgrad_ir::{Aliasing, Dim, DimOracle, Graph, Node, Op, SourceLoc, TensorMeta, ValueId};
+use aotgrad_ir::infer::non_overlapping_and_dense;
+use aotgrad_ir::{Aliasing, Dim, DimOracle, Graph, Node, Op, SourceLoc, StaticOracle, TensorMeta, ValueId};
 use aotgrad_meta::{ArgSlot, CallingConvention, SyntheticBase};
 use std::collections::HashMap;
 
@@ -23,7 +24,9 @@ pub(crate) struct Root {
     pub gen: u32,
     /// The traced storage offset of the root's first element (for `as_strided`).
     pub offset: Dim,
-    /// The root's traced layout is row-major, so `as_strided` offsets are logical.
+    /// The root's traced layout is dense (row-major or another dim order), and its
+    /// current value always keeps that layout, so `as_strided` positions relative to
+    /// `offset` name the same elements in it.
     pub contiguous: bool,
     /// Graph input index, when the root is an input or a synthetic base.
     pub graph_input: Option<usize>,
@@ -172,7 +175,7 @@ impl Pass<'_, '_> {
             cur,
             gen: 0,
             offset: meta.offset.clone(),
-            contiguous: meta.is_contiguous(),
+            contiguous: meta.is_contiguous() || non_overlapping_and_dense(meta, &mut StaticOracle),
             graph_input,
             members,
             mutated: false,
@@ -374,7 +377,7 @@ impl Pass<'_, '_> {
             }
             y
         };
-        let y = self.b.dense(y, loc)?;
+        let y = self.b.dense_like(y, root_cur, loc)?;
         let hidden = self.unseen(node.out);
         let root = &mut self.roots[t0.root];
         // A mutation autograd does not see, of a storage it tracks: to autograd the
@@ -394,7 +397,11 @@ impl Pass<'_, '_> {
         if let Some(i) = t0.handle {
             self.handle_final[i] = node.out;
         }
-        let tv_gen = if straight { gen.wrapping_sub(1) } else { gen };
+        // The written tensor keeps its own layout in eager; when the out-of-place
+        // value is laid out otherwise, its next read replays its chain from the new
+        // root value (which has the root's layout), so the strides match eager's.
+        let relaid = self.b.meta(new)?.strides != node.meta.strides;
+        let tv_gen = if straight || relaid { gen.wrapping_sub(1) } else { gen };
         self.vals.insert(
             node.out,
             TVal { root: t0.root, chain: t0.chain, fv: new, gen: tv_gen, handle: t0.handle, detached: t0.detached },

@@ -98,7 +98,7 @@ fn metadata_mutation_becomes_a_view() {
         expect![[r#"
             graph(%0: f32[2, 3] #0 "x") {
               %1: f32[3, 2] strides=[1, 3] #0 = t(%0)
-              %2: f32[3, 2] #1 = mul(%1, 3)
+              %2: f32[3, 2] strides=[1, 3] #1 = mul(%1, 3)
               return (%2)
             }
             input 0: data=false meta=true final=f32[3, 2] strides=[1, 3]
@@ -178,8 +178,10 @@ fn disjoint_inputs_of_one_storage_stay_separate() {
         expect![[r#"
             graph(%0: f32[4] strides=[2] #0 "even", %1: f32[4] strides=[2] offset=1 #1 "odd") {
               %2: f32[4] #2 = mul(%0, 2)
-              %3: f32[4] #3 = add(%1, %2)
-              return (%2, %3, %3)
+              %3: f32[4] strides=[2] #3 = copy(%0, %2)
+              %4: f32[4] #4 = add(%1, %3)
+              %5: f32[4] strides=[2] #5 = copy(%1, %4)
+              return (%3, %5, %5)
             }
             input 0: data=true meta=false final=-
             input 1: data=true meta=false final=-

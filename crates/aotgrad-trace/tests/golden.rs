@@ -56,7 +56,7 @@ fn input_metadata_mutation() -> Result<()> {
         expect![[r#"
             graph(%0: f32[2, 3] #0 "arg0") {
               %1: f32[3, 2] strides=[1, 3] #0 = t_(%0)  # crates/aotgrad-trace/tests/golden.rs:48:18
-              %2: f32[3, 2] #1 = mul(%1, 3)  # crates/aotgrad-trace/tests/golden.rs:49:26
+              %2: f32[3, 2] strides=[1, 3] #1 = mul(%1, 3)  # crates/aotgrad-trace/tests/golden.rs:49:26
               return (%2)
             }
         "#]],
@@ -131,7 +131,7 @@ fn views_mutation_through_a_strided_slice_and_as_strided() -> Result<()> {
               %3: f32[2] strides=[8] offset=3 #0 = add_(%2, 1.0)  # crates/aotgrad-trace/tests/golden.rs:117:17
               %4: f32[2, 2] strides=[1, 4] offset=1 #0 = as_strided(%0, size=[2, 2], stride=[1, 4], offset=1)  # crates/aotgrad-trace/tests/golden.rs:118:26
               %5: f32[2, 2] #1 = full(shape=[2, 2], value=0, dtype=f32)  # crates/aotgrad-trace/tests/golden.rs:119:21
-              %6: f32[2, 2] #2 = add(%4, %5)  # crates/aotgrad-trace/tests/golden.rs:120:23
+              %6: f32[2, 2] strides=[1, 2] #2 = add(%4, %5)  # crates/aotgrad-trace/tests/golden.rs:120:23
               return (%6, %1)
             }
         "#]],

@@ -17,7 +17,7 @@
 use super::{arg, views::disjoint};
 use crate::builder::Builder;
 use crate::{AutodiffError, Result};
-use aotgrad_ir::{contiguous_strides, DType, Dim, Node, Op, ValueId};
+use aotgrad_ir::{contiguous_strides, DType, Dim, DimOracle, Node, Op, Rel, StaticOracle, TensorMeta, ValueId};
 
 /// The rule of an indexing node (see the module docs).
 pub(crate) fn vjp(b: &mut Builder, node: &Node, g: ValueId, needs: &[bool]) -> Result<Vec<Option<ValueId>>> {
@@ -129,18 +129,41 @@ fn scatter_pair(
 ) -> Result<Vec<Option<ValueId>>> {
     let src = arg(node, 1)?;
     let gdt = b.meta(g)?.dtype;
+    // `as_strided` addresses storage: the result's storage is laid out like the
+    // forward result (a clone of the base), so read and write `g` in that layout.
+    let g = if matches!(view, Op::AsStrided { .. }) { relayout(b, g, &node.meta)? } else { g };
     let gbase = if needs[0] {
         let z = b.zeros(b.meta(src)?.shape.clone(), gdt)?;
         Some(b.emit(scatter, vec![g, z])?)
     } else {
         None
     };
-    let gsrc = if needs[1] {
-        // `as_strided` addresses storage: read it from a contiguous copy at offset 0.
-        let base = if matches!(view, Op::AsStrided { .. }) { b.contiguous(g)? } else { g };
-        Some(b.emit(view, vec![base])?)
-    } else {
-        None
-    };
+    let gsrc = if needs[1] { Some(b.emit(view, vec![g])?) } else { None };
     Ok(vec![gbase, gsrc])
+}
+
+/// A fresh copy of `g` at offset 0, dense in the dim order of `like` (outermost =
+/// largest stride), so storage positions in it are those of a dense tensor laid out
+/// like `like`.
+fn relayout(b: &mut Builder, g: ValueId, like: &TensorMeta) -> Result<ValueId> {
+    let n = like.rank();
+    let mut perm: Vec<usize> = (0..n).collect();
+    // A stable insertion sort, largest stride first (ties keep the natural order).
+    for i in 1..n {
+        let mut j = i;
+        while j > 0 && StaticOracle.decide(&like.strides[perm[j - 1]], Rel::Lt, &like.strides[perm[j]]) {
+            perm.swap(j - 1, j);
+            j -= 1;
+        }
+    }
+    if perm.iter().enumerate().all(|(i, &p)| i == p) {
+        return b.contiguous(g);
+    }
+    let mut inv = vec![0usize; n];
+    for (i, &p) in perm.iter().enumerate() {
+        inv[p] = i;
+    }
+    let p = b.emit(Op::Permute(perm), vec![g])?;
+    let c = b.emit(Op::Clone, vec![p])?;
+    b.emit(Op::Permute(inv), vec![c])
 }

@@ -218,5 +218,7 @@ fn scatter_view(
             ),
         });
     }
-    Ok(base.to_contiguous())
+    // A clone of `base` with the view written (PyTorch's scatters clone with the
+    // preserved memory format).
+    super::like_layout(name, base, base.dtype, oracle)
 }

@@ -48,6 +48,7 @@ use crate::op::Op;
 use crate::sym::{Dim, DimOracle, Rel};
 
 pub use creation::arange_len;
+pub use pointwise::{like_layout, non_overlapping_and_dense};
 pub use shapes::{
     expand_geometry, has_internal_overlap, normalize_slice, resolve_expand_shape, resolve_view_shape, slice_len,
     squeeze_dims, view_strides,

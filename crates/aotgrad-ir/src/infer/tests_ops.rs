@@ -32,9 +32,25 @@ fn unary_dtypes() {
     err(&Op::Unary(UnaryOp::Relu), &[&c(&[2], Bool)], "dtype", &["relu", "bool"]);
     assert_eq!(u(UnaryOp::Relu, I32), I32);
     assert_eq!(u(UnaryOp::Sign, Bool), Bool);
-    // Non-view ops produce dense row-major results at offset 0.
+    // A fresh elementwise result follows its operands' memory order, at offset 0
+    // (values checked in PyTorch 2.15).
     let t = strided(&[3, 2], &[1, 3], 4, F64);
-    assert_eq!(ok(&Op::Unary(UnaryOp::Exp), &[&t]), c(&[3, 2], F64));
+    assert_eq!(ok(&Op::Unary(UnaryOp::Exp), &[&t]), strided(&[3, 2], &[1, 3], 0, F64));
+    // A non-dense operand (`z[:, ::2].t()` of a [4, 6] z): dense in its dim order.
+    let nd = strided(&[3, 4], &[2, 6], 0, F64);
+    assert_eq!(ok(&Op::Unary(UnaryOp::Sin), &[&nd]), strided(&[3, 4], &[1, 3], 0, F64));
+    // Binary ops: the first operand whose strides differ decides.
+    let tc = strided(&[3, 2], &[1, 3], 0, F64);
+    let add = |a: &TensorMeta, b: &TensorMeta| ok(&Op::Binary(BinaryOp::Add), &[a, b]).strides;
+    assert_eq!(add(&tc, &c(&[3, 2], F64)), strided(&[3, 2], &[1, 3], 0, F64).strides);
+    assert_eq!(add(&c(&[3, 2], F64), &tc), c(&[3, 2], F64).strides);
+    // A broadcast operand takes no part: `x.t() + y` for `y` of shape [2].
+    assert_eq!(add(&tc, &c(&[2], F64)), tc.strides);
+    // A scalar is a 0-d operand, so `k.t() * 2` (k [1, 4]) keeps the general order,
+    // while `k.t().neg()` takes the contiguous fast path.
+    let kt = strided(&[4, 1], &[1, 4], 0, F64);
+    assert_eq!(ok(&Op::BinaryScalar(BinaryOp::Mul, Scalar::Int(2)), &[&kt]).strides, kt.strides);
+    assert_eq!(ok(&Op::Unary(UnaryOp::Neg), &[&kt]).strides, c(&[4, 1], F64).strides);
 }
 
 #[test]
@@ -97,9 +113,10 @@ fn compare_where_clamp() {
 
 #[test]
 fn cast_copy_fill_bernoulli() {
-    assert_eq!(ok(&Op::Cast(I32), &[&strided(&[3, 2], &[1, 3], 1, F32)]), c(&[3, 2], I32));
+    // `to` and `copy_` keep a dense layout (PyTorch's preserved memory format).
+    assert_eq!(ok(&Op::Cast(I32), &[&strided(&[3, 2], &[1, 3], 1, F32)]), strided(&[3, 2], &[1, 3], 0, I32));
     let dst = strided(&[3, 2], &[1, 3], 0, I64);
-    assert_eq!(ok(&Op::Copy, &[&dst, &f(&[2])]), c(&[3, 2], I64));
+    assert_eq!(ok(&Op::Copy, &[&dst, &f(&[2])]), dst);
     err(&Op::Copy, &[&f(&[3]), &f(&[2, 3])], "invalid", &["copy", "[3]", "[2, 3]"]);
     err(&Op::Copy, &[&f(&[2, 3]), &f(&[4])], "broadcast", &["copy", "[4]", "[2, 3]"]);
     let fl = |dtype| ok(&Op::FullLike { value: Scalar::Int(0), dtype }, &[&strided(&[2, 2], &[0, 1], 0, F16)]);

@@ -257,8 +257,9 @@ fn mutation_through_one_overlapping_view_seen_by_another() {
           %3: f32[13] #2 = as_strided_scatter(%0, %2, size=[4], stride=[4], offset=0)
           %4: f32[2, 4] offset=2 #2 = as_strided(%3, size=[2, 4], stride=[4, 1], offset=2)
           %5: f32[2] #3 = sum(%4, dims=[1], keepdim=false)
-          %6: f32[4] #4 = mul(%2, 1)
-          return (%3, %5, %6)
+          %6: f32[4] strides=[4] #2 = as_strided(%3, size=[4], stride=[4], offset=0)
+          %7: f32[4] #4 = mul(%6, 1)
+          return (%3, %5, %7)
         }
         input 0: mutates_data, hidden_from_autograd
         input 1: mutates_data, hidden_from_autograd
@@ -320,8 +321,10 @@ fn disjoint_aliased_inputs_mutated() {
     expect![[r#"
         graph(%0: f32[4] strides=[2] #0 "arg0", %1: f32[4] strides=[2] offset=1 #1 "arg1") {
           %2: f32[4] #2 = mul(%0, 2)
-          %3: f32[4] #3 = add(%1, %2)
-          return (%2, %3, %3)
+          %3: f32[4] strides=[2] #3 = copy(%0, %2)
+          %4: f32[4] #4 = add(%1, %3)
+          %5: f32[4] strides=[2] #5 = copy(%1, %4)
+          return (%3, %5, %5)
         }
         input 0: mutates_data, hidden_from_autograd
         input 1: mutates_data, hidden_from_autograd

@@ -24,12 +24,11 @@ fn as_strided_read_after_write_through_transpose() {
           %1: f32[3, 2] strides=[1, 3] #0 = t(%0)
           %2: f32[2] strides=[3] offset=1 #0 = select(%1, dim=0, index=1)
           %3: f32[2] #1 = mul(%2, 10)
-          %4: f32[3, 2] #2 = select_scatter(%1, %3, dim=0, index=1)
-          %5: f32[2, 3] strides=[1, 2] #2 = t(%4)
-          %6: f32[2, 3] #3 = clone(%5)
-          %7: f32[4] #3 = as_strided(%6, size=[4], stride=[1], offset=0)
-          %8: f32[4] #4 = mul(%7, 1)
-          return (%6, %8)
+          %4: f32[3, 2] strides=[1, 3] #2 = select_scatter(%1, %3, dim=0, index=1)
+          %5: f32[2, 3] #2 = t(%4)
+          %6: f32[4] #2 = as_strided(%5, size=[4], stride=[1], offset=0)
+          %7: f32[4] #3 = mul(%6, 1)
+          return (%5, %7)
         }
         input 0: mutates_data, hidden_from_autograd
         output 0: non_alias f32[4]
@@ -55,11 +54,10 @@ fn intermediate_mutated_through_transpose_returned() {
         graph(%0: f32[2, 3] #0 "arg0") {
           %1: f32[2, 3] #1 = add(%0, 1)
           %2: f32[3, 2] strides=[1, 3] #1 = t(%1)
-          %3: f32[3, 2] #2 = mul(%2, 2)
-          %4: f32[2, 3] strides=[1, 2] #2 = t(%3)
-          %5: f32[2, 3] #3 = clone(%4)
-          %6: f32[3] offset=3 #3 = select(%5, dim=0, index=1)
-          return (%5, %6)
+          %3: f32[3, 2] strides=[1, 3] #2 = mul(%2, 2)
+          %4: f32[2, 3] #2 = t(%3)
+          %5: f32[3] offset=3 #2 = select(%4, dim=0, index=1)
+          return (%4, %5)
         }
         input 0: -
         output 0: non_alias f32[2, 3]

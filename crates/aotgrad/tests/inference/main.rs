@@ -8,6 +8,7 @@ mod aliasing;
 mod contract;
 mod dynamic;
 mod edge;
+mod layouts;
 mod mutation;
 mod props;
 mod recompile;

@@ -129,8 +129,9 @@ fn mutation_of_a_strided_slice_input() {
     expect![[r#"
         graph(%0: f32[4] strides=[2] #0 "arg0") {
           %1: f32[4] #1 = mul(%0, 10)
-          %2: f32[4] #2 = add(%1, 1)
-          return (%1, %2)
+          %2: f32[4] strides=[2] #2 = copy(%0, %1)
+          %3: f32[4] #3 = add(%2, 1)
+          return (%2, %3)
         }
         input 0: mutates_data, hidden_from_autograd
         output 0: non_alias f32[4]
@@ -142,9 +143,10 @@ fn mutation_of_a_strided_slice_input() {
     expect![[r#"
         graph(%0: f32[4] strides=[2] #0 "arg0") {
           %1: f32[4] #1 = mul(%0, 10)
-          %2: f32[4] #2 = add(%1, 1)
-          %3: f32[4] strides=[2] #0 = copy_(%0, %1)
-          return (%2)
+          %2: f32[4] strides=[2] #2 = copy(%0, %1)
+          %3: f32[4] #3 = add(%2, 1)
+          %4: f32[4] strides=[2] #0 = copy_(%0, %2)
+          return (%3)
         }
         input 0: mutates_data, hidden_from_autograd
         output 0: non_alias f32[4]
@@ -167,11 +169,11 @@ fn input_metadata_mutation() {
     expect![[r#"
         graph(%0: f32[2, 3] #0 "arg0") {
           %1: f32[3, 2] strides=[1, 3] #0 = t(%0)
-          %2: f32[3, 2] #1 = mul(%1, 3)
+          %2: f32[3, 2] strides=[1, 3] #1 = mul(%1, 3)
           return (%2)
         }
         input 0: mutates_metadata, final_meta=f32[3, 2] strides=[1, 3]
-        output 0: non_alias f32[3, 2]
+        output 0: non_alias f32[3, 2] strides=[1, 3]
         convention: [input 0]
     "#]]
     .assert_eq(&c.text);
@@ -195,16 +197,15 @@ fn data_and_metadata_mutation_of_one_input() {
           %1: f32[3, 2] strides=[1, 3] #0 = t(%0)
           %2: f32[2] strides=[3] offset=1 #0 = select(%1, dim=0, index=1)
           %3: f32[2] #1 = mul(%2, -1)
-          %4: f32[3, 2] #2 = select_scatter(%1, %3, dim=0, index=1)
-          %5: f32[2, 3] strides=[1, 2] #2 = t(%4)
-          %6: f32[2, 3] #3 = clone(%5)
-          %7: f32[3, 2] strides=[1, 3] #3 = t(%6)
-          %8: f32[1, 3, 2] strides=[3, 1, 3] #3 = unsqueeze(%7, dim=0)
-          %9: f32[1, 3, 2] #4 = add(%8, 1)
-          return (%6, %9)
+          %4: f32[3, 2] strides=[1, 3] #2 = select_scatter(%1, %3, dim=0, index=1)
+          %5: f32[2, 3] #2 = t(%4)
+          %6: f32[3, 2] strides=[1, 3] #2 = t(%5)
+          %7: f32[1, 3, 2] strides=[3, 1, 3] #2 = unsqueeze(%6, dim=0)
+          %8: f32[1, 3, 2] strides=[3, 1, 3] #3 = add(%7, 1)
+          return (%5, %8)
         }
         input 0: mutates_data, mutates_metadata, hidden_from_autograd, final_meta=f32[1, 3, 2] strides=[3, 1, 3]
-        output 0: non_alias f32[1, 3, 2]
+        output 0: non_alias f32[1, 3, 2] strides=[3, 1, 3]
         mutated graph inputs: [0]
         convention: [input 0]
     "#]]
@@ -231,21 +232,19 @@ fn mutation_through_views_of_views() {
           %3: f32[4, 2] strides=[1, 4] offset=4 #0 = slice(%2, dim=1, start=1, end=3, step=1)
           %4: f32[2] strides=[4] offset=6 #0 = select(%3, dim=0, index=2)
           %5: f32[2] #1 = full_like(%4, value=-5, dtype=None)
-          %6: f32[4, 2] #2 = select_scatter(%3, %5, dim=0, index=2)
-          %7: f32[4, 3] #3 = slice_scatter(%2, %6, dim=1, start=1, end=3, step=1)
-          %8: f32[3, 4] strides=[1, 3] #3 = t(%7)
-          %9: f32[3, 4] #4 = clone(%8)
-          %10: f32[2, 6] #4 = view(%9, [2, 6])
-          %11: f32[3, 4] #4 = view(%10, [3, 4])
-          %12: f32[4, 3] strides=[1, 4] #4 = t(%11)
-          %13: f32[4, 2] strides=[1, 4] offset=4 #4 = slice(%12, dim=1, start=1, end=3, step=1)
-          %14: f32[4, 2] #5 = mul(%13, 2)
-          %15: f32[4, 3] #6 = slice_scatter(%12, %14, dim=1, start=1, end=3, step=1)
-          %16: f32[3, 4] strides=[1, 3] #6 = t(%15)
-          %17: f32[3, 4] #7 = clone(%16)
-          %18: f32[2, 6] #7 = view(%17, [2, 6])
-          %19: f32[2] #8 = sum(%18, dims=[1], keepdim=false)
-          return (%18, %14, %19)
+          %6: f32[4, 2] strides=[1, 4] #2 = select_scatter(%3, %5, dim=0, index=2)
+          %7: f32[4, 3] strides=[1, 4] #3 = slice_scatter(%2, %6, dim=1, start=1, end=3, step=1)
+          %8: f32[3, 4] #3 = t(%7)
+          %9: f32[2, 6] #3 = view(%8, [2, 6])
+          %10: f32[3, 4] #3 = view(%9, [3, 4])
+          %11: f32[4, 3] strides=[1, 4] #3 = t(%10)
+          %12: f32[4, 2] strides=[1, 4] offset=4 #3 = slice(%11, dim=1, start=1, end=3, step=1)
+          %13: f32[4, 2] strides=[1, 4] #4 = mul(%12, 2)
+          %14: f32[4, 3] strides=[1, 4] #5 = slice_scatter(%11, %13, dim=1, start=1, end=3, step=1)
+          %15: f32[3, 4] #5 = t(%14)
+          %16: f32[2, 6] #5 = view(%15, [2, 6])
+          %17: f32[2] #6 = sum(%16, dims=[1], keepdim=false)
+          return (%16, %13, %17)
         }
         input 0: mutates_data, hidden_from_autograd
         output 0: alias_of_input 0 f32[4, 2] strides=[1, 4] offset=4
@@ -272,15 +271,15 @@ fn as_strided_input_and_output() {
     expect![[r#"
         graph(%0: f32[6] offset=1 #0 "base0") {
           %1: f32[3, 2] strides=[1, 3] offset=1 #0 = as_strided(%0, size=[3, 2], stride=[1, 3], offset=1)
-          %2: f32[3, 2] #1 = add(%1, 100)
+          %2: f32[3, 2] strides=[1, 3] #1 = add(%1, 100)
           %3: f32[6] #2 = as_strided_scatter(%0, %2, size=[3, 2], stride=[1, 3], offset=0)
           %4: f32[2, 2] strides=[3, 1] offset=1 #2 = as_strided(%3, size=[2, 2], stride=[3, 1], offset=1)
-          %5: f32[3, 2] #3 = mul(%2, 2)
+          %5: f32[3, 2] strides=[1, 3] #3 = mul(%2, 2)
           return (%3, %4, %5)
         }
         input 0: mutates_data, hidden_from_autograd
         output 0: alias_of_input 0 f32[2, 2] strides=[3, 1] offset=2
-        output 1: non_alias f32[3, 2]
+        output 1: non_alias f32[3, 2] strides=[1, 3]
         mutated graph inputs: [0]
         convention: [view of base 0]
         synthetic base: graph input 0 = storage[1..7] for traced inputs [0]
@@ -411,13 +410,12 @@ fn view_mutation_kept_in_graph() {
           %1: f32[3, 2] strides=[1, 3] #0 = t(%0)
           %2: f32[2] strides=[3] #0 = select(%1, dim=0, index=0)
           %3: f32[2] #1 = full(shape=[2], value=9.0, dtype=f32)
-          %4: f32[2] #2 = copy(%2, %3)
-          %5: f32[3, 2] #3 = select_scatter(%1, %4, dim=0, index=0)
-          %6: f32[2, 3] strides=[1, 2] #3 = t(%5)
-          %7: f32[2, 3] #4 = clone(%6)
-          %8: f32[2, 3] #5 = add(%7, 1)
-          %9: f32[2, 3] #0 = copy_(%0, %7)
-          return (%8)
+          %4: f32[2] strides=[3] #2 = copy(%2, %3)
+          %5: f32[3, 2] strides=[1, 3] #3 = select_scatter(%1, %4, dim=0, index=0)
+          %6: f32[2, 3] #3 = t(%5)
+          %7: f32[2, 3] #4 = add(%6, 1)
+          %8: f32[2, 3] #0 = copy_(%0, %6)
+          return (%7)
         }
         input 0: mutates_data, hidden_from_autograd
         output 0: non_alias f32[2, 3]

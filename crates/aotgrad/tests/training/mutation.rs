@@ -131,7 +131,7 @@ fn metadata_mutation_of_input_requiring_grad() {
         forward:
         graph(%0: f64[2, 3] #0 "arg0") {
           %4: f64[3, 2] strides=[1, 3] #0 = t(%0)
-          %5: f64[3, 2] #3 = mul(%4, 3)
+          %5: f64[3, 2] strides=[1, 3] #3 = mul(%4, 3)
           return (%5)
         }
         backward:
@@ -164,7 +164,7 @@ fn data_and_metadata_mutation() {
         graph(%0: f64[2, 3] #0 "arg0", %1: f64[3] #1 "arg1") {
           %7: f64[2, 3] #6 = mul(%0, %1)
           %8: f64[3, 2] strides=[1, 3] #6 = t(%7)
-          %9: f64[3, 2] #7 = add(%8, 1)
+          %9: f64[3, 2] strides=[1, 3] #7 = add(%8, 1)
           return (%7, %9, %0, %1)
         }
         backward:
