@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::grad_mode::NoGradGuard;
 use crate::tensor::Tensor;
 use aotgrad_ir::infer::{normalize_slice, resolve_expand_shape, resolve_view_shape, squeeze_dims, view_strides};
-use aotgrad_ir::{Dim, Op, ShapeError, SourceLoc};
+use aotgrad_ir::{contiguous_strides, Dim, Op, Scalar, ShapeError, SourceLoc};
 
 /// `-1` stands for "infer"/"keep" in view and expand sizes.
 fn spec_i64(shape: &[i64]) -> Vec<Option<Dim>> {
@@ -296,10 +296,20 @@ impl Tensor {
 
     // ---- copies -----------------------------------------------------------------------
 
-    /// A contiguous copy with fresh storage (PyTorch's `clone`).
+    /// A copy with fresh storage (PyTorch's `clone`, preserving the memory format): a
+    /// dense tensor keeps its strides (`x.t().clone_tensor()` is laid out like
+    /// `x.t()`), another one is dense in its dim order; use
+    /// [`Tensor::contiguous`] for a row-major copy.
     #[track_caller]
     pub fn clone_tensor(&self) -> Result<Tensor> {
-        dispatch(Op::Clone, &[self], &SourceLoc::caller())
+        let loc = SourceLoc::caller();
+        let m = self.meta();
+        if m.strides == contiguous_strides(&m.shape) {
+            return dispatch(Op::Clone, &[self], &loc);
+        }
+        // Fresh storage laid out like `self` (`zeros_like`'s layout), then filled.
+        let like = dispatch(Op::FullLike { dtype: None, value: Scalar::Int(0) }, &[self], &loc)?;
+        dispatch(Op::Copy, &[&like, self], &loc)
     }
     /// This very tensor when already contiguous (like PyTorch), else a contiguous copy.
     #[track_caller]

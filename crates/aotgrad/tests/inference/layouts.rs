@@ -145,3 +145,17 @@ fn a_transposed_result_cannot_be_viewed_flat() {
     let r = tensor(&x23()[0]).unwrap().t().unwrap().mul(2).unwrap().reshape(&[-1]).unwrap();
     assert_eq!(r.to_vec_f64().unwrap(), [0.0, 6.0, 2.0, 8.0, 4.0, 10.0]);
 }
+
+#[test]
+fn clone_preserves_a_dense_layout() {
+    // PyTorch: `x.t().clone()` has strides [1, 3]; `z[:, ::2].t().clone()` [1, 3];
+    // a [4, 1] `k.t()` of strides [1, 4] keeps them exactly.
+    let got = layouts(
+        |a| {
+            let (x, z, k) = (tensor(&a[0])?, tensor(&a[1])?, tensor(&a[2])?);
+            Ok(vec![x.t()?.clone_tensor()?, z.slice(1, Some(0), None, 2)?.t()?.clone_tensor()?, k.t()?.clone_tensor()?])
+        },
+        || vec![seq(&[2, 3], 0.0).into(), seq(&[4, 6], 0.0).into(), seq(&[1, 4], 0.0).into()],
+    );
+    assert_eq!(got, vec![vec![1, 3], vec![1, 3], vec![1, 4]]);
+}
