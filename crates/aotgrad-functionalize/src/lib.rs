@@ -30,7 +30,7 @@ pub mod verify;
 
 use aotgrad_ir::{DimOracle, Graph, ShapeError, SourceLoc, ValueId};
 use aotgrad_meta::{CallingConvention, ViewAndMutationMeta};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use thiserror::Error;
 
 pub use verify::verify_functional;
@@ -150,13 +150,22 @@ pub fn functionalize(
 /// that mutate (the trailing `copy_`s into inputs of a functional graph kept in
 /// `keep_input_mutations` mode) are kept, with what they read. Inputs and the outputs
 /// are unchanged; the kept nodes keep their order.
-pub fn eliminate_dead_code(mut g: Graph) -> Graph {
+pub fn eliminate_dead_code(g: Graph) -> Graph {
+    eliminate_dead_code_with(g, &HashMap::new())
+}
+
+/// [`eliminate_dead_code`], where a live key of `also` keeps its value live too (a
+/// hidden mutation's new value keeps the old value its gradient passes straight to).
+pub(crate) fn eliminate_dead_code_with(mut g: Graph, also: &HashMap<ValueId, ValueId>) -> Graph {
     let mut live: HashSet<ValueId> = g.outputs.iter().copied().collect();
     let mut keep = vec![false; g.nodes.len()];
     for (k, n) in g.nodes.iter().enumerate().rev() {
         if live.contains(&n.out) || n.op.is_mutation() {
             keep[k] = true;
             live.extend(n.args.iter().copied());
+            if let Some(o) = also.get(&n.out) {
+                live.insert(*o);
+            }
         }
     }
     let mut keep = keep.into_iter();

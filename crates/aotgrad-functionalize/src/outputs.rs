@@ -5,7 +5,7 @@
 //! and renumber.
 
 use crate::pass::Pass;
-use crate::{eliminate_dead_code, AutogradFacts, FunctionalizeError, Functionalized, Options, Result};
+use crate::{eliminate_dead_code_with, AutogradFacts, FunctionalizeError, Functionalized, Options, Result};
 use aotgrad_ir::{Graph, Op, StorageId, ValueId};
 use aotgrad_meta::{CallingConvention, InputInfo, OutputInfo, OutputKind, ViewAndMutationMeta};
 use std::collections::HashMap;
@@ -39,7 +39,7 @@ fn classify(p: &Pass<'_, '_>) -> Result<(Vec<OutputInfo>, Vec<usize>)> {
             OutputKind::NonAlias // fixed below
         };
         first_seen.entry(*v).or_insert(j);
-        outputs.push(OutputInfo { kind, meta, requires_grad });
+        outputs.push(OutputInfo { kind, meta, requires_grad, grad_cut: t.cut });
     }
     let mut base_roots: Vec<usize> = Vec::new();
     let mut base_of_root: HashMap<usize, usize> = HashMap::new();
@@ -55,6 +55,11 @@ fn classify(p: &Pass<'_, '_>) -> Result<(Vec<OutputInfo>, Vec<usize>)> {
                 OutputKind::AliasOfIntermediate(b)
             }
         };
+    }
+    // A view autograd does not see through passes no gradient to what it views (a
+    // fresh result of it, by contrast, is computed from the cut alias).
+    for o in &mut outputs {
+        o.grad_cut &= !matches!(o.kind, OutputKind::NonAlias);
     }
     Ok((outputs, base_roots))
 }
@@ -104,7 +109,8 @@ pub(crate) fn finish(mut p: Pass<'_, '_>, options: &Options, convention: Calling
 
     let mut graph = p.b.into_graph();
     graph.outputs = graph_outputs;
-    let (graph, vmap) = compact(eliminate_dead_code(graph));
+    let straight: HashMap<ValueId, ValueId> = p.autograd.straight_through.iter().copied().collect();
+    let (graph, vmap) = compact(eliminate_dead_code_with(graph, &straight));
     // Renumber the autograd facts; drop those about dead values.
     let autograd = AutogradFacts {
         detached: p.autograd.detached.iter().filter_map(|v| vmap.get(v).copied()).collect(),

@@ -104,6 +104,9 @@ pub(crate) struct TVal {
     /// A view autograd does not see through (detached, or taken under no-grad): every
     /// functional value of it is a fresh `alias` listed in [`crate::AutogradFacts::detached`].
     pub detached: bool,
+    /// This value or a view it was taken from is `detached`: autograd reaches nothing
+    /// through it.
+    pub cut: bool,
 }
 
 pub(crate) struct Pass<'a, 'o> {
@@ -206,7 +209,15 @@ impl Pass<'_, '_> {
                 let r = self.new_root(v, &inp.meta, Some(gidx), vec![i], grad);
                 self.vals.insert(
                     inp.id,
-                    TVal { root: r, chain: Chain::default(), fv: v, gen: 0, handle: Some(i), detached: false },
+                    TVal {
+                        root: r,
+                        chain: Chain::default(),
+                        fv: v,
+                        gen: 0,
+                        handle: Some(i),
+                        detached: false,
+                        cut: false,
+                    },
                 );
                 convention.args.push(ArgSlot::Input(gidx));
                 continue;
@@ -232,7 +243,15 @@ impl Pass<'_, '_> {
             let fv = self.b.apply_view(&op, cur, &None)?;
             self.vals.insert(
                 inp.id,
-                TVal { root: r, chain: Chain::default().push(op), fv, gen: 0, handle: Some(i), detached: false },
+                TVal {
+                    root: r,
+                    chain: Chain::default().push(op),
+                    fv,
+                    gen: 0,
+                    handle: Some(i),
+                    detached: false,
+                    cut: false,
+                },
             );
             convention.args.push(ArgSlot::ViewOfBase { base: base_idx });
         }
@@ -255,7 +274,7 @@ impl Pass<'_, '_> {
                 let r = self.new_root(v, &node.meta, None, vec![], grad);
                 self.vals.insert(
                     node.out,
-                    TVal { root: r, chain: Chain::default(), fv: v, gen: 0, handle: None, detached: false },
+                    TVal { root: r, chain: Chain::default(), fv: v, gen: 0, handle: None, detached: false, cut: false },
                 );
                 Ok(())
             }
@@ -320,7 +339,8 @@ impl Pass<'_, '_> {
             fv
         };
         let gen = self.roots[t0.root].gen;
-        self.vals.insert(node.out, TVal { root: t0.root, chain, fv, gen, handle, detached });
+        let cut = t0.cut || detached;
+        self.vals.insert(node.out, TVal { root: t0.root, chain, fv, gen, handle, detached, cut });
         Ok(())
     }
 
@@ -378,7 +398,10 @@ impl Pass<'_, '_> {
             y
         };
         let y = self.b.dense_like(y, root_cur, loc)?;
-        let hidden = self.unseen(node.out);
+        // Through a `detach`ed alias the mutation is hidden from the storage's other
+        // views even when the values written require grad (the alias itself then
+        // requires grad, as in PyTorch, and keeps the written value's gradient).
+        let hidden = self.unseen(node.out) || t0.detached;
         let root = &mut self.roots[t0.root];
         // A mutation autograd does not see, of a storage it tracks: to autograd the
         // storage keeps its identity, so the new value passes its gradient straight
@@ -401,10 +424,18 @@ impl Pass<'_, '_> {
         // value is laid out otherwise, its next read replays its chain from the new
         // root value (which has the root's layout), so the strides match eager's.
         let relaid = self.b.meta(new)?.strides != node.meta.strides;
-        let tv_gen = if straight || relaid { gen.wrapping_sub(1) } else { gen };
+        let tv_gen = if (straight && !t0.detached) || relaid { gen.wrapping_sub(1) } else { gen };
         self.vals.insert(
             node.out,
-            TVal { root: t0.root, chain: t0.chain, fv: new, gen: tv_gen, handle: t0.handle, detached: t0.detached },
+            TVal {
+                root: t0.root,
+                chain: t0.chain,
+                fv: new,
+                gen: tv_gen,
+                handle: t0.handle,
+                detached: t0.detached,
+                cut: t0.cut,
+            },
         );
         Ok(())
     }

@@ -55,6 +55,10 @@ pub struct OutputInfo {
     pub meta: TensorMeta,
     /// It requires grad.
     pub requires_grad: bool,
+    /// A view autograd does not see through (taken under no-grad, or through a
+    /// `detach`ed alias): it may require grad, as in PyTorch, but its gradient reaches
+    /// none of the values it views.
+    pub grad_cut: bool,
 }
 
 /// Everything the runtime wrapper needs to reproduce eager side effects and aliasing.

@@ -232,6 +232,10 @@ fn one_call(
             let Some(g) = g else { continue };
             let g = g.to_vec_f64().map_err(|e| e.to_string())?;
             let fd = finite_differences(&before, k, &loss)?;
+            // Gradients follow tensors: an argument naming a storage element several
+            // times (an `expand`) gets a gradient per element, and perturbing the
+            // element measures their sum.
+            let g = summed_over_repeats(tensor(&before[k]).map_err(|e| e.to_string())?, &g);
             for (e, (a, b)) in g.iter().zip(&fd).enumerate() {
                 if (a - b).abs() > TOL * b.abs().max(1.0) {
                     return Err(format!(
@@ -351,6 +355,29 @@ fn finite_differences(
         fd.push((up - down) / (2.0 * EPS));
     }
     Ok(fd)
+}
+
+/// `g`, a gradient per element of `t`, with each element's entry replaced by the sum
+/// over the elements of `t` at the same storage position (unchanged when `t` names
+/// every element once).
+fn summed_over_repeats(t: &Tensor, g: &[f64]) -> Vec<f64> {
+    let m = t.meta();
+    let (shape, strides) = (m.concrete_shape().unwrap_or_default(), m.concrete_strides().unwrap_or_default());
+    let pos: Vec<usize> = (0..g.len())
+        .map(|e| {
+            let (mut rest, mut p) = (e, 0);
+            for d in (0..shape.len()).rev() {
+                p += (rest % shape[d]) * strides[d];
+                rest /= shape[d];
+            }
+            p
+        })
+        .collect();
+    let mut sum: std::collections::HashMap<usize, f64> = std::collections::HashMap::new();
+    for (p, v) in pos.iter().zip(g) {
+        *sum.entry(*p).or_insert(0.0) += v;
+    }
+    pos.iter().map(|p| sum[p]).collect()
 }
 
 /// The observable state of one tensor.

@@ -180,7 +180,8 @@ fn aliased_inputs_not_mutated() {
 }
 
 /// Disjoint views of one storage, and an input repeating its elements (`expand`):
-/// the repeated element's gradient is the sum over its repetitions.
+/// gradients follow tensors, so the expanded input gets one per element (PyTorch's
+/// gradient for that argument; its base would get their sum).
 #[test]
 fn disjoint_views_and_an_expanded_input() {
     let c = check(
@@ -197,6 +198,10 @@ fn disjoint_views_and_an_expanded_input() {
         },
         AotConfig::default(),
     );
+    // Both rows of the expanded argument get the same gradient, each half of what
+    // perturbing the shared element measures.
+    let ge = c.grads[2].as_ref().expect("gradient of the expanded argument").to_vec_f64().expect("values");
+    assert_eq!(ge[..3], ge[3..]);
     expect![[r#"
         forward:
         graph(%0: f64[3] strides=[2] #0 "arg0", %1: f64[3] strides=[2] offset=1 #1 "arg1", %2: f64[2, 3] strides=[0, 1] #2 "arg2") {

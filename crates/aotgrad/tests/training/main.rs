@@ -12,6 +12,7 @@ mod errors;
 mod inputs;
 mod mutation;
 mod nograd;
+mod parity;
 mod partition;
 #[path = "../shared/worlds.rs"]
 mod worlds;

@@ -138,6 +138,8 @@ impl PendingBackward {
         let mut acc_out: Vec<Option<Tensor>> = vec![None; meta.outputs.len()];
         let mut acc_base: Vec<Option<Tensor>> = vec![None; meta.num_intermediate_bases];
         let mut acc_input: Vec<Option<Tensor>> = vec![None; meta.inputs.len()];
+        // Inputs whose gradient got a contribution through storage positions.
+        let mut scattered: Vec<bool> = vec![false; meta.inputs.len()];
         let mut acc_mut: Vec<Option<Tensor>> = vec![None; n_mut];
         for (j, g) in output_grads.iter().enumerate() {
             let Some(g) = g else { continue };
@@ -149,7 +151,7 @@ impl PendingBackward {
                     g.sizes()?
                 )));
             }
-            if !meta.outputs[j].requires_grad || !out_meta.dtype.is_float() {
+            if !meta.outputs[j].requires_grad || meta.outputs[j].grad_cut || !out_meta.dtype.is_float() {
                 continue;
             }
             let g = g.to(out_meta.dtype)?;
@@ -169,8 +171,13 @@ impl PendingBackward {
                     let base_meta = concrete(bm, &self.env)?;
                     add(&mut acc_base[*b], storage_scatter(&g, &out_meta, &base_meta)?)?
                 }
+                // The input itself, unchanged: its gradient is this one (gradients
+                // follow tensors; an expanded input gets 1 per element, not the sum
+                // over the elements sharing its storage).
+                OutputKind::IsInput(k) if self.unchanged_own_input(*k) => add(&mut acc_input[*k], g)?,
                 OutputKind::IsInput(k) | OutputKind::AliasOfInput(k) => {
-                    self.storage_grad(*k, &g, &out_meta, &mut acc_mut, &mut acc_input)?
+                    self.storage_grad(*k, &g, &out_meta, &mut acc_mut, &mut acc_input)?;
+                    scattered[*k] = true;
                 }
                 OutputKind::SameAs(_) => {
                     return Err(Error::Internal("SameAs chain did not end at an owning output".into()))
@@ -179,6 +186,9 @@ impl PendingBackward {
         }
         for (arg, h) in updated_input_grads {
             self.updated_input_grad(*arg, h, &mut acc_mut, &mut acc_input)?;
+            if let Some(k) = self.traced_index(*arg) {
+                scattered[k] = true;
+            }
         }
         *used = true;
         // Tangents, in joint order.
@@ -213,7 +223,7 @@ impl PendingBackward {
         for (p, &g) in tm.grad_primals.iter().enumerate() {
             by_graph_input[g] = grads.get(p).cloned().map(Tensor::from_cpu);
         }
-        let traced_grads = self.input_grads(&by_graph_input, acc_input)?;
+        let traced_grads = self.input_grads(&by_graph_input, acc_input, &scattered)?;
         // Traced inputs back to the caller's arguments (duplicates share one gradient).
         Ok((0..self.args.len()).map(|i| self.traced_index(i).and_then(|k| traced_grads[k].clone())).collect())
     }
@@ -230,6 +240,7 @@ impl PendingBackward {
         &self,
         by_graph_input: &[Option<Tensor>],
         mut extra: Vec<Option<Tensor>>,
+        scattered: &[bool],
     ) -> Result<Vec<Option<Tensor>>> {
         let entry = &self.entry;
         let meta = &entry.m().meta;
@@ -255,7 +266,9 @@ impl PendingBackward {
                     ArgSlot::Input(g) => Some(g),
                     ArgSlot::ViewOfBase { .. } => None,
                 };
-                let distinct = Layout::of(&self.input_metas[k]).is_some_and(|l| !l.may_repeat());
+                // Repeated elements (an expanded input) matter only to contributions
+                // that went through storage positions.
+                let distinct = !scattered[k] || Layout::of(&self.input_metas[k]).is_some_and(|l| !l.may_repeat());
                 if let (Some(g), true) = (own_input, distinct) {
                     let mut g = by_graph_input[g].clone();
                     if let Some(e) = extra[k].take() {
@@ -385,6 +398,14 @@ impl PendingBackward {
             Some(p) => add(&mut acc_mut[p], storage_scatter(g, view, &target)?),
             None => add(&mut acc_input[k], storage_scatter(g, view, &self.input_metas[k])?),
         }
+    }
+
+    /// Traced input `k` is its own graph input, and the call changed neither its data
+    /// nor its metadata.
+    fn unchanged_own_input(&self, k: usize) -> bool {
+        let m = &self.entry.m();
+        let info = &m.meta.inputs[k];
+        matches!(m.convention.args[k], ArgSlot::Input(_)) && !info.mutates_data && !info.mutates_metadata
     }
 
     fn call_error(&self, msg: String) -> Error {

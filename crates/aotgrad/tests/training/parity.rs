@@ -1,0 +1,97 @@
+//! Gradients as PyTorch's autograd gives them where views, no-grad regions and
+//! detached aliases meet (each case checked in PyTorch 2.15 eager).
+
+use crate::checker::tensor;
+use aotgrad::trace::{no_grad, DType, Tensor};
+use aotgrad::{aot_function_args, AotConfig, Arg};
+
+fn leaf(v: &[f64], shape: &[usize]) -> Tensor {
+    Tensor::from_f64(v, shape, DType::F64).expect("data").requires_grad(true).expect("leaf")
+}
+
+/// Outputs' values, their `requires_grad` flags, and the arguments' gradients.
+type Run = (Vec<Vec<f64>>, Vec<bool>, Vec<Option<Vec<f64>>>);
+
+/// One compiled forward and a backward with all-ones output gradients.
+fn run(
+    f: fn(&[Arg]) -> aotgrad::trace::Result<Vec<Tensor>>,
+    args: Vec<Arg>,
+) -> Run {
+    let c = aot_function_args(f, AotConfig::default()).expect("compile");
+    let (outs, pending) = c.forward_args(&args).expect("forward");
+    let ones: Vec<Tensor> = outs.iter().map(|o| o.ones_like().expect("ones")).collect();
+    let grads = pending.backward(&ones).expect("backward");
+    (
+        outs.iter().map(|o| o.to_vec_f64().expect("values")).collect(),
+        outs.iter().map(Tensor::is_requires_grad).collect(),
+        grads.iter().map(|g| g.as_ref().map(|g| g.to_vec_f64().expect("values"))).collect(),
+    )
+}
+
+#[test]
+fn an_expanded_argument_returned_gets_one_per_element() {
+    // PyTorch: `a = L.expand(2, 3)`, `f(a) = a`: the gradient for `a` is 1 per
+    // element (and `L`'s, through the expand, 2); `a * 1` gives the same.
+    let l = leaf(&[1.0, 2.0, 3.0], &[3]);
+    for f in [
+        (|a: &[Arg]| Ok(vec![tensor(&a[0])?.clone()])) as fn(&[Arg]) -> aotgrad::trace::Result<Vec<Tensor>>,
+        |a: &[Arg]| Ok(vec![tensor(&a[0])?.mul(1.0)?]),
+    ] {
+        let (_, _, g) = run(f, vec![l.expand(&[2, 3]).expect("expand").into()]);
+        assert_eq!(g[0].as_deref(), Some(&[1.0; 6][..]));
+    }
+}
+
+#[test]
+fn a_view_of_a_no_grad_view_passes_no_gradient() {
+    // PyTorch: `y = a * 2`; under no_grad `v = y.view(6)`; `v.view(3, 2)` requires
+    // grad but `a.grad` stays None (here: zeros).
+    let (vals, rg, g) = run(
+        |a| {
+            let y = tensor(&a[0])?.mul(2.0)?;
+            let v = no_grad(|| y.view(&[6]))?;
+            Ok(vec![v.view(&[3, 2])?])
+        },
+        vec![leaf(&[1.0; 6], &[2, 3]).into()],
+    );
+    assert_eq!(vals[0], [2.0; 6]);
+    assert_eq!(rg, [true]);
+    assert_eq!(g[0].as_deref(), Some(&[0.0; 6][..]));
+}
+
+#[test]
+fn a_no_grad_in_place_op_after_a_grad_mode_one_is_hidden() {
+    // PyTorch: `v = (a * 2).t(); v.add_(1)`; under no_grad `v.mul_(3)`; `a.grad` is 2
+    // (autograd never saw the multiplication by 3), while the values are 9.
+    let (vals, rg, g) = run(
+        |a| {
+            let v = tensor(&a[0])?.mul(2.0)?.t()?;
+            v.add_(1.0)?;
+            no_grad(|| v.mul_(3.0))?;
+            Ok(vec![v])
+        },
+        vec![leaf(&[1.0; 6], &[2, 3]).into()],
+    );
+    assert_eq!(vals[0], [9.0; 6]);
+    assert_eq!(rg, [true]);
+    assert_eq!(g[0].as_deref(), Some(&[2.0; 6][..]));
+}
+
+#[test]
+fn an_in_place_op_on_a_detached_alias_is_hidden_from_the_original() {
+    // PyTorch: `y = a * 2; z = a * 3; y.detach().mul_(z); return y`: y is
+    // [0.06, 0.24, 0.54] and `a.grad` is 2 (y's history is still `a * 2`).
+    let (vals, _, g) = run(
+        |a| {
+            let x = tensor(&a[0])?;
+            let (y, z) = (x.mul(2.0)?, x.mul(3.0)?);
+            y.detach()?.mul_(&z)?;
+            Ok(vec![y])
+        },
+        vec![leaf(&[0.1, 0.2, 0.3], &[3]).into()],
+    );
+    for (v, w) in vals[0].iter().zip([0.06, 0.24, 0.54]) {
+        assert!((v - w).abs() < 1e-12, "{:?}", vals[0]);
+    }
+    assert_eq!(g[0].as_deref(), Some(&[2.0; 3][..]));
+}
