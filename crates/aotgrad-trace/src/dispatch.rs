@@ -83,6 +83,16 @@ fn differentiable(op: &Op) -> bool {
 /// PyTorch's check before an in-place op while grad mode is on (the view rule first,
 /// as in PyTorch's `check_inplace`).
 fn check_inplace(op: &str, s0: &TState, loc: &SourceLoc) -> Result<()> {
+    if s0.no_grad_view {
+        return Err(Error::autograd(
+            op,
+            loc,
+            "A view was created in no_grad mode and is being modified inplace with grad mode enabled. Given that \
+             this use case is ambiguous and error-prone, it is forbidden. You can clarify your code by moving both \
+             the view and the inplace either both inside the no_grad block (if you don't want the inplace to be \
+             tracked) or both outside (if you want the inplace to be tracked).",
+        ));
+    }
     if let Some(base) = &s0.base {
         let b = base.snapshot();
         if s0.requires_grad() && b.is_leaf() && b.requires_grad() {
@@ -221,7 +231,17 @@ pub(crate) fn dispatch(op: Op, args: &[&Tensor], loc: &SourceLoc) -> Result<Tens
         Aliasing::View => {
             let s0 = first()?;
             let base = s0.base.clone().or_else(|| args.first().map(|t| (*t).clone()));
-            Ok(Tensor::from_state(TState { repr, own_requires_grad: rg, own_is_leaf: !rg, base, grad_view: grad }))
+            // Under no-grad, a view of a tensor requiring grad still requires grad (a
+            // view of such a view in grad mode inherits it), as in PyTorch.
+            let no_grad_view = s0.no_grad_view || (!grad && s0.requires_grad());
+            Ok(Tensor::from_state(TState {
+                repr,
+                own_requires_grad: rg,
+                own_is_leaf: !rg,
+                base,
+                grad_view: grad && !no_grad_view,
+                no_grad_view,
+            }))
         }
         Aliasing::MutatesData | Aliasing::MutatesMeta => {
             let target = args.first().ok_or_else(|| Error::Internal(format!("{name}: no self argument")))?;

@@ -308,6 +308,7 @@ where
                 own_is_leaf,
                 base: x.base.as_ref().map(autograd_base),
                 grad_view: x.grad_view,
+                no_grad_view: x.no_grad_view,
             }));
         }
     }

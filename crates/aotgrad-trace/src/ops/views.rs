@@ -288,6 +288,7 @@ impl Tensor {
             let mut st = t.lock();
             st.base = None;
             st.grad_view = false;
+            st.no_grad_view = false;
             st.own_requires_grad = false;
             st.own_is_leaf = true;
         }

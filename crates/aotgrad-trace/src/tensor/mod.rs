@@ -38,6 +38,10 @@ pub(crate) struct TState {
     /// A view created while grad mode was on (PyTorch's differentiable view): its
     /// `requires_grad` follows its base's (see [`TState::requires_grad`]).
     pub(crate) grad_view: bool,
+    /// A view created under no-grad of a tensor that required grad, or a view of
+    /// such a view (PyTorch's `CreationMeta::NO_GRAD_MODE`): it requires grad, has
+    /// no history autograd follows, and may not be modified in place in grad mode.
+    pub(crate) no_grad_view: bool,
 }
 
 /// Eager data or fake metadata.
@@ -59,7 +63,14 @@ pub(crate) struct Fake {
 impl TState {
     /// A tensor that is not a view.
     pub(crate) fn new(repr: Repr, requires_grad: bool, is_leaf: bool) -> TState {
-        TState { repr, own_requires_grad: requires_grad, own_is_leaf: is_leaf, base: None, grad_view: false }
+        TState {
+            repr,
+            own_requires_grad: requires_grad,
+            own_is_leaf: is_leaf,
+            base: None,
+            grad_view: false,
+            no_grad_view: false,
+        }
     }
     /// The base's flags `(requires_grad, is_leaf)` when this is a differentiable view.
     fn grad_base(&self) -> Option<(bool, bool)> {
@@ -72,7 +83,7 @@ impl TState {
     /// view taken before its base was mutated in place with a value requiring grad
     /// requires grad too.
     pub(crate) fn requires_grad(&self) -> bool {
-        self.own_requires_grad || self.grad_base().is_some_and(|(rg, _)| rg)
+        self.own_requires_grad || self.no_grad_view || self.grad_base().is_some_and(|(rg, _)| rg)
     }
     /// Whether this is an autograd leaf: not when it is a differentiable view whose
     /// base is a non-leaf requiring grad (PyTorch regenerates the view's `grad_fn`
@@ -257,6 +268,13 @@ impl Tensor {
         }
         Ok(())
     }
+    /// Forget that this view was taken under no-grad: for a runtime that regenerates a
+    /// call's aliased outputs as views under no-grad and then gives them the autograd
+    /// flags the traced function's outputs had (see [`Tensor::mark_differentiable_result`]).
+    pub fn clear_no_grad_view(&self) {
+        self.lock().no_grad_view = false;
+    }
+
     /// Mark this tensor as the result of a differentiable computation: it requires grad
     /// and is not a leaf (what the outputs of a compiled forward are, like those of a
     /// PyTorch `autograd.Function`). Only floating dtypes can require gradients.

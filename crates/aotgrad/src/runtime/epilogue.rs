@@ -15,8 +15,12 @@ use aotgrad_ir::{Op, TensorMeta};
 use aotgrad_meta::OutputKind;
 use aotgrad_trace::{NoGradGuard, Tensor};
 
+/// An aliased output regenerated as a view of `base` (under no-grad; its autograd
+/// flags are set afterwards from the traced outputs').
 fn view_of(base: &Tensor, meta: &TensorMeta) -> Result<Tensor> {
-    Ok(base.as_strided_dims(&meta.shape, &meta.strides, meta.offset.clone())?)
+    let v = base.as_strided_dims(&meta.shape, &meta.strides, meta.offset.clone())?;
+    v.clear_no_grad_view();
+    Ok(v)
 }
 
 /// Run the inference graph of `entry` on the call's arguments, then the epilogue.

@@ -107,13 +107,13 @@ fn view_taken_under_no_grad() {
     expect![[r#"
         forward:
         graph(%0: f64[2, 3] #0 "arg0") {
-          %7: f64[2, 3] #3 = mul(%0, %0)
-          return (%7, %0)
+          %6: f64[2, 3] #3 = mul(%0, %0)
+          return (%6, %0)
         }
         backward:
-        graph(%0: f64[2, 3] #0 "arg0", %6: f64[2, 3] #2 "tangent0") {
-          %8: f64[2, 3] #4 = mul(%6, %0)
-          return (%8)
+        graph(%0: f64[2, 3] #0 "arg0", %5: f64[2, 3] #2 "tangent0") {
+          %7: f64[2, 3] #4 = mul(%5, %0)
+          return (%7)
         }
         saved 1 value, 48 bytes (0 activation bytes):
           %0 "arg0": f64[2, 3] (48 bytes)

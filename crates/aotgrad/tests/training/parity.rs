@@ -13,10 +13,7 @@ fn leaf(v: &[f64], shape: &[usize]) -> Tensor {
 type Run = (Vec<Vec<f64>>, Vec<bool>, Vec<Option<Vec<f64>>>);
 
 /// One compiled forward and a backward with all-ones output gradients.
-fn run(
-    f: fn(&[Arg]) -> aotgrad::trace::Result<Vec<Tensor>>,
-    args: Vec<Arg>,
-) -> Run {
+fn run(f: fn(&[Arg]) -> aotgrad::trace::Result<Vec<Tensor>>, args: Vec<Arg>) -> Run {
     let c = aot_function_args(f, AotConfig::default()).expect("compile");
     let (outs, pending) = c.forward_args(&args).expect("forward");
     let ones: Vec<Tensor> = outs.iter().map(|o| o.ones_like().expect("ones")).collect();
@@ -94,4 +91,28 @@ fn an_in_place_op_on_a_detached_alias_is_hidden_from_the_original() {
         assert!((v - w).abs() < 1e-12, "{:?}", vals[0]);
     }
     assert_eq!(g[0].as_deref(), Some(&[2.0; 3][..]));
+}
+
+#[test]
+fn views_taken_under_no_grad_require_grad_and_refuse_in_place_ops_in_grad_mode() {
+    // PyTorch: under no_grad `w = a.view(3)` of an `a` requiring grad has
+    // `requires_grad` True, and `w.mul_(2)` with grad mode back on raises.
+    let a = leaf(&[1.0, 2.0, 3.0], &[3]);
+    let w = no_grad(|| a.view(&[3])).expect("view");
+    assert!(w.is_requires_grad());
+    let e = w.mul_(2.0).expect_err("in-place on a no-grad view in grad mode");
+    assert!(e.to_string().contains("A view was created in no_grad mode and is being modified inplace"), "{e}");
+    // Inside no_grad the same write is allowed (autograd does not track it).
+    no_grad(|| w.mul_(2.0)).expect("in-place under no_grad");
+    // The same program compiled is refused the same way.
+    let msg = crate::checker::both_reject(
+        |a: &[Arg]| {
+            let y = tensor(&a[0])?.mul(1.0)?;
+            let v = no_grad(|| y.view(&[3]))?;
+            v.mul_(2.0)?;
+            Ok(vec![v])
+        },
+        &|| vec![leaf(&[1.0, 2.0, 3.0], &[3]).into()],
+    );
+    assert!(msg.contains("A view was created in no_grad mode"), "{msg}");
 }
