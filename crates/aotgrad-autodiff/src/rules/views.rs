@@ -115,6 +115,59 @@ pub(crate) fn disjoint(size: &[Dim], stride: &[Dim]) -> bool {
     Layout::of(&probe).is_some_and(|l| !l.may_repeat())
 }
 
+/// The gradient of an `as_strided` view that names some storage elements several
+/// times: `g` added into a flat buffer at each element's storage position
+/// (`scatter_add` over the positions, which are constants), then read back in the
+/// input's layout. Needs concrete sizes, strides and offsets.
+fn overlapping_as_strided(
+    b: &mut Builder,
+    xm: &TensorMeta,
+    size: &[Dim],
+    stride: &[Dim],
+    offset: &Dim,
+    g: ValueId,
+    dtype: aotgrad_ir::DType,
+) -> Result<ValueId> {
+    let consts = |ds: &[Dim]| ds.iter().map(Dim::as_const).collect::<Option<Vec<i64>>>();
+    let (Some(sz), Some(st), Some(off), Some(len)) = (
+        consts(size),
+        consts(stride),
+        offset.as_const(),
+        extent(&xm.shape, &xm.strides, &xm.offset).zip(extent(size, stride, offset)).map(|(a, v)| a.max(v)),
+    ) else {
+        return Err(not_diff(format!(
+            "the view (size {size:?}, stride {stride:?}) repeats elements and has symbolic geometry; its \
+             gradient needs concrete positions to accumulate"
+        )));
+    };
+    // The storage position of every element of the view: `offset + sum_d i_d *
+    // stride_d`, built from one `arange` per dim broadcast over the view's shape.
+    let (i64t, r) = (aotgrad_ir::DType::I64, sz.len());
+    let n: i64 = sz.iter().product();
+    let mut idx = b.emit(Op::Full { shape: Vec::new(), value: aotgrad_ir::Scalar::Int(off), dtype: i64t }, vec![])?;
+    for d in 0..r {
+        let ar = Op::Arange {
+            start: aotgrad_ir::Scalar::Int(0),
+            end: aotgrad_ir::Scalar::Int(sz[d]),
+            step: aotgrad_ir::Scalar::Int(1),
+            dtype: i64t,
+        };
+        let a = b.emit(ar, vec![])?;
+        let shape: Vec<Dim> = (0..r).map(|k| Dim::Const(if k == d { sz[d] } else { 1 })).collect();
+        let a = b.emit(Op::View(shape), vec![a])?;
+        let a = b.emit(Op::BinaryScalar(aotgrad_ir::BinaryOp::Mul, aotgrad_ir::Scalar::Int(st[d])), vec![a])?;
+        idx = b.emit(Op::Binary(aotgrad_ir::BinaryOp::Add), vec![idx, a])?;
+    }
+    let idx = b.contiguous(idx)?;
+    let idx = b.emit(Op::View(vec![Dim::Const(n)]), vec![idx])?;
+    let flat_g = b.contiguous(g)?;
+    let flat_g = b.emit(Op::View(vec![Dim::Const(n)]), vec![flat_g])?;
+    let flat = b.zeros(vec![Dim::Const(len)], dtype)?;
+    let acc = b.emit(Op::ScatterAdd(0), vec![flat, idx, flat_g])?;
+    let back = Op::AsStrided { size: xm.shape.clone(), stride: xm.strides.clone(), offset: xm.offset.clone() };
+    b.emit(back, vec![acc])
+}
+
 /// The gradient of `as_strided(size, stride, offset)` of an input with meta `xm`.
 fn as_strided(
     b: &mut Builder,
@@ -124,16 +177,15 @@ fn as_strided(
     offset: &Dim,
     g: ValueId,
 ) -> Result<ValueId> {
-    if !disjoint(size, stride) {
-        return Err(not_diff(format!(
-            "the view (size {size:?}, stride {stride:?}) has overlapping elements; its gradient would need \
-             accumulation"
-        )));
-    }
     if !disjoint(&xm.shape, &xm.strides) {
         return Err(not_diff(format!("the input {xm} has overlapping elements")));
     }
     let dtype = b.meta(g)?.dtype;
+    if !disjoint(size, stride) {
+        // Elements the view repeats: their gradients add up at their storage
+        // position (PyTorch's `as_strided_backward` accumulates too).
+        return overlapping_as_strided(b, xm, size, stride, offset, g, dtype);
+    }
     let rel = offset.sub(&xm.offset);
     let rel_fits = match (rel.as_const(), extent(size, stride, &rel), xm.numel().as_const()) {
         (Some(r), Some(e), Some(n)) => r >= 0 && e <= n,

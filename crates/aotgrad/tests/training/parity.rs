@@ -116,3 +116,26 @@ fn views_taken_under_no_grad_require_grad_and_refuse_in_place_ops_in_grad_mode()
     );
     assert!(msg.contains("A view was created in no_grad mode"), "{msg}");
 }
+
+#[test]
+fn an_as_strided_view_repeating_elements_is_differentiated() {
+    // PyTorch: `a.as_strided([2, 2], [2, 2], 0).sin()` names a[2] twice; with output
+    // weights [[1, 2], [3, 4]] the gradient is [0.9950, 0, 4.7767, 0, 3.5103, 0]
+    // (a[2]'s two uses add up).
+    let c = aot_function_args(
+        |a: &[Arg]| Ok(vec![tensor(&a[0])?.as_strided(&[2, 2], &[2, 2], 0)?.sin()?]),
+        AotConfig::default(),
+    )
+    .expect("compile");
+    let a = leaf(&[0.1, 0.2, 0.3, 0.4, 0.5, 0.6], &[6]);
+    let (outs, pending) = c.forward_args(&[a.into()]).expect("forward");
+    let want_out = [0.0998, 0.2955, 0.2955, 0.4794];
+    for (o, w) in outs[0].to_vec_f64().expect("values").iter().zip(want_out) {
+        assert!((o - w).abs() < 1e-4, "{o} vs {w}");
+    }
+    let w = Tensor::from_f64(&[1.0, 2.0, 3.0, 4.0], &[2, 2], DType::F64).expect("weights");
+    let g = pending.backward(&[w]).expect("backward")[0].as_ref().expect("grad").to_vec_f64().expect("values");
+    for (x, w) in g.iter().zip([0.9950, 0.0, 4.7767, 0.0, 3.5103, 0.0]) {
+        assert!((x - w).abs() < 1e-4, "{g:?}");
+    }
+}
