@@ -1,5 +1,5 @@
 //! Pointwise ops: broadcasting of the tensor operands, PyTorch's type promotion, and
-//! PyTorch's layout of a fresh elementwise result (see [`iter_layout`]): it follows
+//! PyTorch's layout of a fresh elementwise result (`iter_layout`): it follows
 //! the memory order of the operands, so `x.t().mul(2)` has `x.t()`'s strides.
 
 use super::shapes::expand_geometry;
