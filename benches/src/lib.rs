@@ -165,7 +165,7 @@ pub fn pathological_with(
     config: aotgrad::AotConfig,
 ) -> Result<(aotgrad::AotFunction, Vec<Tensor>)> {
     let k = kind.to_string();
-    let f = move |a: &[Tensor]| -> aotgrad_trace::Result<Vec<Tensor>> {
+    let f = move |a: &[Tensor]| -> aotgrad::Result<Vec<Tensor>> {
         let mut x = a[0].clone();
         match k.as_str() {
             "view" => {

@@ -183,7 +183,7 @@ pub fn example_inputs(p: &Program) -> Result<Vec<Tensor>, String> {
 
 /// The program as a function of its inputs: every node applied in order, at the
 /// program line that defines it.
-fn replay(p: &Program, args: &[Tensor]) -> aotgrad::trace::Result<Vec<Tensor>> {
+fn replay(p: &Program, args: &[Tensor]) -> aotgrad::Result<Vec<Tensor>> {
     let g = &p.graph;
     let mut env: HashMap<ValueId, Tensor> = HashMap::new();
     for (i, t) in g.inputs.iter().zip(args) {
@@ -202,7 +202,7 @@ fn replay(p: &Program, args: &[Tensor]) -> aotgrad::trace::Result<Vec<Tensor>> {
     }
     g.outputs
         .iter()
-        .map(|o| env.get(o).cloned().ok_or_else(|| aotgrad::trace::Error::Internal(format!("%{} is undefined", o.0))))
+        .map(|o| env.get(o).cloned().ok_or_else(|| aotgrad::Error::Internal(format!("%{} is undefined", o.0))))
         .collect()
 }
 

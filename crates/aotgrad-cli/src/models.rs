@@ -173,7 +173,7 @@ impl Classifier {
     }
 
     /// The logits `(batch, 10)` of images `(batch, 784)`.
-    pub fn logits(&self, p: &Params, x: &Tensor) -> aotgrad::trace::Result<Tensor> {
+    pub fn logits(&self, p: &Params, x: &Tensor) -> aotgrad::Result<Tensor> {
         match &self.arch {
             Arch::Mlp { layers } => {
                 let mut h = x.clone();
@@ -214,7 +214,7 @@ impl Module for Classifier {
     fn store(&self) -> &ParamStore {
         &self.store
     }
-    fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad::trace::Result<Vec<Tensor>> {
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad::Result<Vec<Tensor>> {
         let inputs = expect_inputs("classifier", inputs, 2)?;
         let logits = self.logits(p, &inputs[0])?;
         Ok(vec![logits.cross_entropy(&inputs[1])?, logits])

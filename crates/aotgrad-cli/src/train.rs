@@ -384,7 +384,7 @@ pub fn train(
             opt.set_lr(lr);
             let (x, y) = batch(train, &order[s * opts.batch_size..(s + 1) * opts.batch_size])?;
             let (outs, back) = compiled.forward(&[x, y])?;
-            let grads = back.backward_with(&[Some(one.clone()), None])?;
+            let grads = back.backward_with(&[Some(one.clone()), None], &[])?;
             opt.step(model.store(), &grads.params)?;
             let loss = outs[0].item()?;
             if !loss.is_finite() {

@@ -40,11 +40,55 @@ pub struct SourceLoc {
 }
 
 impl SourceLoc {
-    /// The location of the caller of the enclosing `#[track_caller]` function chain.
+    /// The location of the caller of the enclosing `#[track_caller]` function chain,
+    /// or, when that location is in a file an [`AttributeCalls`] guard names, the
+    /// location that guard gives (the user's line behind library code).
     #[track_caller]
     pub fn caller() -> SourceLoc {
-        let l = std::panic::Location::caller();
+        let mut l = std::panic::Location::caller();
+        ATTRIBUTIONS.with(|a| {
+            for &(dir, to) in a.borrow().iter().rev() {
+                if l.file().strip_prefix(dir).is_some_and(|rest| rest.starts_with(['/', '\\'])) {
+                    l = to;
+                }
+            }
+        });
         SourceLoc { file: l.file().to_string(), line: l.line(), col: l.column() }
+    }
+}
+
+type Attribution = (&'static str, &'static std::panic::Location<'static>);
+
+thread_local! {
+    static ATTRIBUTIONS: std::cell::RefCell<Vec<Attribution>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// While it lives (on this thread), ops whose call site is in a library's source tree
+/// are attributed to another location: library code that runs a user's program on the
+/// user's behalf (`aot_module` calling the module's `forward`, a container calling its
+/// children) names one of its files and the user's line that asked for it, so nodes
+/// and errors point at the user's code rather than the library's. Guards nest; the
+/// innermost applies first.
+#[must_use = "the attribution ends when the guard is dropped"]
+pub struct AttributeCalls {
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl AttributeCalls {
+    /// Attribute calls made from any file in the directory of `file` (give `file!()`),
+    /// or below it, to `to`.
+    pub fn new(file: &'static str, to: &'static std::panic::Location<'static>) -> AttributeCalls {
+        let dir = file.rfind(['/', '\\']).map_or("", |i| &file[..i]);
+        ATTRIBUTIONS.with(|a| a.borrow_mut().push((dir, to)));
+        AttributeCalls { _not_send: std::marker::PhantomData }
+    }
+}
+
+impl Drop for AttributeCalls {
+    fn drop(&mut self) {
+        ATTRIBUTIONS.with(|a| {
+            a.borrow_mut().pop();
+        });
     }
 }
 

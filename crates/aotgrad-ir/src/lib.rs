@@ -28,7 +28,9 @@ pub use backend::{Backend, BackendError, CompiledGraph};
 pub use builder::{BuildError, BuildResult, GraphBuilder};
 pub use dtype::{result_type, Category, DType, Operand, Scalar};
 pub use error::{ParseError, ShapeError};
-pub use graph::{Def, Graph, GraphAppender, GraphIndex, Input, InvalidGraph, Node, SourceLoc, StorageId, ValueId};
+pub use graph::{
+    AttributeCalls, Def, Graph, GraphAppender, GraphIndex, Input, InvalidGraph, Node, SourceLoc, StorageId, ValueId,
+};
 pub use meta::{contiguous_strides, DimList, TensorMeta};
 pub use op::{Aliasing, BinaryOp, CmpOp, CompositeOp, Op, ReduceOp, UnaryOp};
 pub use sym::{Dim, DimOracle, Guard, Poly, Rel, StaticOracle, SymId};

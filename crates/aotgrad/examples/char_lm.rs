@@ -59,7 +59,7 @@ impl CharLm {
     }
 
     /// Logits `(batch, t, vocab)` of character indices `(batch, t)`, `t <= CONTEXT`.
-    fn logits(&self, p: &Params, idx: &Tensor) -> aotgrad::trace::Result<Tensor> {
+    fn logits(&self, p: &Params, idx: &Tensor) -> aotgrad::Result<Tensor> {
         let t = idx.size(1)?.as_const().unwrap_or(CONTEXT as i64);
         let pos = p.get("pos")?.slice(0, Some(0), Some(t), 1)?;
         let mut h = self.embed.apply(&p.scope("embed"), idx)?.mul((D_MODEL as f64).sqrt())?.add(&pos)?;
@@ -75,7 +75,7 @@ impl Module for CharLm {
         &self.store
     }
     /// `[idx (batch, t), targets (batch, t)]` → `[mean cross-entropy of the next character]`.
-    fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad::trace::Result<Vec<Tensor>> {
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad::Result<Vec<Tensor>> {
         let x = expect_inputs("CharLm", inputs, 2)?;
         let logits = self.logits(p, &x[0])?;
         let v = self.vocab as i64;

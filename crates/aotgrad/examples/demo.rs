@@ -4,8 +4,8 @@
 
 use aotgrad::prelude::*;
 
-fn mlp(x: &Tensor, w1: &Tensor, b1: &Tensor, w2: &Tensor, b2: &Tensor) -> aotgrad::trace::Result<Tensor> {
-    x.linear(w1, Some(b1))?.gelu()?.linear(w2, Some(b2))?.softmax(-1)
+fn mlp(x: &Tensor, w1: &Tensor, b1: &Tensor, w2: &Tensor, b2: &Tensor) -> aotgrad::Result<Tensor> {
+    Ok(x.linear(w1, Some(b1))?.gelu()?.linear(w2, Some(b2))?.softmax(-1)?)
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

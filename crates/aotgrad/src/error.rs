@@ -66,9 +66,10 @@ impl From<aotgrad_trace::Error> for Error {
 /// Result of `aotgrad`.
 pub type Result<T> = std::result::Result<T, Error>;
 
-/// An `aotgrad` error raised inside a function given to `aot_function` (which returns
-/// `trace::Result`): a tracing error comes back as itself, any other is carried whole
-/// (`trace::Error::External`) and turns back into this error when it leaves the call.
+/// An `aotgrad` error crossing code that returns `trace::Result` (a helper of tensor
+/// ops, the tracer between a compiled call and the user's function): a tracing error
+/// comes back as itself, any other is carried whole (`trace::Error::External`) and
+/// turns back into this error when it reaches an `aotgrad::Result`.
 impl From<Error> for aotgrad_trace::Error {
     fn from(e: Error) -> Self {
         match e {

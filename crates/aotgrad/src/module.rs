@@ -66,9 +66,19 @@ impl ModuleBackward {
         self.split(self.pending.backward(output_grads)?)
     }
 
-    /// [`ModuleBackward::backward`] with optional output gradients (`None` = zero).
-    pub fn backward_with(&self, output_grads: &[Option<Tensor>]) -> Result<ModuleGrads> {
-        self.split(self.pending.backward_with(output_grads, &[])?)
+    /// [`ModuleBackward::backward`] with optional output gradients (`None` = zero) and
+    /// gradients of the new values of user inputs the forward changed in place, as
+    /// `(input index, gradient)`: the same arguments as
+    /// [`PendingBackward::backward_with`], with indices counting the user's inputs
+    /// (as [`AotConfig::dynamic`] does), not the lifted parameters and buffers.
+    pub fn backward_with(
+        &self,
+        output_grads: &[Option<Tensor>],
+        updated_input_grads: &[(usize, Tensor)],
+    ) -> Result<ModuleGrads> {
+        let updated: Vec<(usize, Tensor)> =
+            updated_input_grads.iter().map(|(i, g)| (i + self.num_lifted, g.clone())).collect();
+        self.split(self.pending.backward_with(output_grads, &updated)?)
     }
 
     /// The forward outputs this backward belongs to.
@@ -105,7 +115,14 @@ impl ModuleBackward {
 /// Compile a module: parameters, then buffers, then the user inputs become the
 /// compiled function's arguments. Compiles at the first call (see the
 /// [module docs](self) for how this differs from [`aot_module_simplified`]).
+///
+/// Graph inputs are named after the parameters and buffers (`body.0.weight`) and the
+/// user inputs (`config.arg_names`, else `arg0`, `arg1`, …). Nodes traced inside the
+/// built-in layers point at the line of the user's code that called the layer; when
+/// the module itself is a built-in layer, at the line that called `aot_module`.
+#[track_caller]
 pub fn aot_module(module: Arc<dyn Module>, mut config: AotConfig) -> Result<AotModule> {
+    let called_at = std::panic::Location::caller();
     let store = module.store();
     let names: Arc<[String]> = store.names().into();
     let num_params = store.params().len();
@@ -115,30 +132,30 @@ pub fn aot_module(module: Arc<dyn Module>, mut config: AotConfig) -> Result<AotM
     for (arg, _) in &mut config.dynamic {
         *arg += n;
     }
-    if !config.arg_names.is_empty() {
-        config.arg_names = names.iter().cloned().chain(config.arg_names.iter().cloned()).collect();
-    }
+    config.arg_names = names.iter().cloned().chain(config.arg_names.iter().cloned()).collect();
     let m = module.clone();
     let lifted = names.clone();
     let name = config.name.clone();
-    let f = aot_function_args(
+    let mut f = aot_function_args(
         move |args: &[Arg]| {
             let mut tensors = Vec::with_capacity(args.len());
             for (i, a) in args.iter().enumerate() {
                 match a.tensor() {
                     Some(t) => tensors.push(t.clone()),
-                    None => return Err(aotgrad_trace::Error::Internal(format!("module argument {i} is not a tensor"))),
+                    None => return Err(Error::Internal(format!("module argument {i} is not a tensor"))),
                 }
             }
             if tensors.len() < n {
-                return Err(aotgrad_trace::Error::Internal("fewer arguments than lifted parameters".into()));
+                return Err(Error::Internal("fewer arguments than lifted parameters".into()));
             }
             let (lifted_tensors, user) = tensors.split_at(n);
             let p = Params::new(lifted.iter().cloned().zip(lifted_tensors.iter().cloned()));
+            let _user_line = aotgrad_ir::AttributeCalls::new(file!(), called_at);
             m.forward(&p, user)
         },
         config,
     )?;
+    f.lifted_args = n;
     Ok(AotModule { module, f, names, num_params, name, frozen: None })
 }
 
@@ -149,6 +166,7 @@ pub fn aot_module(module: Arc<dyn Module>, mut config: AotConfig) -> Result<AotM
 /// requires-grad flags or aliasing (or that runs under another grad mode) is an error.
 /// Compiling only traces (over fake tensors): nothing the caller holds is read or
 /// modified, and no random values are drawn.
+#[track_caller]
 pub fn aot_module_simplified(
     module: Arc<dyn Module>,
     example_inputs: &[Tensor],

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 
-type Out = aotgrad::trace::Result<Vec<Tensor>>;
+type Out = aotgrad::Result<Vec<Tensor>>;
 
 fn data(shape: &[usize], seed: u64) -> Tensor {
     let n: usize = shape.iter().product();

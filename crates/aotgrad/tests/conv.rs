@@ -29,7 +29,7 @@ fn sum_abs(v: &[f64]) -> f64 {
 
 /// `f` compiled, its output, and the gradients of `sum(out * g)` for every input.
 fn compiled(
-    f: impl Fn(&[Tensor]) -> aotgrad::trace::Result<Vec<Tensor>> + Send + Sync + 'static,
+    f: impl Fn(&[Tensor]) -> aotgrad::Result<Vec<Tensor>> + Send + Sync + 'static,
     inputs: &[Tensor],
     g: &Tensor,
 ) -> (Vec<f64>, Vec<Vec<f64>>) {
@@ -47,8 +47,7 @@ fn conv2d_with_stride_padding_dilation_and_groups_matches_pytorch() {
     let w = t(&vals(108, 0.53), &[6, 2, 3, 3]);
     let b = t(&[0.1, -0.2, 0.3, 0.0, 0.5, -0.4], &[6]);
     let opts = Conv2dOpts { stride: [2, 1], padding: [1, 2], dilation: [1, 2], groups: 2 };
-    let f =
-        move |a: &[Tensor]| -> aotgrad::trace::Result<Vec<Tensor>> { Ok(vec![a[0].conv2d(&a[1], Some(&a[2]), opts)?]) };
+    let f = move |a: &[Tensor]| -> aotgrad::Result<Vec<Tensor>> { Ok(vec![a[0].conv2d(&a[1], Some(&a[2]), opts)?]) };
     let y = f(&[x.clone(), w.clone(), b.clone()]).unwrap().remove(0);
     assert_eq!(y.sizes().unwrap(), vec![2, 6, 3, 6]);
     let yv = y.to_vec_f64().unwrap();
@@ -67,7 +66,7 @@ fn conv2d_with_stride_padding_dilation_and_groups_matches_pytorch() {
 #[test]
 fn pooling_matches_pytorch_values_and_gradients() {
     let x = t(&vals(32, 0.61), &[1, 2, 4, 4]);
-    let f = |a: &[Tensor]| -> aotgrad::trace::Result<Vec<Tensor>> {
+    let f = |a: &[Tensor]| -> aotgrad::Result<Vec<Tensor>> {
         Ok(vec![a[0].max_pool2d([2, 2], Some([1, 1]), [1, 1], [1, 1])?])
     };
     let mp = f(std::slice::from_ref(&x)).unwrap().remove(0);
@@ -84,9 +83,7 @@ fn pooling_matches_pytorch_values_and_gradients() {
         0.15, -1.96, 0.0, 0.36, 0.48, 0.0, 0.83, -0.04, 0.0, 0.0, 0.28, 0.0, -0.85, -0.56, -1.6, 0.31, 0.65, 1.86, 0.0,
         -0.11]);
 
-    let f = |a: &[Tensor]| -> aotgrad::trace::Result<Vec<Tensor>> {
-        Ok(vec![a[0].avg_pool2d([3, 3], Some([2, 2]), [1, 1])?])
-    };
+    let f = |a: &[Tensor]| -> aotgrad::Result<Vec<Tensor>> { Ok(vec![a[0].avg_pool2d([3, 3], Some([2, 2]), [1, 1])?]) };
     #[rustfmt::skip]
     let want = [-0.211111111111, 0.071111111111, 0.123333333333, -0.011111111111, -0.095555555556, -0.088888888889,
         -0.036666666667, -0.028888888889];
@@ -197,9 +194,7 @@ fn group_norm_matches_pytorch() {
 fn max_pool_ties_go_to_the_first_maximum_and_nans_to_the_last_nan() {
     // torch: x = [[2, 2], [1, 2]] (one 2x2 window): max 2, gradient [1, 0, 0, 0].
     let x = t(&[2.0, 2.0, 1.0, 2.0, 0.5, f64::NAN, 3.0, f64::NAN], &[2, 1, 2, 2]);
-    let f = |a: &[Tensor]| -> aotgrad::trace::Result<Vec<Tensor>> {
-        Ok(vec![a[0].max_pool2d([2, 2], None, [0, 0], [1, 1])?])
-    };
+    let f = |a: &[Tensor]| -> aotgrad::Result<Vec<Tensor>> { Ok(vec![a[0].max_pool2d([2, 2], None, [0, 0], [1, 1])?]) };
     let (out, grads) = compiled(f, std::slice::from_ref(&x), &t(&[1.0, 1.0], &[2, 1, 1, 1]));
     assert_eq!(out[0], 2.0);
     assert!(out[1].is_nan(), "a NaN in the window is the maximum, as in PyTorch");
@@ -215,7 +210,7 @@ fn conv_transpose2d_matches_pytorch() {
     let w = t(&vals(72, 0.53), &[4, 3, 3, 2]);
     let b = t(&[0.1, -0.2, 0.3, 0.0, 0.5, -0.4], &[6]);
     let opts = Conv2dOpts { stride: [2, 1], padding: [1, 0], dilation: [1, 2], groups: 2 };
-    let f = move |a: &[Tensor]| -> aotgrad::trace::Result<Vec<Tensor>> {
+    let f = move |a: &[Tensor]| -> aotgrad::Result<Vec<Tensor>> {
         Ok(vec![a[0].conv_transpose2d(&a[1], Some(&a[2]), opts, [1, 0])?])
     };
     let y = f(&[x.clone(), w.clone(), b.clone()]).unwrap().remove(0);

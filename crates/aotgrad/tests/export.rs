@@ -15,7 +15,7 @@ use aotgrad::{aot_export_joint_simple, aot_export_module};
 use expect_test::{expect, Expect};
 use modules_util::{assert_close, finite_diff, vals};
 
-type Forward = dyn Fn(&Params, &[Tensor]) -> aotgrad::trace::Result<Vec<Tensor>> + Send + Sync;
+type Forward = dyn Fn(&Params, &[Tensor]) -> aotgrad::Result<Vec<Tensor>> + Send + Sync;
 
 /// A module whose forward is a closure (for the restriction tests).
 struct FnModule {
@@ -27,7 +27,7 @@ impl Module for FnModule {
     fn store(&self) -> &ParamStore {
         &self.store
     }
-    fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad::trace::Result<Vec<Tensor>> {
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad::Result<Vec<Tensor>> {
         (self.f)(p, inputs)
     }
 }
@@ -51,7 +51,7 @@ fn regressor() -> FnModule {
         store: store(),
         f: Box::new(|p, a| {
             let rm = p.get("running_mean")?;
-            no_grad(|| -> aotgrad::trace::Result<()> {
+            no_grad(|| -> aotgrad::Result<()> {
                 rm.mul_(0.9)?;
                 rm.add_(&a[0].mean(&[0], false)?.mul(0.1)?)?;
                 Ok(())
@@ -273,7 +273,7 @@ fn joint_simple_inference_and_joint_graphs() {
 
 // ---- restrictions ----------------------------------------------------------------
 
-fn module(f: impl Fn(&Params, &[Tensor]) -> aotgrad::trace::Result<Vec<Tensor>> + Send + Sync + 'static) -> FnModule {
+fn module(f: impl Fn(&Params, &[Tensor]) -> aotgrad::Result<Vec<Tensor>> + Send + Sync + 'static) -> FnModule {
     FnModule { store: store(), f: Box::new(f) }
 }
 
@@ -288,8 +288,8 @@ fn x() -> Tensor {
     t(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])
 }
 
-fn loss_of(p: &Params, x: &Tensor) -> aotgrad::trace::Result<Tensor> {
-    x.linear(p.get("weight")?, Some(p.get("bias")?))?.sum_all()
+fn loss_of(p: &Params, x: &Tensor) -> aotgrad::Result<Tensor> {
+    Ok(x.linear(p.get("weight")?, Some(p.get("bias")?))?.sum_all()?)
 }
 
 #[test]
@@ -400,7 +400,7 @@ fn refuses_a_missing_or_out_of_range_loss_index() {
 
 #[test]
 fn joint_simple_refuses_mutations_and_aliasing_outputs() {
-    let err = |f: &dyn Fn(&[Tensor]) -> aotgrad::trace::Result<Vec<Tensor>>, trace_joint: bool| {
+    let err = |f: &dyn Fn(&[Tensor]) -> aotgrad::Result<Vec<Tensor>>, trace_joint: bool| {
         aot_export_joint_simple(f, &[x()], trace_joint).map(|g| text(&g)).unwrap_err().to_string()
     };
     expect![[

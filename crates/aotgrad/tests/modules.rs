@@ -198,10 +198,10 @@ impl Module for RunningMean {
     fn store(&self) -> &ParamStore {
         &self.store
     }
-    fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad::trace::Result<Vec<Tensor>> {
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad::Result<Vec<Tensor>> {
         let x = &inputs[0];
         let rm = p.get("running_mean")?;
-        no_grad(|| -> aotgrad::trace::Result<()> {
+        no_grad(|| -> aotgrad::Result<()> {
             rm.mul_(0.9)?;
             rm.add_(&x.mean(&[0], false)?.mul(0.1)?)?;
             Ok(())
@@ -293,7 +293,7 @@ impl Module for GlobalDropout {
     fn store(&self) -> &ParamStore {
         &self.store
     }
-    fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad::trace::Result<Vec<Tensor>> {
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad::Result<Vec<Tensor>> {
         Ok(vec![inputs[0].mul(p.get("scale")?)?.dropout(0.5, true, aotgrad::trace::RngSeed::Global)?])
     }
 }
@@ -356,4 +356,114 @@ fn causal_attention_does_not_see_later_positions() {
     let out = no_grad(|| compiled.call(std::slice::from_ref(&x))).unwrap()[0].to_vec_f64().unwrap();
     assert_close("causal compiled", &out, &a, 1e-10, 1e-9);
     assert!(TransformerBlock::new(8, 2, DType::F64, 0).unwrap().causal(true).attn.causal);
+}
+
+/// A user module around built-in layers: a block, then a head.
+struct Tagger {
+    store: ParamStore,
+    block: TransformerBlock,
+    head: Linear,
+}
+
+/// The lines of `Tagger::forward`'s calls (asserted below).
+const BLOCK_LINE: u32 = line!() + 14;
+const HEAD_LINE: u32 = line!() + 14;
+const OWN_LINE: u32 = line!() + 14;
+
+impl Tagger {
+    fn new() -> Tagger {
+        let block = TransformerBlock::new(8, 2, DType::F64, 3).unwrap();
+        let head = Linear::new(8, 3, true, DType::F64, 4).unwrap();
+        let mut store = ParamStore::new();
+        store.add_child("block", block.store()).unwrap();
+        store.add_child("head", head.store()).unwrap();
+        Tagger { store, block, head }
+    }
+    fn run(&self, p: &Params, x: &Tensor) -> aotgrad::Result<Tensor> {
+        let h = self.block.forward(&p.scope("block"), std::slice::from_ref(x))?.remove(0);
+        let y = self.head.apply(&p.scope("head"), &h)?;
+        Ok(y.tanh()?)
+    }
+}
+
+impl Module for Tagger {
+    fn store(&self) -> &ParamStore {
+        &self.store
+    }
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad::Result<Vec<Tensor>> {
+        Ok(vec![self.run(p, &inputs[0])?])
+    }
+}
+
+/// Traced graphs name their inputs after the parameters and the user's inputs, and
+/// every node traced inside a built-in layer points at the user's line that called the
+/// layer; the user's own ops keep their own lines.
+#[test]
+fn graph_inputs_are_named_and_nodes_point_at_the_users_lines() {
+    let this = file!();
+    let m = aot_module(Arc::new(Tagger::new()), AotConfig::default().no_cache()).unwrap();
+    let x = data(&[2, 3, 8], DType::F64, 1, 1.0);
+    no_grad(|| m.call(std::slice::from_ref(&x))).unwrap();
+    let g = &m.function().traced_graphs()[0];
+    let names: Vec<&str> = g.inputs.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(names.first(), Some(&"block.ln1.weight"), "{names:?}");
+    assert!(names.contains(&"head.bias"), "{names:?}");
+    assert_eq!(names.last(), Some(&"arg0"), "{names:?}");
+    let mut lines = std::collections::BTreeMap::<u32, usize>::new();
+    for n in &g.nodes {
+        let loc = n.loc.as_ref().expect("every traced node has a location");
+        assert_eq!(loc.file, this, "{} points into the library: {loc}", n.op.name());
+        *lines.entry(loc.line).or_default() += 1;
+    }
+    assert_eq!(lines.keys().copied().collect::<Vec<_>>(), vec![BLOCK_LINE, HEAD_LINE, OWN_LINE], "{lines:?}");
+    assert!(lines[&BLOCK_LINE] > 20, "{lines:?}");
+    assert_eq!(lines[&OWN_LINE], 1);
+    // A built-in layer compiled on its own points at the `aot_module` call.
+    let block = Arc::new(TransformerBlock::new(8, 2, DType::F64, 3).unwrap());
+    let line = line!() + 1;
+    let blk = aot_module(block, AotConfig::default().no_cache()).unwrap();
+    no_grad(|| blk.call(std::slice::from_ref(&x))).unwrap();
+    let g = &blk.function().traced_graphs()[0];
+    for n in &g.nodes {
+        let loc = n.loc.as_ref().unwrap();
+        assert!(loc.file == this && loc.line == line, "{} at {loc}, not line {line}", n.op.name());
+    }
+    // And so do its errors.
+    let bad = data(&[2, 3, 5], DType::F64, 1, 1.0);
+    let e = no_grad(|| blk.call(std::slice::from_ref(&bad))).unwrap_err().to_string();
+    assert!(e.contains(&format!("{this}:{line}")), "{e}");
+}
+
+/// Children of a `Sequential` run through `dyn Module`: built-in ones still point at the
+/// line that applied the sequence, user ones at their own lines.
+#[test]
+fn nodes_inside_a_sequential_point_at_the_users_lines() {
+    struct Double {
+        store: ParamStore,
+    }
+    impl Module for Double {
+        fn store(&self) -> &ParamStore {
+            &self.store
+        }
+        fn forward(&self, _p: &Params, inputs: &[Tensor]) -> aotgrad::Result<Vec<Tensor>> {
+            Ok(vec![inputs[0].mul(2.0)?])
+        }
+    }
+    let double_line = line!() - 3;
+    let seq = aotgrad::nn::Sequential::new()
+        .push(Linear::new(4, 4, true, DType::F64, 1).unwrap())
+        .unwrap()
+        .push(Double { store: ParamStore::new() })
+        .unwrap()
+        .push(LayerNorm::new(4, 1e-5, DType::F64).unwrap())
+        .unwrap();
+    let x = data(&[2, 4], DType::F64, 1, 1.0);
+    let this = file!();
+    let line = line!() + 1;
+    let f = aot_module(Arc::new(seq), AotConfig::default().no_cache()).unwrap();
+    no_grad(|| f.call(std::slice::from_ref(&x))).unwrap();
+    for n in &f.function().traced_graphs()[0].nodes {
+        let loc = n.loc.as_ref().unwrap();
+        assert!(loc.file == this && (loc.line == line || loc.line == double_line), "{} at {loc}", n.op.name());
+    }
 }

@@ -104,7 +104,7 @@ impl Module for Regressor {
     fn store(&self) -> &ParamStore {
         &self.store
     }
-    fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad::trace::Result<Vec<Tensor>> {
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad::Result<Vec<Tensor>> {
         no_grad(|| p.get("steps")?.add_(1.0))?;
         let h = self.body.apply(&p.scope("body"), &inputs[0])?;
         let y = self.head.apply(&p.scope("head"), &h)?;
@@ -338,4 +338,38 @@ fn cnn_with_batch_norm_updates_running_statistics_as_eager() {
         assert_close(name, &c, &e, 1e-12, 1e-12);
     }
     assert_eq!(vals(m.store().get("1.num_batches_tracked").unwrap()), vec![2.0]);
+}
+
+/// `x *= w` in place on the user's input, then `sum(3 x)`.
+struct ScaleInPlace {
+    store: ParamStore,
+}
+
+impl Module for ScaleInPlace {
+    fn store(&self) -> &ParamStore {
+        &self.store
+    }
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad::Result<Vec<Tensor>> {
+        inputs[0].mul_(p.get("w")?)?;
+        Ok(vec![inputs[0].mul(3.0)?.sum_all()?])
+    }
+}
+
+/// `ModuleBackward::backward_with` takes what `PendingBackward::backward_with` takes:
+/// optional output gradients and gradients of changed inputs' new values, indexed by
+/// user input. With `g` for the new `x = x0 * w`: `dw = (3 + g) x0`, `dx0 = (3 + g) w`.
+#[test]
+fn module_backward_with_takes_gradients_of_changed_inputs() {
+    let mut store = ParamStore::new();
+    store.add_param("w", Tensor::from_f64(&[0.5, -1.0, 2.0], &[3], DType::F64).unwrap()).unwrap();
+    let m = aot_module(Arc::new(ScaleInPlace { store }), AotConfig::default().no_cache()).unwrap();
+    let leaf = Tensor::from_f64(&[1.0, 2.0, 3.0], &[3], DType::F64).unwrap().requires_grad(true).unwrap();
+    let x = leaf.mul(1.0).unwrap();
+    let (outs, back) = m.forward(std::slice::from_ref(&x)).unwrap();
+    assert_eq!(outs[0].to_vec_f64().unwrap(), vec![3.0 * (0.5 - 2.0 + 6.0)]);
+    assert_eq!(x.to_vec_f64().unwrap(), vec![0.5, -2.0, 6.0]);
+    let g = Tensor::from_f64(&[1.0, 2.0, 3.0], &[3], DType::F64).unwrap();
+    let grads = back.backward_with(&[Some(outs[0].ones_like().unwrap())], &[(0, g)]).unwrap();
+    assert_eq!(grads.param("w").unwrap().to_vec_f64().unwrap(), vec![4.0, 10.0, 18.0]);
+    assert_eq!(grads.inputs[0].as_ref().unwrap().to_vec_f64().unwrap(), vec![2.0, -5.0, 12.0]);
 }

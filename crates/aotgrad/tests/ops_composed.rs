@@ -163,7 +163,7 @@ fn clamp_with_tensor_bounds_values_and_gradients() {
     assert_eq!(x.clamp_tensor(None, Some(&hi)).unwrap().to_vec_f64().unwrap(), vec![-0.5, 0.0, 0.5, 1.0]);
     // Compiled training path: d/dx is 1 inside [lo, hi] (inclusive), d/dlo where x < lo,
     // d/dhi (summed over the broadcast) where x > hi.
-    let f = |a: &[Tensor]| -> aotgrad::trace::Result<Vec<Tensor>> {
+    let f = |a: &[Tensor]| -> aotgrad::Result<Vec<Tensor>> {
         Ok(vec![a[0].clamp_tensor(Some(&a[1]), Some(&a[2]))?.sum_all()?])
     };
     let c = aot_function(f, AotConfig::default().no_cache()).unwrap();
@@ -192,7 +192,7 @@ fn diagonal_is_a_view_with_offsets() {
     assert_eq!(b.diagonal(0, -1, 0).unwrap().to_vec_f64().unwrap(), vec![0.0, 5.0, 2.0, 7.0]);
     assert!(x.diagonal(0, 1, 1).is_err());
     // Written through, compiled like eager: x.diagonal().mul_(10) changes x.
-    let f = |a: &[Tensor]| -> aotgrad::trace::Result<Vec<Tensor>> {
+    let f = |a: &[Tensor]| -> aotgrad::Result<Vec<Tensor>> {
         a[0].diagonal(0, 0, 1)?.mul_(10.0)?;
         Ok(vec![a[0].diagonal(1, 0, 1)?.sum_all()?])
     };
@@ -206,9 +206,7 @@ fn diagonal_is_a_view_with_offsets() {
 
 #[test]
 fn the_gradient_of_a_diagonal_lands_on_the_diagonal() {
-    let f = |a: &[Tensor]| -> aotgrad::trace::Result<Vec<Tensor>> {
-        Ok(vec![a[0].diagonal(1, 0, 1)?.mul(2.0)?.sum_all()?])
-    };
+    let f = |a: &[Tensor]| -> aotgrad::Result<Vec<Tensor>> { Ok(vec![a[0].diagonal(1, 0, 1)?.mul(2.0)?.sum_all()?]) };
     let x = arange(6, &[2, 3]).requires_grad(true).unwrap();
     let c = aot_function(f, AotConfig::default().no_cache()).unwrap();
     let (out, pending) = c.forward(std::slice::from_ref(&x)).unwrap();
@@ -241,7 +239,7 @@ fn std_ops_operators_on_tensors_and_scalars() {
     let text = format!("{e:?}");
     assert!(text.contains("ops_composed.rs") && text.contains(&format!("line: {line}")), "{text}");
     // Inside a compiled function the operators trace like the methods.
-    let f = |x: &[Tensor]| -> aotgrad::trace::Result<Vec<Tensor>> { Ok(vec![(1.0 - ((&x[0] * &x[1])? / 2.0)?)?]) };
+    let f = |x: &[Tensor]| -> aotgrad::Result<Vec<Tensor>> { Ok(vec![(1.0 - ((&x[0] * &x[1])? / 2.0)?)?]) };
     assert_eq!(v((&a + &b).unwrap() - &a), vec![3.0, 5.0]);
     assert_eq!(v(-(&a * 3).unwrap()), vec![-3.0, -6.0]);
     let got = aot_function(f, AotConfig::default().no_cache()).unwrap().call(&[a.clone(), b.clone()]).unwrap();
@@ -258,7 +256,7 @@ fn max_and_min_over_a_dim_with_indices() {
     assert_eq!(v.sizes().unwrap(), vec![1, 3]);
     assert_eq!((v.to_vec_f64().unwrap(), i.to_vec_i64().unwrap()), (vec![-2.0, 0.0, 3.0], vec![1, 1, 1]));
     // The gradient goes to the first maximum only (PyTorch's max(dim) backward).
-    let f = |a: &[Tensor]| -> aotgrad::trace::Result<Vec<Tensor>> { Ok(vec![a[0].max_dim(1, false)?.0.sum_all()?]) };
+    let f = |a: &[Tensor]| -> aotgrad::Result<Vec<Tensor>> { Ok(vec![a[0].max_dim(1, false)?.0.sum_all()?]) };
     let xr = x.requires_grad(true).unwrap();
     let c = aot_function(f, AotConfig::default().no_cache()).unwrap();
     let (out, pending) = c.forward(std::slice::from_ref(&xr)).unwrap();
@@ -286,7 +284,7 @@ fn cumsum_values_dtypes_and_gradient() {
     assert!(x.cumsum(2).unwrap_err().to_string().contains("out of range"));
     // x.requires_grad_(); (w * x.cumsum(1)).sum().backward(): x.grad[i, j] = sum of w[i, j..].
     let w = t(&[1.0, -1.0, 2.0, 0.5, 3.0, 1.0], &[2, 3]);
-    let f = |a: &[Tensor]| -> aotgrad::trace::Result<Vec<Tensor>> { Ok(vec![a[0].cumsum(1)?.mul(&a[1])?.sum_all()?]) };
+    let f = |a: &[Tensor]| -> aotgrad::Result<Vec<Tensor>> { Ok(vec![a[0].cumsum(1)?.mul(&a[1])?.sum_all()?]) };
     let xr = x.requires_grad(true).unwrap();
     let c = aot_function(f, AotConfig::default().no_cache()).unwrap();
     let (out, pending) = c.forward(&[xr.clone(), w.clone()]).unwrap();
@@ -328,7 +326,7 @@ fn sort_argsort_and_topk_match_pytorch() {
 #[test]
 fn sort_and_topk_gradients_go_back_to_their_elements_compiled_as_eager() {
     let x = t(&[0.3, -1.2, 0.7, 2.0, 1.5, 0.1, -0.4, 0.9], &[2, 4]);
-    let f = |a: &[Tensor]| -> aotgrad::trace::Result<Vec<Tensor>> {
+    let f = |a: &[Tensor]| -> aotgrad::Result<Vec<Tensor>> {
         let (v, i) = a[0].sort(1, true)?;
         let (k, ki) = a[0].topk(2, 1, true)?;
         Ok(vec![v.mul(&a[1])?.sum_all()?.add(&k.mul(&a[2])?.sum_all()?)?, i, ki])

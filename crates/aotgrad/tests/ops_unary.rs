@@ -108,7 +108,7 @@ fn every_unary_op_has_an_in_place_variant() {
 /// (CPU backend) against eager.
 #[test]
 fn compiled_matches_eager_on_views_and_in_place() {
-    let f = |a: &[Tensor]| -> aotgrad::trace::Result<Vec<Tensor>> {
+    let f = |a: &[Tensor]| -> aotgrad::Result<Vec<Tensor>> {
         let xt = a[0].t()?;
         let r = xt.round()?.add(&xt.floor()?)?.add(&xt.ceil()?)?.add(&xt.trunc()?)?;
         let s = xt.log1p()?.expm1()?;
@@ -139,7 +139,7 @@ fn compiled_matches_eager_on_views_and_in_place() {
 /// nothing), through the compiled training path.
 #[test]
 fn gradients_through_the_compiled_training_path() {
-    let f = |a: &[Tensor]| -> aotgrad::trace::Result<Vec<Tensor>> {
+    let f = |a: &[Tensor]| -> aotgrad::Result<Vec<Tensor>> {
         Ok(vec![a[0].log1p()?.mul(&a[0].floor()?)?.add(&a[0].expm1()?)?.sum_all()?])
     };
     let xs = [0.3, 1.7, 2.2, 5.5];

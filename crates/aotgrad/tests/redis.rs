@@ -78,7 +78,7 @@ fn data(shape: &[usize], start: f64) -> Tensor {
     Tensor::from_f64(&(0..n).map(|i| start + 0.25 * i as f64).collect::<Vec<_>>(), shape, DType::F32).expect("data")
 }
 
-fn program(a: &[Tensor]) -> aotgrad::trace::Result<Vec<Tensor>> {
+fn program(a: &[Tensor]) -> aotgrad::Result<Vec<Tensor>> {
     let y = a[0].matmul(&a[1])?.tanh()?;
     Ok(vec![y.sum(&[1], false)?])
 }

@@ -5,7 +5,7 @@
 use aotgrad::prelude::*;
 use aotgrad::trace::{manual_seed, rng_state, RngSeed};
 
-fn f(a: &[Tensor]) -> aotgrad::trace::Result<Vec<Tensor>> {
+fn f(a: &[Tensor]) -> aotgrad::Result<Vec<Tensor>> {
     let noise = Tensor::rand(&[3, 4], DType::F64, RngSeed::Global)?;
     Ok(vec![a[0].dropout(0.5, true, RngSeed::Global)?.add(&noise)?])
 }
@@ -115,7 +115,7 @@ fn multinomial_draws_follow_the_weights() -> Result<(), Box<dyn std::error::Erro
 
 #[test]
 fn multinomial_compiled_draws_what_eager_draws_and_bad_weights_are_errors() -> Result<(), Box<dyn std::error::Error>> {
-    let g = |a: &[Tensor]| -> aotgrad::trace::Result<Vec<Tensor>> {
+    let g = |a: &[Tensor]| -> aotgrad::Result<Vec<Tensor>> {
         Ok(vec![a[0].multinomial(6, true, RngSeed::Global)?, a[0].multinomial(2, false, RngSeed::Global)?])
     };
     let p = Tensor::from_f64(&[0.2, 0.3, 0.5, 1.0, 1.0, 0.0], &[2, 3], DType::F64)?;

@@ -313,22 +313,33 @@ fn in_place_ops_refuse_partially_overlapping_operands() {
     assert_eq!(v.to_vec_f64().unwrap(), vec![4.0, 5.0, 2.0, 3.0, 4.0, 5.0]);
 }
 
-/// One error type across a user function: `?` on an `aotgrad::Error` (here: building a
-/// layer with a zero size) inside a function given to `aot_function`, and the error
-/// comes out of the compiled call as that same `aotgrad::Error`.
+/// One error type across a user function: the function returns `aotgrad::Result`, `?`
+/// works on an `aotgrad::Error` (here: building a layer with a zero size) and on a
+/// tensor op's error alike, and the error comes out of the compiled call as that same
+/// `aotgrad::Error`.
 #[test]
 fn aotgrad_errors_cross_user_functions_and_come_back_as_themselves() {
-    let f = |a: &[Tensor]| -> aotgrad::trace::Result<Vec<Tensor>> {
+    let f = |a: &[Tensor]| -> aotgrad::Result<Vec<Tensor>> {
         let bad = aotgrad::nn::Linear::new(0, 3, true, DType::F64, 1)?;
         Ok(vec![a[0].mul(bad.in_features as f64)?])
     };
     let x = Tensor::ones(&[2], DType::F64).unwrap();
     let eager = f(std::slice::from_ref(&x)).unwrap_err();
-    assert!(matches!(eager, aotgrad::trace::Error::External(_)), "{eager:?}");
+    assert!(matches!(eager, aotgrad::Error::Call { ref name, .. } if name == "Linear"), "{eager:?}");
     assert!(eager.to_string().contains("must be positive"), "{eager}");
     let c = aot_function(f, AotConfig::default().no_cache()).unwrap();
     let err = c.call(std::slice::from_ref(&x)).unwrap_err();
     assert!(matches!(err, aotgrad::Error::Call { ref name, .. } if name == "Linear"), "{err:?}");
+    // A tensor op's error inside the function is the same `Error::Trace` eagerly and
+    // compiled, with the user's line.
+    let g = |a: &[Tensor]| -> aotgrad::Result<Vec<Tensor>> { Ok(vec![a[0].add(&a[1])?]) };
+    let y = Tensor::ones(&[3], DType::F64).unwrap();
+    let eager = g(&[x.clone(), y.clone()]).unwrap_err();
+    let compiled = aot_function(g, AotConfig::default().no_cache()).unwrap().call(&[x, y]).unwrap_err();
+    for e in [&eager, &compiled] {
+        assert!(matches!(e, aotgrad::Error::Trace(aotgrad::trace::Error::Shape { .. })), "{e:?}");
+        assert!(e.to_string().contains("robustness.rs"), "{e}");
+    }
     // A tracing error stays a tracing error through the same conversions.
     let t: aotgrad::trace::Error = aotgrad::Error::from(aotgrad::trace::Error::Internal("x".into())).into();
     assert!(matches!(t, aotgrad::trace::Error::Internal(_)));

@@ -47,6 +47,7 @@ const EXPORT_SIMPLE: &str = "aot_export_joint_simple";
 /// `trace_joint`) and its [`GraphSignature`]. With `trace_joint`, `output_loss_index`
 /// names the output that is the scalar loss; every other output must not require grad.
 /// See the [module docs](self) for the graph's layout and what is refused.
+#[track_caller]
 pub fn aot_export_module(
     module: &dyn Module,
     args: &[Tensor],
@@ -76,8 +77,10 @@ pub fn aot_export_module(
         (false, _) => None,
     };
     let lifted = names[..num_lifted].to_vec();
+    let called_at = std::panic::Location::caller();
     let forward = |fakes: &[Tensor]| {
         let p = Params::new(lifted.iter().cloned().zip(fakes.iter().cloned()));
+        let _user_line = aotgrad_ir::AttributeCalls::new(file!(), called_at);
         module.forward(&p, fakes.get(num_lifted..).unwrap_or_default())
     };
     let Exported { traced, fz, mut env } = trace_and_functionalize(api, forward, &inputs, &names, trace_joint)?;
@@ -144,7 +147,7 @@ pub fn aot_export_module(
 /// with it, the joint graph (see the [module docs](self)).
 pub fn aot_export_joint_simple<F>(f: F, args: &[Tensor], trace_joint: bool) -> Result<Graph>
 where
-    F: Fn(&[Tensor]) -> aotgrad_trace::Result<Vec<Tensor>>,
+    F: Fn(&[Tensor]) -> crate::Result<Vec<Tensor>>,
 {
     let api = EXPORT_SIMPLE;
     let _span = tracing::debug_span!("aot_export_joint_simple", trace_joint).entered();
@@ -179,11 +182,11 @@ where
 /// Trace `f` over `inputs` (under no-grad unless `grad`) and functionalize it.
 fn trace_and_functionalize<F>(api: &str, f: F, inputs: &[Tensor], names: &[String], grad: bool) -> Result<Exported>
 where
-    F: FnOnce(&[Tensor]) -> aotgrad_trace::Result<Vec<Tensor>>,
+    F: FnOnce(&[Tensor]) -> crate::Result<Vec<Tensor>>,
 {
     let _no_grad = (!grad).then(NoGradGuard::new);
     let config = TraceConfig { input_names: Some(names.to_vec()), ..TraceConfig::default() };
-    let traced = trace(f, inputs, &config)?;
+    let traced = trace(|t: &[Tensor]| f(t).map_err(aotgrad_trace::Error::from), inputs, &config)?;
     if traced.rng.is_some() {
         return Err(err(
             api,

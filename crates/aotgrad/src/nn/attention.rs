@@ -61,7 +61,7 @@ impl MultiHeadSelfAttention {
 
     /// Apply to `x` of shape `(batch, seq, d_model)`.
     #[track_caller]
-    pub fn apply(&self, p: &Params, x: &Tensor) -> aotgrad_trace::Result<Tensor> {
+    pub fn apply(&self, p: &Params, x: &Tensor) -> crate::Result<Tensor> {
         let loc = SourceLoc::caller();
         let shape = x.shape();
         if shape.len() != 3 {
@@ -69,7 +69,8 @@ impl MultiHeadSelfAttention {
                 op: "MultiHeadSelfAttention".into(),
                 loc,
                 msg: format!("expected an input of shape (batch, seq, {}), got rank {}", self.d_model, shape.len()),
-            });
+            }
+            .into());
         }
         let (b, s) = (shape[0].clone(), shape[1].clone());
         let (h, dh) = (self.num_heads, self.d_model / self.num_heads);
@@ -80,14 +81,15 @@ impl MultiHeadSelfAttention {
             let y = y.permute(&[2, 0, 3, 1, 4])?;
             (y.select(0, 0)?, y.select(0, 1)?, y.select(0, 2)?)
         } else {
-            let heads = |name: &str, l: &Linear| -> aotgrad_trace::Result<Tensor> {
-                let y = l.apply(&p.scope(name), x)?;
-                y.reshape_dims(&[b.clone(), s.clone(), Dim::from(h), Dim::from(dh)])?.transpose(1, 2)
-            };
             let [lq, lk, lv] = self.projections.as_slice() else {
-                return Err(aotgrad_trace::Error::Internal("attention without q, k, v projections".into()));
+                return Err(crate::Error::Internal("attention without q, k, v projections".into()));
             };
-            (heads("q", lq)?, heads("k", lk)?, heads("v", lv)?)
+            let shape = [b.clone(), s.clone(), Dim::from(h), Dim::from(dh)];
+            (
+                heads(&p.scope("q"), lq, x, &shape)?,
+                heads(&p.scope("k"), lk, x, &shape)?,
+                heads(&p.scope("v"), lv, x, &shape)?,
+            )
         };
         let scale = 1.0 / (dh as f64).sqrt();
         let mut scores = q.matmul(&k.transpose(-2, -1)?)?.mul(scale)?;
@@ -107,7 +109,8 @@ impl Module for MultiHeadSelfAttention {
     fn store(&self) -> &ParamStore {
         &self.store
     }
-    fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad_trace::Result<Vec<Tensor>> {
+    #[track_caller]
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> crate::Result<Vec<Tensor>> {
         let x = expect_inputs("MultiHeadSelfAttention", inputs, 1)?;
         Ok(vec![self.apply(p, &x[0])?])
     }
@@ -153,11 +156,11 @@ impl TransformerBlock {
 
     /// Apply to `x` of shape `(batch, seq, d_model)`.
     #[track_caller]
-    pub fn apply(&self, p: &Params, x: &Tensor) -> aotgrad_trace::Result<Tensor> {
+    pub fn apply(&self, p: &Params, x: &Tensor) -> crate::Result<Tensor> {
         let a = self.attn.apply(&p.scope("attn"), &self.ln1.apply(&p.scope("ln1"), x)?)?;
         let h = x.add(&a)?;
         let m = self.mlp.apply(&p.scope("mlp"), &self.ln2.apply(&p.scope("ln2"), &h)?)?;
-        h.add(&m)
+        Ok(h.add(&m)?)
     }
 }
 
@@ -165,8 +168,16 @@ impl Module for TransformerBlock {
     fn store(&self) -> &ParamStore {
         &self.store
     }
-    fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad_trace::Result<Vec<Tensor>> {
+    #[track_caller]
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> crate::Result<Vec<Tensor>> {
         let x = expect_inputs("TransformerBlock", inputs, 1)?;
         Ok(vec![self.apply(p, &x[0])?])
     }
+}
+
+/// One projection split into heads: `(B, S, D) -> (B, H, S, Dh)` for `shape = [B, S, H, Dh]`.
+#[track_caller]
+fn heads(p: &Params, l: &Linear, x: &Tensor, shape: &[Dim; 4]) -> crate::Result<Tensor> {
+    let y = l.apply(p, x)?;
+    Ok(y.reshape_dims(shape)?.transpose(1, 2)?)
 }

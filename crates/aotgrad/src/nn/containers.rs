@@ -46,8 +46,8 @@ impl Dropout {
 
     /// Apply to `x`.
     #[track_caller]
-    pub fn apply(&self, x: &Tensor) -> aotgrad_trace::Result<Tensor> {
-        x.dropout(self.p, self.training, RngSeed::Global)
+    pub fn apply(&self, x: &Tensor) -> crate::Result<Tensor> {
+        Ok(x.dropout(self.p, self.training, RngSeed::Global)?)
     }
 }
 
@@ -55,7 +55,8 @@ impl Module for Dropout {
     fn store(&self) -> &ParamStore {
         &self.store
     }
-    fn forward(&self, _p: &Params, inputs: &[Tensor]) -> aotgrad_trace::Result<Vec<Tensor>> {
+    #[track_caller]
+    fn forward(&self, _p: &Params, inputs: &[Tensor]) -> crate::Result<Vec<Tensor>> {
         let x = expect_inputs("Dropout", inputs, 1)?;
         Ok(vec![self.apply(&x[0])?])
     }
@@ -93,14 +94,14 @@ impl Activation {
 
     /// Apply to `x`.
     #[track_caller]
-    pub fn apply(&self, x: &Tensor) -> aotgrad_trace::Result<Tensor> {
-        match self.kind {
+    pub fn apply(&self, x: &Tensor) -> crate::Result<Tensor> {
+        Ok(match self.kind {
             ActivationKind::Relu => x.relu(),
             ActivationKind::Gelu => x.gelu(),
             ActivationKind::Tanh => x.tanh(),
             ActivationKind::Sigmoid => x.sigmoid(),
             ActivationKind::Silu => x.silu(),
-        }
+        }?)
     }
 }
 
@@ -108,7 +109,8 @@ impl Module for Activation {
     fn store(&self) -> &ParamStore {
         &self.store
     }
-    fn forward(&self, _p: &Params, inputs: &[Tensor]) -> aotgrad_trace::Result<Vec<Tensor>> {
+    #[track_caller]
+    fn forward(&self, _p: &Params, inputs: &[Tensor]) -> crate::Result<Vec<Tensor>> {
         let x = expect_inputs("Activation", inputs, 1)?;
         Ok(vec![self.apply(&x[0])?])
     }
@@ -137,7 +139,8 @@ impl Module for MaxPool2d {
     fn store(&self) -> &ParamStore {
         &self.store
     }
-    fn forward(&self, _p: &Params, inputs: &[Tensor]) -> aotgrad_trace::Result<Vec<Tensor>> {
+    #[track_caller]
+    fn forward(&self, _p: &Params, inputs: &[Tensor]) -> crate::Result<Vec<Tensor>> {
         let x = expect_inputs("MaxPool2d", inputs, 1)?;
         Ok(vec![x[0].max_pool2d(self.kernel, Some(self.stride), self.padding, [1, 1])?])
     }
@@ -161,7 +164,8 @@ impl Module for Flatten {
     fn store(&self) -> &ParamStore {
         &self.store
     }
-    fn forward(&self, _p: &Params, inputs: &[Tensor]) -> aotgrad_trace::Result<Vec<Tensor>> {
+    #[track_caller]
+    fn forward(&self, _p: &Params, inputs: &[Tensor]) -> crate::Result<Vec<Tensor>> {
         let x = expect_inputs("Flatten", inputs, 1)?;
         let mut shape = vec![x[0].size(0)?];
         let rest: Vec<aotgrad_ir::Dim> = x[0].shape().into_iter().skip(1).collect();
@@ -213,8 +217,11 @@ impl Sequential {
 
     /// Apply to `x`.
     #[track_caller]
-    pub fn apply(&self, p: &Params, x: &Tensor) -> aotgrad_trace::Result<Tensor> {
+    pub fn apply(&self, p: &Params, x: &Tensor) -> crate::Result<Tensor> {
         let mut h = x.clone();
+        // The children run through `dyn Module`: what built-in layers trace points at
+        // this call's caller, as a direct call of the layer would.
+        let _caller = aotgrad_ir::AttributeCalls::new(file!(), std::panic::Location::caller());
         for (i, m) in self.modules.iter().enumerate() {
             let mut out = m.forward(&p.scope(&i.to_string()), std::slice::from_ref(&h))?;
             if out.len() != 1 {
@@ -222,7 +229,8 @@ impl Sequential {
                     op: "Sequential".into(),
                     loc: aotgrad_ir::SourceLoc::caller(),
                     msg: format!("module {i} returned {} outputs; a sequence needs exactly one", out.len()),
-                });
+                }
+                .into());
             }
             h = out.remove(0);
         }
@@ -234,7 +242,8 @@ impl Module for Sequential {
     fn store(&self) -> &ParamStore {
         &self.store
     }
-    fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad_trace::Result<Vec<Tensor>> {
+    #[track_caller]
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> crate::Result<Vec<Tensor>> {
         let x = expect_inputs("Sequential", inputs, 1)?;
         Ok(vec![self.apply(p, &x[0])?])
     }

@@ -83,12 +83,12 @@ impl Linear {
 
     /// Apply to `x` of shape `(*, in_features)`.
     #[track_caller]
-    pub fn apply(&self, p: &Params, x: &Tensor) -> aotgrad_trace::Result<Tensor> {
+    pub fn apply(&self, p: &Params, x: &Tensor) -> crate::Result<Tensor> {
         let w = p.get("weight")?;
         if self.has_bias {
-            x.linear(w, Some(p.get("bias")?))
+            Ok(x.linear(w, Some(p.get("bias")?))?)
         } else {
-            x.linear(w, None)
+            Ok(x.linear(w, None)?)
         }
     }
 }
@@ -97,7 +97,8 @@ impl Module for Linear {
     fn store(&self) -> &ParamStore {
         &self.store
     }
-    fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad_trace::Result<Vec<Tensor>> {
+    #[track_caller]
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> crate::Result<Vec<Tensor>> {
         let x = expect_inputs("Linear", inputs, 1)?;
         Ok(vec![self.apply(p, &x[0])?])
     }
@@ -128,8 +129,8 @@ impl LayerNorm {
 
     /// Apply to `x` of shape `(*, dim)`.
     #[track_caller]
-    pub fn apply(&self, p: &Params, x: &Tensor) -> aotgrad_trace::Result<Tensor> {
-        x.layer_norm(&[self.dim as i64], Some(p.get("weight")?), Some(p.get("bias")?), self.eps)
+    pub fn apply(&self, p: &Params, x: &Tensor) -> crate::Result<Tensor> {
+        Ok(x.layer_norm(&[self.dim as i64], Some(p.get("weight")?), Some(p.get("bias")?), self.eps)?)
     }
 }
 
@@ -137,7 +138,8 @@ impl Module for LayerNorm {
     fn store(&self) -> &ParamStore {
         &self.store
     }
-    fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad_trace::Result<Vec<Tensor>> {
+    #[track_caller]
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> crate::Result<Vec<Tensor>> {
         let x = expect_inputs("LayerNorm", inputs, 1)?;
         Ok(vec![self.apply(p, &x[0])?])
     }
@@ -166,8 +168,8 @@ impl Embedding {
 
     /// Look up `indices` (an integer tensor).
     #[track_caller]
-    pub fn apply(&self, p: &Params, indices: &Tensor) -> aotgrad_trace::Result<Tensor> {
-        Tensor::embedding(indices, p.get("weight")?)
+    pub fn apply(&self, p: &Params, indices: &Tensor) -> crate::Result<Tensor> {
+        Ok(Tensor::embedding(indices, p.get("weight")?)?)
     }
 }
 
@@ -175,7 +177,8 @@ impl Module for Embedding {
     fn store(&self) -> &ParamStore {
         &self.store
     }
-    fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad_trace::Result<Vec<Tensor>> {
+    #[track_caller]
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> crate::Result<Vec<Tensor>> {
         let x = expect_inputs("Embedding", inputs, 1)?;
         Ok(vec![self.apply(p, &x[0])?])
     }
@@ -204,7 +207,7 @@ impl GeluMlp {
 
     /// Apply to `x` of shape `(*, d_in)`.
     #[track_caller]
-    pub fn apply(&self, p: &Params, x: &Tensor) -> aotgrad_trace::Result<Tensor> {
+    pub fn apply(&self, p: &Params, x: &Tensor) -> crate::Result<Tensor> {
         let h = self.fc1.apply(&p.scope("fc1"), x)?.gelu()?;
         self.fc2.apply(&p.scope("fc2"), &h)
     }
@@ -214,7 +217,8 @@ impl Module for GeluMlp {
     fn store(&self) -> &ParamStore {
         &self.store
     }
-    fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad_trace::Result<Vec<Tensor>> {
+    #[track_caller]
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> crate::Result<Vec<Tensor>> {
         let x = expect_inputs("GeluMlp", inputs, 1)?;
         Ok(vec![self.apply(p, &x[0])?])
     }
@@ -247,7 +251,7 @@ impl Mlp {
 
     /// Apply to `x` of shape `(*, sizes[0])`.
     #[track_caller]
-    pub fn apply(&self, p: &Params, x: &Tensor) -> aotgrad_trace::Result<Tensor> {
+    pub fn apply(&self, p: &Params, x: &Tensor) -> crate::Result<Tensor> {
         let mut h = x.clone();
         for (i, l) in self.layers.iter().enumerate() {
             h = l.apply(&p.scope(&format!("layers.{i}")), &h)?.gelu()?;
@@ -260,7 +264,8 @@ impl Module for Mlp {
     fn store(&self) -> &ParamStore {
         &self.store
     }
-    fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad_trace::Result<Vec<Tensor>> {
+    #[track_caller]
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> crate::Result<Vec<Tensor>> {
         let x = expect_inputs("Mlp", inputs, 1)?;
         Ok(vec![self.apply(p, &x[0])?])
     }
@@ -313,9 +318,9 @@ impl Conv2d {
 
     /// Apply to `x` of shape `[N, in, H, W]` (or `[in, H, W]`).
     #[track_caller]
-    pub fn apply(&self, p: &Params, x: &Tensor) -> aotgrad_trace::Result<Tensor> {
+    pub fn apply(&self, p: &Params, x: &Tensor) -> crate::Result<Tensor> {
         let bias = if self.has_bias { Some(p.get("bias")?) } else { None };
-        x.conv2d(p.get("weight")?, bias, self.opts)
+        Ok(x.conv2d(p.get("weight")?, bias, self.opts)?)
     }
 }
 
@@ -323,7 +328,8 @@ impl Module for Conv2d {
     fn store(&self) -> &ParamStore {
         &self.store
     }
-    fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad_trace::Result<Vec<Tensor>> {
+    #[track_caller]
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> crate::Result<Vec<Tensor>> {
         let x = expect_inputs("Conv2d", inputs, 1)?;
         Ok(vec![self.apply(p, &x[0])?])
     }
@@ -372,18 +378,20 @@ impl BatchNorm2d {
 
     /// Apply to `x` of shape `[N, channels, H, W]`.
     #[track_caller]
-    pub fn apply(&self, p: &Params, x: &Tensor) -> aotgrad_trace::Result<Tensor> {
+    pub fn apply(&self, p: &Params, x: &Tensor) -> crate::Result<Tensor> {
         if x.dim() != 4 {
             return Err(aotgrad_trace::Error::Invalid {
                 op: "BatchNorm2d".into(),
                 loc: aotgrad_ir::SourceLoc::caller(),
                 msg: format!("expected a 4-D input [N, C, H, W], got {} dims", x.dim()),
-            });
+            }
+            .into());
         }
         if self.training {
-            aotgrad_trace::no_grad(|| p.get("num_batches_tracked")?.add_(1))?;
+            let _no_grad = aotgrad_trace::NoGradGuard::new();
+            p.get("num_batches_tracked")?.add_(1)?;
         }
-        x.batch_norm(
+        Ok(x.batch_norm(
             Some(p.get("running_mean")?),
             Some(p.get("running_var")?),
             Some(p.get("weight")?),
@@ -391,7 +399,7 @@ impl BatchNorm2d {
             self.training,
             self.momentum,
             self.eps,
-        )
+        )?)
     }
 }
 
@@ -399,7 +407,8 @@ impl Module for BatchNorm2d {
     fn store(&self) -> &ParamStore {
         &self.store
     }
-    fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad_trace::Result<Vec<Tensor>> {
+    #[track_caller]
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> crate::Result<Vec<Tensor>> {
         let x = expect_inputs("BatchNorm2d", inputs, 1)?;
         Ok(vec![self.apply(p, &x[0])?])
     }

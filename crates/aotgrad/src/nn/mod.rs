@@ -41,17 +41,18 @@ pub trait Module: Send + Sync {
     fn store(&self) -> &ParamStore;
 
     /// Run the forward with the tensors of `p` standing for the parameters and buffers.
-    fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad_trace::Result<Vec<Tensor>>;
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> crate::Result<Vec<Tensor>>;
 
     /// Run the forward eagerly with the module's own tensors.
-    fn forward_eager(&self, inputs: &[Tensor]) -> aotgrad_trace::Result<Vec<Tensor>> {
+    #[track_caller]
+    fn forward_eager(&self, inputs: &[Tensor]) -> crate::Result<Vec<Tensor>> {
         self.forward(&Params::from_store(self.store()), inputs)
     }
 }
 
 /// The `n` inputs of a module, or an error naming the module.
 #[track_caller]
-pub fn expect_inputs<'a>(module: &str, inputs: &'a [Tensor], n: usize) -> aotgrad_trace::Result<&'a [Tensor]> {
+pub fn expect_inputs<'a>(module: &str, inputs: &'a [Tensor], n: usize) -> crate::Result<&'a [Tensor]> {
     if inputs.len() == n {
         Ok(inputs)
     } else {
@@ -59,7 +60,8 @@ pub fn expect_inputs<'a>(module: &str, inputs: &'a [Tensor], n: usize) -> aotgra
             op: module.into(),
             loc: SourceLoc::caller(),
             msg: format!("expected {n} input(s), got {}", inputs.len()),
-        })
+        }
+        .into())
     }
 }
 

@@ -138,13 +138,17 @@ impl Params {
 
     /// The tensor named `name` (under this view's prefix).
     #[track_caller]
-    pub fn get(&self, name: &str) -> aotgrad_trace::Result<&Tensor> {
+    pub fn get(&self, name: &str) -> crate::Result<&Tensor> {
         let full = if self.prefix.is_empty() { name.to_string() } else { format!("{}.{name}", self.prefix) };
-        self.map.get(&full).ok_or_else(|| aotgrad_trace::Error::Invalid {
-            op: "param".into(),
-            loc: SourceLoc::caller(),
-            msg: format!("the module has no parameter or buffer named `{full}`"),
-        })
+        match self.map.get(&full) {
+            Some(t) => Ok(t),
+            None => Err(aotgrad_trace::Error::Invalid {
+                op: "param".into(),
+                loc: SourceLoc::caller(),
+                msg: format!("the module has no parameter or buffer named `{full}`"),
+            }
+            .into()),
+        }
     }
 
     /// The view of child module `child` (names under `child.`).

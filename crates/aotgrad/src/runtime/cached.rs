@@ -319,6 +319,7 @@ impl AotFunction {
             arity: Mutex::new(arity),
             compile_lock: Mutex::new(()),
             compiling_thread: Mutex::new(None),
+            lifted_args: 0,
         })
     }
 }

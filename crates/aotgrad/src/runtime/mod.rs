@@ -38,7 +38,7 @@ pub(crate) use args::{alias_classes, call_sig};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-type UserFn = dyn Fn(&[Arg]) -> aotgrad_trace::Result<Vec<Tensor>> + Send + Sync;
+type UserFn = dyn Fn(&[Arg]) -> crate::Result<Vec<Tensor>> + Send + Sync;
 
 /// A function compiled ahead of time; call it like the original.
 pub struct AotFunction {
@@ -55,6 +55,10 @@ pub struct AotFunction {
     /// The thread holding `compile_lock` (a function that calls itself while being
     /// traced compiles the inner call without waiting for itself).
     compiling_thread: Mutex<Option<std::thread::ThreadId>>,
+    /// How many leading arguments are not the user's (a module's lifted parameters and
+    /// buffers): an argument without a name in [`AotConfig::arg_names`] is called
+    /// `arg{i}` with `i` counting the user's arguments only.
+    pub(crate) lifted_args: usize,
 }
 
 /// Clears [`AotFunction::compiling_thread`] when a compile ends, however it ends.
@@ -181,7 +185,7 @@ impl StageTimer {
 /// a call's metadata or aliasing pattern differs from every compiled one).
 pub fn aot_function<F>(f: F, config: AotConfig) -> Result<AotFunction>
 where
-    F: Fn(&[Tensor]) -> aotgrad_trace::Result<Vec<Tensor>> + Send + Sync + 'static,
+    F: Fn(&[Tensor]) -> crate::Result<Vec<Tensor>> + Send + Sync + 'static,
 {
     aot_function_args(
         move |args: &[Arg]| {
@@ -195,7 +199,7 @@ where
 /// Compile a function whose arguments may also be plain values ([`Arg`]).
 pub fn aot_function_args<F>(f: F, config: AotConfig) -> Result<AotFunction>
 where
-    F: Fn(&[Arg]) -> aotgrad_trace::Result<Vec<Tensor>> + Send + Sync + 'static,
+    F: Fn(&[Arg]) -> crate::Result<Vec<Tensor>> + Send + Sync + 'static,
 {
     let cache = cached::CacheState::new(config.cache.clone());
     Ok(AotFunction {
@@ -206,6 +210,7 @@ where
         arity: Mutex::new(None),
         compile_lock: Mutex::new(()),
         compiling_thread: Mutex::new(None),
+        lifted_args: 0,
     })
 }
 
@@ -486,7 +491,13 @@ impl AotFunction {
             input_names: Some(
                 traced_args
                     .iter()
-                    .map(|&i| self.config.arg_names.get(i).cloned().unwrap_or_else(|| format!("arg{i}")))
+                    .map(|&i| {
+                        self.config
+                            .arg_names
+                            .get(i)
+                            .cloned()
+                            .unwrap_or_else(|| format!("arg{}", i.saturating_sub(self.lifted_args)))
+                    })
                     .collect(),
             ),
         };
@@ -503,7 +514,7 @@ impl AotFunction {
                         None => a.clone(),
                     })
                     .collect();
-                f(&call)
+                f(&call).map_err(aotgrad_trace::Error::from)
             },
             &examples,
             &tc,

@@ -29,7 +29,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 /// A user function over [`Arg`]s.
-pub type UserFn = Arc<dyn Fn(&[Arg]) -> aotgrad::trace::Result<Vec<Tensor>> + Send + Sync>;
+pub type UserFn = Arc<dyn Fn(&[Arg]) -> aotgrad::Result<Vec<Tensor>> + Send + Sync>;
 
 /// What a successful check returns.
 pub struct Checked {
@@ -53,8 +53,8 @@ pub enum Outcome {
 }
 
 /// The tensor of an argument (tests pass tensors where they say so).
-pub fn tensor(a: &Arg) -> aotgrad::trace::Result<&Tensor> {
-    a.tensor().ok_or_else(|| aotgrad::trace::Error::Internal("argument is not a tensor".into()))
+pub fn tensor(a: &Arg) -> aotgrad::Result<&Tensor> {
+    a.tensor().ok_or_else(|| aotgrad::Error::Internal("argument is not a tensor".into()))
 }
 
 /// An f32 tensor holding `start, start+1, ...` in row-major order.
@@ -67,7 +67,7 @@ pub fn seq(shape: &[usize], start: f64) -> Tensor {
 /// Check the whole contract; panics with a description of the first violation.
 pub fn check<F, I>(f: F, inputs: I, config: AotConfig) -> Checked
 where
-    F: Fn(&[Arg]) -> aotgrad::trace::Result<Vec<Tensor>> + Send + Sync + 'static,
+    F: Fn(&[Arg]) -> aotgrad::Result<Vec<Tensor>> + Send + Sync + 'static,
     I: Fn() -> Vec<Arg>,
 {
     match try_check(Arc::new(f), &inputs, config) {
@@ -162,12 +162,15 @@ pub fn agree(
 
 /// When both worlds reject a call, the compiled function must reject it as a user
 /// error, not a failed internal invariant, and name the op eager names.
-pub fn rejects_like_eager(eager: &aotgrad::trace::Error, compiled: &aotgrad::Error) -> Result<(), String> {
+pub fn rejects_like_eager(eager: &aotgrad::Error, compiled: &aotgrad::Error) -> Result<(), String> {
     let text = compiled.to_string();
     if matches!(compiled, aotgrad::Error::Internal(_)) || text.contains("internal error") {
         return Err(format!("eager rejects the call ({eager}), and the compiled function fails with a bug: {text}"));
     }
-    if let Some(op) = eager.op() {
+    if let Some(op) = match eager {
+        aotgrad::Error::Trace(t) => t.op(),
+        _ => None,
+    } {
         if !text.contains(op) {
             return Err(format!("eager rejects the call in `{op}` ({eager}), the compiled function elsewhere: {text}"));
         }

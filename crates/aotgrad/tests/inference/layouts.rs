@@ -15,7 +15,7 @@ fn strides(t: &Tensor) -> Vec<i64> {
 
 /// `f`'s outputs' strides, eagerly; and the compiled function satisfies the whole
 /// contract (values, strides, offsets, aliasing) on the same inputs.
-fn layouts(f: fn(&[Arg]) -> aotgrad::trace::Result<Vec<Tensor>>, inputs: fn() -> Vec<Arg>) -> Vec<Vec<i64>> {
+fn layouts(f: fn(&[Arg]) -> aotgrad::Result<Vec<Tensor>>, inputs: fn() -> Vec<Arg>) -> Vec<Vec<i64>> {
     let eager: Vec<Vec<i64>> = f(&inputs()).expect("eager").iter().map(strides).collect();
     check(f, inputs, AotConfig::default());
     let c = aot_function_args(f, AotConfig::default()).expect("compile");

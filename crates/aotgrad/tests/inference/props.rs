@@ -365,7 +365,7 @@ proptest! {
         keep in any::<bool>(),
     ) {
         let p = Arc::new(prog.clone());
-        let f: UserFn = Arc::new(move |a: &[Arg]| run(&p, a));
+        let f: UserFn = Arc::new(move |a: &[Arg]| Ok(run(&p, a)?));
         let specs = inputs.clone();
         let config = AotConfig { keep_inference_input_mutations: keep, ..AotConfig::default() };
         let built = specs.clone();

@@ -32,7 +32,7 @@ use aotgrad::{aot_function_args, AotConfig, AotFunction, Arg};
 use std::sync::Arc;
 
 /// A user function over [`Arg`]s.
-pub type UserFn = Arc<dyn Fn(&[Arg]) -> aotgrad::trace::Result<Vec<Tensor>> + Send + Sync>;
+pub type UserFn = Arc<dyn Fn(&[Arg]) -> aotgrad::Result<Vec<Tensor>> + Send + Sync>;
 
 /// Finite-difference step.
 const EPS: f64 = 1e-6;
@@ -40,8 +40,8 @@ const EPS: f64 = 1e-6;
 const TOL: f64 = 1e-6;
 
 /// The tensor of an argument (tests pass tensors where they say so).
-pub fn tensor(a: &Arg) -> aotgrad::trace::Result<&Tensor> {
-    a.tensor().ok_or_else(|| aotgrad::trace::Error::Internal("argument is not a tensor".into()))
+pub fn tensor(a: &Arg) -> aotgrad::Result<&Tensor> {
+    a.tensor().ok_or_else(|| aotgrad::Error::Internal("argument is not a tensor".into()))
 }
 
 /// `n` deterministic pseudo-random values in `[-1, 1)` (splitmix64), kept away from 0
@@ -110,7 +110,7 @@ pub struct Trained {
 /// Check the whole contract against finite differences; panics on the first violation.
 pub fn check<F, I>(f: F, inputs: I, config: AotConfig) -> Trained
 where
-    F: Fn(&[Arg]) -> aotgrad::trace::Result<Vec<Tensor>> + Send + Sync + 'static,
+    F: Fn(&[Arg]) -> aotgrad::Result<Vec<Tensor>> + Send + Sync + 'static,
     I: Fn() -> Vec<Arg>,
 {
     check_with(f, inputs, config, Grads::FiniteDifferences)
@@ -119,7 +119,7 @@ where
 /// [`check`] with a choice of gradient check.
 pub fn check_with<F, I>(f: F, inputs: I, config: AotConfig, grads: Grads) -> Trained
 where
-    F: Fn(&[Arg]) -> aotgrad::trace::Result<Vec<Tensor>> + Send + Sync + 'static,
+    F: Fn(&[Arg]) -> aotgrad::Result<Vec<Tensor>> + Send + Sync + 'static,
     I: Fn() -> Vec<Arg>,
 {
     let f: UserFn = Arc::new(f);
@@ -484,7 +484,7 @@ pub fn without_lines(s: &str) -> String {
 /// user's source line included); returns it without line numbers.
 pub fn both_reject<F>(f: F, inputs: &dyn Fn() -> Vec<Arg>) -> String
 where
-    F: Fn(&[Arg]) -> aotgrad::trace::Result<Vec<Tensor>> + Send + Sync + 'static,
+    F: Fn(&[Arg]) -> aotgrad::Result<Vec<Tensor>> + Send + Sync + 'static,
 {
     let f: UserFn = Arc::new(f);
     let ff = f.clone();

@@ -12,7 +12,7 @@ use aotgrad::trace::{DType, Tensor};
 use aotgrad::{aot_function_args, AotConfig, AotFunction, Arg};
 use std::sync::Arc;
 
-type UserFn = Arc<dyn Fn(&[Arg]) -> aotgrad::trace::Result<Vec<Tensor>> + Send + Sync>;
+type UserFn = Arc<dyn Fn(&[Arg]) -> aotgrad::Result<Vec<Tensor>> + Send + Sync>;
 
 /// Outputs (shape, strides, values) and argument gradients of one forward + backward.
 type Step = (Vec<(Vec<usize>, Vec<i64>, Vec<f64>)>, Vec<Option<Vec<f64>>>);
@@ -76,7 +76,7 @@ fn agrees_with_static(f: UserFn, dynamic: &[(usize, usize)], sizes: &[Vec<Vec<us
     counts
 }
 
-fn arc(f: fn(&[Arg]) -> aotgrad::trace::Result<Vec<Tensor>>) -> UserFn {
+fn arc(f: fn(&[Arg]) -> aotgrad::Result<Vec<Tensor>>) -> UserFn {
     Arc::new(f)
 }
 

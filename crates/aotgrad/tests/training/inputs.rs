@@ -316,7 +316,7 @@ fn mixed_inputs() {
     let c = check(
         |a: &[Arg]| {
             let (x, w, idx) = (tensor(&a[0])?, tensor(&a[1])?, tensor(&a[2])?);
-            let Arg::Float(s) = a[3] else { return Err(aotgrad::trace::Error::Internal("not a float".into())) };
+            let Arg::Float(s) = a[3] else { return Err(aotgrad::Error::Internal("not a float".into())) };
             let y = x.index_select(0, idx)?.mul(w)?.mul(s)?;
             Ok(vec![y.sin()?, y.argmax(1, false)?])
         },

@@ -13,7 +13,7 @@ fn leaf(v: &[f64], shape: &[usize]) -> Tensor {
 type Run = (Vec<Vec<f64>>, Vec<bool>, Vec<Option<Vec<f64>>>);
 
 /// One compiled forward and a backward with all-ones output gradients.
-fn run(f: fn(&[Arg]) -> aotgrad::trace::Result<Vec<Tensor>>, args: Vec<Arg>) -> Run {
+fn run(f: fn(&[Arg]) -> aotgrad::Result<Vec<Tensor>>, args: Vec<Arg>) -> Run {
     let c = aot_function_args(f, AotConfig::default()).expect("compile");
     let (outs, pending) = c.forward_args(&args).expect("forward");
     let ones: Vec<Tensor> = outs.iter().map(|o| o.ones_like().expect("ones")).collect();
@@ -30,10 +30,11 @@ fn an_expanded_argument_returned_gets_one_per_element() {
     // PyTorch: `a = L.expand(2, 3)`, `f(a) = a`: the gradient for `a` is 1 per
     // element (and `L`'s, through the expand, 2); `a * 1` gives the same.
     let l = leaf(&[1.0, 2.0, 3.0], &[3]);
-    for f in [
-        (|a: &[Arg]| Ok(vec![tensor(&a[0])?.clone()])) as fn(&[Arg]) -> aotgrad::trace::Result<Vec<Tensor>>,
-        |a: &[Arg]| Ok(vec![tensor(&a[0])?.mul(1.0)?]),
-    ] {
+    for f in
+        [(|a: &[Arg]| Ok(vec![tensor(&a[0])?.clone()])) as fn(&[Arg]) -> aotgrad::Result<Vec<Tensor>>, |a: &[Arg]| {
+            Ok(vec![tensor(&a[0])?.mul(1.0)?])
+        }]
+    {
         let (_, _, g) = run(f, vec![l.expand(&[2, 3]).expect("expand").into()]);
         assert_eq!(g[0].as_deref(), Some(&[1.0; 6][..]));
     }

@@ -9,7 +9,7 @@ use aotgrad::trace::{DType, Tensor};
 use aotgrad::{aot_function_args, AotConfig, Arg};
 use expect_test::expect;
 
-fn mlp(a: &[Arg]) -> aotgrad::trace::Result<Vec<Tensor>> {
+fn mlp(a: &[Arg]) -> aotgrad::Result<Vec<Tensor>> {
     let (x, w1, b1, w2, b2, t) =
         (tensor(&a[0])?, tensor(&a[1])?, tensor(&a[2])?, tensor(&a[3])?, tensor(&a[4])?, tensor(&a[5])?);
     let h = x.matmul(w1)?.add(b1)?.gelu()?;
