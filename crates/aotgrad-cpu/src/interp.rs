@@ -130,7 +130,7 @@ pub fn interpret(g: &Graph, inputs: &[CpuTensor]) -> Result<Vec<CpuTensor>> {
 /// [`interpret`] with the values of some shape symbols given (those no input dim
 /// carries whole); an input dim must agree with a given value.
 pub fn interpret_with_symbols(g: &Graph, inputs: &[CpuTensor], symbols: &[(SymId, i64)]) -> Result<Vec<CpuTensor>> {
-    let _span = tracing::debug_span!("interpret", inputs = g.inputs.len(), nodes = g.nodes.len()).entered();
+    let _span = tracing::trace_span!("interpret", inputs = g.inputs.len(), nodes = g.nodes.len()).entered();
     let env = bind_inputs(g, inputs, symbols)?;
     let lookup = |s: SymId| env.get(&s).copied();
     let mut values: HashMap<ValueId, CpuTensor> = HashMap::with_capacity(g.inputs.len() + g.nodes.len());

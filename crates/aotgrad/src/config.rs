@@ -8,7 +8,31 @@ use aotgrad_trace::DecompTable;
 use std::fmt;
 use std::sync::Arc;
 
-/// How `aot_function` traces and compiles.
+/// How `aot_function` traces and compiles. Start from `AotConfig::default()` and
+/// change what you need, with the builder methods or the public fields.
+///
+/// ```
+/// use aotgrad::prelude::*;
+/// use aotgrad::runtime::Partitioner;
+///
+/// let config = AotConfig {
+///     name: "mlp_step".into(),
+///     dynamic: vec![(0, 0)], // argument 0's dim 0 (the batch) is a symbol
+///     partitioner: Partitioner::MinCut { activation_memory_budget: 1.0 },
+///     arg_names: vec!["x".into(), "w".into()],
+///     ..AotConfig::default()
+/// }
+/// .threads(1)
+/// .no_cache();
+/// let f = aot_function(|a: &[Tensor]| Ok(vec![a[0].matmul(&a[1])?.tanh()?]), config)?;
+/// let w = Tensor::ones(&[4, 3], DType::F32)?;
+/// for batch in [2, 5, 9] {
+///     let x = Tensor::ones(&[batch, 4], DType::F32)?;
+///     assert_eq!(f.call(&[x, w.clone()])?[0].sizes()?, vec![batch, 3]);
+/// }
+/// assert_eq!(f.num_compiled(), 1); // one entry serves every batch size of 2 or more
+/// # Ok::<(), aotgrad::Error>(())
+/// ```
 #[derive(Clone)]
 pub struct AotConfig {
     /// A name for messages and logs.

@@ -116,6 +116,46 @@ impl ModuleBackward {
 /// compiled function's arguments. Compiles at the first call (see the
 /// [module docs](self) for how this differs from [`aot_module_simplified`]).
 ///
+/// ```
+/// use aotgrad::nn::{Linear, Module, Optimizer, ParamStore, Params, Sgd};
+/// use aotgrad::prelude::*;
+/// use std::sync::Arc;
+///
+/// /// `mse(linear(x), target)`.
+/// struct Regression {
+///     store: ParamStore,
+///     fc: Linear,
+/// }
+/// impl Module for Regression {
+///     fn store(&self) -> &ParamStore {
+///         &self.store
+///     }
+///     fn forward(&self, p: &Params, inputs: &[Tensor]) -> aotgrad::Result<Vec<Tensor>> {
+///         let y = self.fc.apply(&p.scope("fc"), &inputs[0])?;
+///         Ok(vec![y.mse_loss(&inputs[1])?])
+///     }
+/// }
+///
+/// let fc = Linear::new(3, 1, true, DType::F64, 0)?;
+/// let mut store = ParamStore::new();
+/// store.add_child("fc", fc.store())?;
+/// let model = Arc::new(Regression { store, fc });
+/// let compiled = aot_module(model.clone(), AotConfig::default())?;
+/// let x = Tensor::randn(&[16, 3], DType::F64, 1)?;
+/// let target = x.sum(&[1], true)?; // y = x1 + x2 + x3
+/// let mut sgd = Sgd::new(0.1);
+/// let mut losses = Vec::new();
+/// for _ in 0..50 {
+///     let (out, backward) = compiled.forward(&[x.clone(), target.clone()])?;
+///     losses.push(out[0].item()?);
+///     let grads = backward.backward(&[out[0].ones_like()?])?; // by parameter name
+///     assert!(grads.param("fc.weight").is_some());
+///     sgd.step(model.store(), &grads.params)?; // updates the module's own tensors
+/// }
+/// assert!(losses[49] < 0.01 * losses[0]);
+/// # Ok::<(), aotgrad::Error>(())
+/// ```
+///
 /// Graph inputs are named after the parameters and buffers (`body.0.weight`) and the
 /// user inputs (`config.arg_names`, else `arg0`, `arg1`, …). Nodes traced inside the
 /// built-in layers point at the line of the user's code that called the layer; when

@@ -503,7 +503,7 @@ impl CpuCompiledGraph {
 
 impl CompiledGraph<CpuTensor> for CpuCompiledGraph {
     fn run_with_symbols(&self, inputs: &[CpuTensor], symbols: &[(SymId, i64)]) -> Result<Vec<CpuTensor>, BackendError> {
-        let _span = tracing::debug_span!("cpu_run", nodes = self.graph.nodes).entered();
+        let _span = tracing::trace_span!("cpu_run", nodes = self.graph.nodes).entered();
         if self.plan.is_none() {
             return interpret_with_symbols(self.graph.full()?, inputs, symbols).map_err(err);
         }

@@ -27,6 +27,20 @@ fn wrap_dim(op: &str, dim: i64, rank: usize, loc: &SourceLoc) -> Result<usize> {
     super::wrap(op, dim, rank, loc)
 }
 
+/// **Composed ops**: decompositions into core ops (masking, triangles, stacking and
+/// splitting, variance, ordering, `multinomial`, `one_hot`, `diagonal`, …). They trace,
+/// differentiate and compile through the core ops they emit.
+///
+/// ```
+/// # use aotgrad_trace::{DType, Tensor};
+/// let x = Tensor::from_f64(&[3.0, 1.0, 2.0, 5.0], &[2, 2], DType::F64)?;
+/// assert_eq!(x.tril(0)?.to_vec_f64()?, vec![3.0, 0.0, 2.0, 5.0]);
+/// let (values, indices) = x.max_dim(1, false)?;
+/// assert_eq!((values.to_vec_f64()?, indices.to_vec_f64()?), (vec![3.0, 5.0], vec![0.0, 1.0]));
+/// assert_eq!(x.var(&[1], 1, false)?.to_vec_f64()?, vec![2.0, 4.5]);
+/// assert_eq!(Tensor::stack(&[&x, &x], 0)?.sizes()?, vec![2, 2, 2]);
+/// # Ok::<(), aotgrad_trace::Error>(())
+/// ```
 impl Tensor {
     /// `value` where `mask` (bool, broadcast against `self`) is true, `self` elsewhere.
     #[track_caller]

@@ -202,6 +202,20 @@ fn unbatched(y: Tensor, squeeze: bool) -> Result<Tensor> {
     }
 }
 
+/// **Convolution and pooling** over `[N, C, H, W]` images: `conv2d`,
+/// `conv_transpose2d`, `max_pool2d`, `avg_pool2d`, `adaptive_avg_pool2d`.
+///
+/// ```
+/// # use aotgrad_trace::{DType, Tensor};
+/// use aotgrad_trace::Conv2dOpts;
+/// let img = Tensor::ones(&[1, 1, 4, 4], DType::F64)?;
+/// let k = Tensor::ones(&[2, 1, 3, 3], DType::F64)?;
+/// let y = img.conv2d(&k, None, Conv2dOpts::default().padding(1))?;
+/// assert_eq!(y.sizes()?, vec![1, 2, 4, 4]);
+/// assert_eq!(y.to_vec_f64()?[..4], [4.0, 6.0, 6.0, 4.0]);
+/// assert_eq!(img.max_pool2d([2, 2], None, [0, 0], [1, 1])?.sizes()?, vec![1, 1, 2, 2]);
+/// # Ok::<(), aotgrad_trace::Error>(())
+/// ```
 impl Tensor {
     /// 2-D convolution (PyTorch's `conv2d`): `self` `[N, C, H, W]` (or `[C, H, W]`),
     /// `weight` `[OC, C / groups, KH, KW]`, optional `bias` `[OC]`; the result is

@@ -21,6 +21,21 @@ pub(crate) fn dims_at(op: &str, shape: &[usize], loc: &SourceLoc) -> Result<Vec<
     }
 }
 
+/// **Creation**: filled, ranged and random tensors (`zeros`, `ones`, `full`, `arange`,
+/// `rand`, `randn`, the `*_like` forms, `bernoulli`). Tensors from Rust data are
+/// [`Tensor::from_vec`] and [`Tensor::from_f64`]. Inside a trace these make fake tensors
+/// recorded as graph nodes; random ops take an explicit [`crate::RngSeed`].
+///
+/// ```
+/// # use aotgrad_trace::{DType, Tensor};
+/// let z = Tensor::zeros(&[2, 3], DType::F32)?;
+/// assert_eq!(z.sizes()?, vec![2, 3]);
+/// let r = Tensor::arange(0.0, 4.0, 1.0, DType::F64)?;
+/// assert_eq!(r.to_vec_f64()?, vec![0.0, 1.0, 2.0, 3.0]);
+/// let x = Tensor::from_f64(&[1.0, 2.0, 3.0, 4.0], &[2, 2], DType::F64)?;
+/// assert_eq!(x.full_like(7.0)?.to_vec_f64()?, vec![7.0; 4]);
+/// # Ok::<(), aotgrad_trace::Error>(())
+/// ```
 impl Tensor {
     /// A tensor filled with `value`.
     #[track_caller]

@@ -7,6 +7,21 @@ use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use aotgrad_ir::{Dim, Op, SourceLoc};
 
+/// **Indexing**: `index_select`, `gather`, `scatter_add`, `cat`, and the out-of-place
+/// scatters (`slice_scatter`, `select_scatter`, `as_strided_scatter`) that write a view's
+/// worth of values into a copy of `self`. Indices are i64 tensors, checked against the
+/// sizes (an out-of-range index is an error naming the op).
+///
+/// ```
+/// # use aotgrad_trace::{DType, Tensor};
+/// let x = Tensor::from_f64(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[3, 2], DType::F64)?;
+/// let idx = Tensor::from_vec(vec![2i64, 0], &[2])?;
+/// assert_eq!(x.index_select(0, &idx)?.to_vec_f64()?, vec![5.0, 6.0, 1.0, 2.0]);
+/// let both = Tensor::cat(&[&x, &x], 1)?;
+/// assert_eq!(both.sizes()?, vec![3, 4]);
+/// assert!(x.index_select(0, &Tensor::from_vec(vec![3i64], &[1])?).is_err());
+/// # Ok::<(), aotgrad_trace::Error>(())
+/// ```
 impl Tensor {
     /// Entries along `dim` picked by a 1-D integer `index`.
     #[track_caller]

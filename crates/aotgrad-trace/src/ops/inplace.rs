@@ -10,6 +10,7 @@ use aotgrad_ir::{BinaryOp, Op, Scalar, SourceLoc, UnaryOp};
 
 macro_rules! binary_inplace {
     ($($name:ident => $op:ident),* $(,)?) => {
+        /// **In-place arithmetic** with a tensor (broadcast to `self`) or a scalar.
         impl Tensor {
             $(
                 #[doc = concat!("In-place `", stringify!($op), "` with a tensor (broadcast to `self`) or a scalar.")]
@@ -49,6 +50,22 @@ impl Tensor {
 
 macro_rules! unary_inplace {
     ($($name:ident => $op:ident),* $(,)?) => {
+        /// **In-place**: `*_` forms of the unary functions (`exp_`, `abs_`, …) and of
+        /// arithmetic (`add_`, `mul_`, …), `zero_`, `fill_`, `clamp_`, `copy_`. They write
+        /// through `self`'s strides into its storage and return this same handle; the storage's
+        /// version counter moves, which is what makes a backward refuse values changed after the
+        /// forward saved them.
+        ///
+        /// ```
+        /// # use aotgrad_trace::{DType, Tensor};
+        /// let x = Tensor::from_f64(&[1.0, 2.0, 3.0, 4.0], &[2, 2], DType::F64)?;
+        /// let row = x.select(0, 0)?;
+        /// row.mul_(10.0)?;
+        /// assert_eq!(x.to_vec_f64()?, vec![10.0, 20.0, 3.0, 4.0]);
+        /// x.t()?.copy_(&Tensor::from_f64(&[1.0, 2.0, 3.0, 4.0], &[2, 2], DType::F64)?)?;
+        /// assert_eq!(x.to_vec_f64()?, vec![1.0, 3.0, 2.0, 4.0]);
+        /// # Ok::<(), aotgrad_trace::Error>(())
+        /// ```
         impl Tensor {
             $(
                 #[doc = concat!("In-place `", stringify!($op), "` (the result is cast to `self`'s dtype, as PyTorch's `", stringify!($name), "`).")]

@@ -22,6 +22,8 @@ fn per_channel(v: &Tensor, rank: usize) -> Result<Tensor> {
     v.reshape_dims(&shape)
 }
 
+/// **Normalization**: `batch_norm` (training mode updates the running statistics in
+/// place) and `group_norm`; `layer_norm` is with the composite ops.
 impl Tensor {
     /// Batch normalization over dim 1 of `self` `[N, C, *]` (PyTorch's `batch_norm`).
     ///

@@ -9,6 +9,8 @@ use aotgrad_ir::{BinaryOp, CmpOp, DType, Op, Scalar, SourceLoc, UnaryOp};
 
 macro_rules! unary_ops {
     ($($name:ident => $op:ident),* $(,)?) => {
+        /// **Unary pointwise** functions (`exp`, `log`, `sin`, `relu`, `sigmoid`, `gelu`, …):
+        /// one result element per element, keeping a dense input's memory order.
         impl Tensor {
             $(
                 #[doc = concat!("Elementwise `", stringify!($name), "`.")]
@@ -47,6 +49,8 @@ unary_ops!(
 
 macro_rules! binary_ops {
     ($($name:ident => $op:ident),* $(,)?) => {
+        /// **Binary arithmetic** with a tensor (broadcasting, PyTorch type promotion) or a
+        /// scalar; `std::ops` operators on `&Tensor` do the same and return `Result`.
         impl Tensor {
             $(
                 #[doc = concat!("Elementwise `", stringify!($name), "` with a tensor (broadcasting) or a scalar.")]
@@ -71,6 +75,7 @@ binary_ops!(
 
 macro_rules! compare_ops {
     ($($name:ident => $op:ident),* $(,)?) => {
+        /// **Comparisons** (bool results, broadcasting).
         impl Tensor {
             $(
                 #[doc = concat!("Elementwise comparison `", stringify!($name), "` (bool result).")]
@@ -85,6 +90,22 @@ macro_rules! compare_ops {
 
 compare_ops!(eq => Eq, ne => Ne, lt => Lt, le => Le, gt => Gt, ge => Ge);
 
+/// **Pointwise**: unary functions, arithmetic and comparisons (the blocks above),
+/// `where_`, `clamp`, and dtype conversion `to`. Results broadcast like PyTorch and take
+/// the memory order of dense inputs (a transposed input gives a transposed result).
+///
+/// ```
+/// # use aotgrad_trace::{DType, Tensor};
+/// let x = Tensor::from_f64(&[-1.0, 0.5, 2.0], &[3], DType::F64)?;
+/// assert_eq!(x.relu()?.to_vec_f64()?, vec![0.0, 0.5, 2.0]);
+/// let y = x.mul(2.0)?.add(&Tensor::ones(&[2, 1], DType::F64)?)?; // broadcasts to [2, 3]
+/// assert_eq!(y.sizes()?, vec![2, 3]);
+/// assert_eq!((&x * 3.0)?.to_vec_f64()?, vec![-3.0, 1.5, 6.0]);
+/// let picked = Tensor::where_(&x.gt(0.0)?, &x, &x.zeros_like()?)?;
+/// assert_eq!(picked.to_vec_f64()?, vec![0.0, 0.5, 2.0]);
+/// assert_eq!(x.clamp(Some(0.0), Some(1.0))?.to_vec_f64()?, vec![0.0, 0.5, 1.0]);
+/// # Ok::<(), aotgrad_trace::Error>(())
+/// ```
 impl Tensor {
     pub(crate) fn binary_at(&self, op: BinaryOp, rhs: Rhs<'_>, loc: &SourceLoc) -> Result<Tensor> {
         match rhs {

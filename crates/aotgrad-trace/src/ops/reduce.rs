@@ -6,6 +6,19 @@ use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use aotgrad_ir::{Op, ReduceOp, ShapeError, SourceLoc};
 
+/// **Reductions and matrix products**: `sum`, `mean`, `amax`, `amin` over dims (with
+/// `keepdim`) or everything (`*_all`), `argmax`/`argmin`, `cumsum`, `argsort`, `matmul`
+/// (in [`Tensor::matmul`]'s broadcasting batched form), `mm`, `bmm`.
+///
+/// ```
+/// # use aotgrad_trace::{DType, Tensor};
+/// let x = Tensor::from_f64(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3], DType::F64)?;
+/// assert_eq!(x.sum(&[1], false)?.to_vec_f64()?, vec![6.0, 15.0]);
+/// assert_eq!(x.mean_all()?.to_vec_f64()?, vec![3.5]);
+/// assert_eq!(x.argmax(1, false)?.to_vec_f64()?, vec![2.0, 2.0]);
+/// assert_eq!(x.matmul(&x.t()?)?.to_vec_f64()?, vec![14.0, 32.0, 32.0, 77.0]);
+/// # Ok::<(), aotgrad_trace::Error>(())
+/// ```
 impl Tensor {
     /// Wrap, sort and check a list of reduced dims (empty: all dims).
     fn reduce_dims(&self, op: &str, dims: &[i64], loc: &SourceLoc) -> Result<Vec<usize>> {

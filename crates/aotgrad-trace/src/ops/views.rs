@@ -18,6 +18,25 @@ fn spec_dims(shape: &[Dim]) -> Vec<Option<Dim>> {
     shape.iter().map(|d| if *d == Dim::Const(-1) { None } else { Some(d.clone()) }).collect()
 }
 
+/// **Views**: results share storage with `self` (`view`, `reshape` when it can,
+/// `permute`, `transpose`, `t`, `expand`, `squeeze`/`unsqueeze`, `slice`, `narrow`,
+/// `select`, `as_strided`, `alias`, `detach`); writes through a view are seen by every
+/// other view of the storage. Also copies (`clone_tensor`, `contiguous`) and the
+/// metadata in-place ops (`t_`, `transpose_`, `unsqueeze_`, …), which change this
+/// handle's shape and strides.
+///
+/// ```
+/// # use aotgrad_trace::{DType, Dim, Tensor};
+/// let x = Tensor::arange(0.0, 6.0, 1.0, DType::F64)?.view(&[2, 3])?;
+/// let t = x.t()?;
+/// assert_eq!(t.sizes()?, vec![3, 2]);
+/// assert_eq!(t.strides(), vec![Dim::from(1usize), Dim::from(3usize)]);
+/// assert!(t.shares_storage_with(&x));
+/// x.select(0, 1)?.fill_(9.0)?; // writes through the view
+/// assert_eq!(t.to_vec_f64()?, vec![0.0, 9.0, 1.0, 9.0, 2.0, 9.0]);
+/// assert!(t.contiguous()?.is_contiguous());
+/// # Ok::<(), aotgrad_trace::Error>(())
+/// ```
 impl Tensor {
     // ---- op builders shared by the view and metadata in-place forms -------------
 

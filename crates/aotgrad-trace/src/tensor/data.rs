@@ -32,6 +32,18 @@ element!(bf16, BF16);
 element!(f32, F32);
 element!(f64, F64);
 
+/// **Data**: tensors from Rust values and back. `Display` prints values as PyTorch
+/// does.
+///
+/// ```
+/// # use aotgrad_trace::{DType, Tensor};
+/// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[2, 2])?;
+/// assert_eq!(x.to_vec_f64()?, vec![1.0, 2.0, 3.0, 4.0]);
+/// assert_eq!(x.sum_all()?.item()?, 10.0);
+/// assert_eq!(x.to_string(), "tensor([[1., 2.],\n        [3., 4.]], dtype=f32)");
+/// assert!(Tensor::from_vec(vec![1.0f32, 2.0], &[3]).is_err()); // 2 values for 3 elements
+/// # Ok::<(), aotgrad_trace::Error>(())
+/// ```
 impl Tensor {
     fn from_data_at(data: usize, shape: &[usize], op: &str, loc: &SourceLoc) -> Result<()> {
         crate::ops::creation::dims_at(op, shape, loc)?;

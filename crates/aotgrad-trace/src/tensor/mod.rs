@@ -18,6 +18,17 @@ use std::sync::{Arc, Mutex, MutexGuard};
 pub use data::Element;
 
 /// A tensor handle. See the [module docs](self).
+///
+/// Its methods come in groups, each an `impl` block below with its own example:
+/// **data** (`from_vec`, `from_f64`, `to_vec_f64`, `item`, printing with `Display`),
+/// **metadata and autograd flags** (`sizes`, `strides`, `dtype`, `requires_grad`,
+/// `is_leaf`, `detach`), **creation**, **pointwise**, **reductions** and matrix
+/// products, **views**, **in-place**, **indexing**, **composed** ops, normalization and
+/// convolution. Every op returns a [`Result`]: a shape or dtype error
+/// names the op, the shapes and the caller's source line, never panics.
+///
+/// Gradients come from compiling the function that computes them
+/// (`aotgrad::aot_function`, whose `forward` returns a pending backward).
 #[derive(Clone)]
 pub struct Tensor(Arc<Inner>);
 
@@ -99,6 +110,22 @@ impl TState {
     }
 }
 
+/// **Metadata and autograd flags**: sizes, strides, dtype, storage sharing and
+/// versions; `requires_grad`, `is_leaf`, `is_view`. Results of ops on tensors that
+/// require grad require grad themselves (outside [`no_grad`](crate::no_grad)).
+///
+/// ```
+/// # use aotgrad_trace::{no_grad, DType, Tensor};
+/// let w = Tensor::ones(&[2, 2], DType::F32)?.requires_grad(true)?;
+/// assert!(w.is_leaf() && w.is_requires_grad());
+/// let y = w.mul(3.0)?;
+/// assert!(y.is_requires_grad() && !y.is_leaf());
+/// assert!(!y.detach()?.is_requires_grad());
+/// let z = no_grad(|| w.mul(3.0))?;
+/// assert!(!z.is_requires_grad());
+/// assert_eq!((y.dtype(), y.sizes()?), (DType::F32, vec![2, 2]));
+/// # Ok::<(), aotgrad_trace::Error>(())
+/// ```
 impl Tensor {
     pub(crate) fn from_state(state: TState) -> Tensor {
         Tensor(Arc::new(Inner { state: Mutex::new(state) }))

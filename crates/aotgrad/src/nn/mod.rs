@@ -18,6 +18,29 @@
 //! Initialization is deterministic (from a seed) and follows PyTorch's default scales:
 //! linear weights and biases uniform in `±1/sqrt(fan_in)`, embeddings standard normal,
 //! layer-norm weights one and biases zero.
+//!
+//! A [`Sequential`] of built-in layers, run eagerly and compiled:
+//!
+//! ```
+//! use aotgrad::nn::{Activation, ActivationKind, Linear, Module, Sequential};
+//! use aotgrad::prelude::*;
+//! use std::sync::Arc;
+//!
+//! let net = Sequential::new()
+//!     .push(Linear::new(4, 8, true, DType::F32, 0)?)?
+//!     .push(Activation::new(ActivationKind::Gelu))?
+//!     .push(Linear::new(8, 2, true, DType::F32, 1)?)?;
+//! // Parameters are named by position: "0.weight", "0.bias", "2.weight", ...
+//! assert_eq!(net.store().names()[..2], ["0.weight".to_string(), "0.bias".to_string()]);
+//! let x = Tensor::randn(&[3, 4], DType::F32, 7)?;
+//! let eager = net.forward_eager(std::slice::from_ref(&x))?;
+//! let compiled = aot_module(Arc::new(net), AotConfig::default())?;
+//! let out = no_grad(|| compiled.call(std::slice::from_ref(&x)))?;
+//! assert_eq!(out[0].sizes()?, vec![3, 2]);
+//! let (a, b) = (eager[0].to_vec_f64()?, out[0].to_vec_f64()?);
+//! assert!(a.iter().zip(&b).all(|(a, b)| (a - b).abs() < 1e-5));
+//! # Ok::<(), aotgrad::Error>(())
+//! ```
 
 pub mod attention;
 pub mod checkpoint;

@@ -27,7 +27,7 @@ fn view_of(base: &Tensor, meta: &TensorMeta) -> Result<Tensor> {
 pub(crate) fn run(name: &str, entry: &Entry, args: &[Arg], env: &Bindings) -> Result<Vec<Tensor>> {
     let inputs = graph_inputs(name, entry, args)?;
     let outs = {
-        let _span = tracing::debug_span!("run_graph").entered();
+        let _span = tracing::trace_span!("run_graph").entered();
         let compiled =
             entry.compiled.as_ref().ok_or_else(|| Error::Internal("entry has no inference artifact".into()))?;
         compiled.run_with_symbols(&inputs, &super::given_symbols(env))?

@@ -183,6 +183,33 @@ impl StageTimer {
 
 /// Compile a function of tensors. Tracing happens at the first call (and again when
 /// a call's metadata or aliasing pattern differs from every compiled one).
+///
+/// The function returns [`crate::Result`]: `?` works on tensor ops and on any other
+/// aotgrad error. [`AotFunction::call`] runs it (the inference graph under
+/// [`no_grad`](aotgrad_trace::no_grad)); [`AotFunction::forward`] runs the training
+/// forward and returns a [`PendingBackward`] for the gradients of every argument that
+/// requires grad.
+///
+/// ```
+/// use aotgrad::prelude::*;
+///
+/// // loss = sum(relu(x @ w)); the compiled backward gives d loss / d w.
+/// let f = aot_function(|a: &[Tensor]| Ok(vec![a[0].matmul(&a[1])?.relu()?.sum_all()?]), AotConfig::default())?;
+/// let x = Tensor::from_f64(&[1.0, -2.0, 3.0, 4.0], &[2, 2], DType::F64)?;
+/// let w = Tensor::from_f64(&[1.0, 0.5, -1.0, 2.0], &[2, 2], DType::F64)?.requires_grad(true)?;
+/// let (out, pending) = f.forward(&[x.clone(), w.clone()])?;
+/// assert_eq!(out[0].item()?, 3.0 + 9.5); // x @ w = [[3, -3.5], [-1, 9.5]]
+/// let grads = pending.backward(&[out[0].ones_like()?])?;
+/// assert!(grads[0].is_none()); // x does not require grad
+/// // d/dw = x^T · 1[x @ w > 0]
+/// assert_eq!(grads[1].as_ref().unwrap().to_vec_f64()?, vec![1.0, 3.0, -2.0, 4.0]);
+/// // Without grad the inference graph runs; a second call with the same metadata
+/// // reuses the compiled entry.
+/// let y = no_grad(|| f.call(&[x.clone(), w.clone()]))?;
+/// assert_eq!(y[0].item()?, 12.5);
+/// assert_eq!(f.num_compiled(), 2); // one training and one inference entry
+/// # Ok::<(), aotgrad::Error>(())
+/// ```
 pub fn aot_function<F>(f: F, config: AotConfig) -> Result<AotFunction>
 where
     F: Fn(&[Tensor]) -> crate::Result<Vec<Tensor>> + Send + Sync + 'static,
@@ -196,7 +223,27 @@ where
     )
 }
 
-/// Compile a function whose arguments may also be plain values ([`Arg`]).
+/// Compile a function whose arguments may also be plain values ([`Arg`]). A plain
+/// value is a constant of the trace: a call with another value compiles another
+/// entry, as PyTorch specializes on Python scalars.
+///
+/// ```
+/// use aotgrad::prelude::*;
+///
+/// let scale = aot_function_args(
+///     |a: &[Arg]| {
+///         let (Some(x), Arg::Float(k)) = (a[0].tensor(), &a[1]) else {
+///             return Err(aotgrad::Error::Internal("expected (tensor, float)".into()));
+///         };
+///         Ok(vec![x.mul(*k)?])
+///     },
+///     AotConfig::default(),
+/// )?;
+/// let x = Tensor::from_f64(&[1.0, 2.0], &[2], DType::F32)?;
+/// let y = scale.call_args(&[Arg::Tensor(x.clone()), Arg::Float(0.5)])?;
+/// assert_eq!(y[0].to_vec_f64()?, vec![0.5, 1.0]);
+/// # Ok::<(), aotgrad::Error>(())
+/// ```
 pub fn aot_function_args<F>(f: F, config: AotConfig) -> Result<AotFunction>
 where
     F: Fn(&[Arg]) -> crate::Result<Vec<Tensor>> + Send + Sync + 'static,
@@ -271,7 +318,7 @@ impl AotFunction {
     }
 
     fn entry_for(&self, args: &[Arg]) -> Result<(Arc<Entry>, Bindings)> {
-        let _span = tracing::debug_span!("aot_call", name = %self.config.name).entered();
+        let _span = tracing::trace_span!("aot_call", name = %self.config.name).entered();
         self.check_arity(args)?;
         for (i, a) in args.iter().enumerate() {
             if a.tensor().is_some_and(Tensor::is_fake) {

@@ -215,7 +215,7 @@ impl PendingBackward {
         let mut bw_inputs = self.saved.clone();
         bw_inputs.extend(tangents);
         let grads = {
-            let _span = tracing::debug_span!("run_backward").entered();
+            let _span = tracing::trace_span!("run_backward").entered();
             parts.bw.run_with_symbols(&bw_inputs, &crate::runtime::given_symbols(&self.env))?
         };
         // Graph-input gradients back to traced inputs.

@@ -167,7 +167,7 @@ pub(crate) fn run_forward(
     let input_metas =
         (0..entry.m().convention.args.len()).map(|k| traced_input_meta(entry, args, k)).collect::<Result<_>>()?;
     let outs = {
-        let _span = tracing::debug_span!("run_forward").entered();
+        let _span = tracing::trace_span!("run_forward").entered();
         parts.fw.run_with_symbols(&inputs, &super::given_symbols(&env))?
     };
     let n = entry.tm()?.num_fw_outputs;
