@@ -244,8 +244,12 @@ impl Tensor {
     pub fn topk(&self, k: usize, dim: i64, largest: bool) -> Result<(Tensor, Tensor)> {
         let loc = SourceLoc::caller();
         let d = wrap_dim("topk", dim, self.dim(), &loc)?;
-        let size = if self.dim() == 0 { Some(1) } else { self.size(d as i64)?.as_const() };
-        if let Some(size) = size.filter(|&s| k as i64 > s) {
+        let size = if self.dim() == 0 { Dim::Const(1) } else { self.size(d as i64)? };
+        // A symbolic size is decided under a guard (`k <= s0`), so the result has `k`
+        // elements along `dim` for every size the entry accepts.
+        let fits =
+            self.with_oracle("topk", &loc, |o| Ok(o.decide(&Dim::Const(k as i64), aotgrad_ir::Rel::Le, &size)))?;
+        if !fits {
             let shape: Vec<String> = self.shape().iter().map(|s| s.to_string()).collect();
             return Err(Error::invalid(
                 "topk",

@@ -339,6 +339,17 @@ impl Tensor {
             }
         }
         let [h, w] = spatial(op, &x, &loc)?;
+        if h == 0 || w == 0 || kh == 0 || kw == 0 {
+            return Err(bad(
+                op,
+                &loc,
+                format!(
+                    "expected non-empty spatial sizes and kernel, got input {} and weight {}",
+                    shape_text(&x),
+                    shape_text(weight)
+                ),
+            ));
+        }
         let k = [kh as usize, kw as usize];
         // Full (uncropped) output size per spatial dim.
         let full: Vec<usize> = (0..2)
