@@ -45,19 +45,21 @@ impl SourceLoc {
     /// location that guard gives (the user's line behind library code).
     #[track_caller]
     pub fn caller() -> SourceLoc {
-        let mut l = std::panic::Location::caller();
+        let l = std::panic::Location::caller();
         ATTRIBUTIONS.with(|a| {
-            for &(dir, to) in a.borrow().iter().rev() {
-                if l.file().strip_prefix(dir).is_some_and(|rest| rest.starts_with(['/', '\\'])) {
-                    l = to;
+            let mut cur: Option<SourceLoc> = None;
+            for (dir, to) in a.borrow().iter().rev() {
+                let file = cur.as_ref().map_or(l.file(), |c| c.file.as_str());
+                if file.strip_prefix(*dir).is_some_and(|rest| rest.starts_with(['/', '\\'])) {
+                    cur = Some(to.clone());
                 }
             }
-        });
-        SourceLoc { file: l.file().to_string(), line: l.line(), col: l.column() }
+            cur.unwrap_or_else(|| SourceLoc { file: l.file().to_string(), line: l.line(), col: l.column() })
+        })
     }
 }
 
-type Attribution = (&'static str, &'static std::panic::Location<'static>);
+type Attribution = (&'static str, SourceLoc);
 
 thread_local! {
     static ATTRIBUTIONS: std::cell::RefCell<Vec<Attribution>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -66,9 +68,9 @@ thread_local! {
 /// While it lives (on this thread), ops whose call site is in a library's source tree
 /// are attributed to another location: library code that runs a user's program on the
 /// user's behalf (`aot_module` calling the module's `forward`, a container calling its
-/// children) names one of its files and the user's line that asked for it, so nodes
-/// and errors point at the user's code rather than the library's. Guards nest; the
-/// innermost applies first.
+/// children, a composed op calling core ops through helpers) names one of its files
+/// and the user's line that asked for it, so nodes and errors point at the user's code
+/// rather than the library's. Guards nest; the innermost applies first.
 #[must_use = "the attribution ends when the guard is dropped"]
 pub struct AttributeCalls {
     _not_send: std::marker::PhantomData<*const ()>,
@@ -78,6 +80,10 @@ impl AttributeCalls {
     /// Attribute calls made from any file in the directory of `file` (give `file!()`),
     /// or below it, to `to`.
     pub fn new(file: &'static str, to: &'static std::panic::Location<'static>) -> AttributeCalls {
+        AttributeCalls::to(file, SourceLoc { file: to.file().to_string(), line: to.line(), col: to.column() })
+    }
+    /// [`AttributeCalls::new`] with the target as a [`SourceLoc`].
+    pub fn to(file: &'static str, to: SourceLoc) -> AttributeCalls {
         let dir = file.rfind(['/', '\\']).map_or("", |i| &file[..i]);
         ATTRIBUTIONS.with(|a| a.borrow_mut().push((dir, to)));
         AttributeCalls { _not_send: std::marker::PhantomData }

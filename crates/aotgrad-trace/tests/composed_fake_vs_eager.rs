@@ -52,6 +52,9 @@ enum Case {
     AvgPool2d(usize, usize),
     AdaptiveAvgPool2d(usize, usize),
     GroupNorm(usize),
+    /// With running statistics of `x`'s dim-1 size (`C`, or 1 for rank < 2), in
+    /// training mode (they are updated in place) or eval mode.
+    BatchNorm(bool),
 }
 
 fn dtype() -> impl Strategy<Value = DType> {
@@ -98,6 +101,7 @@ fn case() -> impl Strategy<Value = Case> {
         (1usize..4, 1usize..3).prop_map(|(k, s)| Case::AvgPool2d(k, s)),
         (1usize..4, 1usize..4).prop_map(|(h, w)| Case::AdaptiveAvgPool2d(h, w)),
         (1usize..4).prop_map(Case::GroupNorm),
+        any::<bool>().prop_map(Case::BatchNorm),
     ]
 }
 
@@ -135,6 +139,11 @@ fn inputs(shape: &[usize], dt: DType, transposed: bool, case: &Case) -> Vec<Tens
         }
         Case::Conv2d(k, ..) => v.push(tensor(&[2, 1, *k, *k], dt)),
         Case::ConvTranspose2d(k, ..) => v.push(tensor(&[1, 2, *k, *k], dt)),
+        Case::BatchNorm(_) => {
+            let c = shape.get(1).copied().unwrap_or(1);
+            v.push(tensor(&[c], dt));
+            v.push(tensor(&[c], dt));
+        }
         _ => {}
     }
     v
@@ -187,6 +196,7 @@ fn apply(case: &Case, a: &[Tensor]) -> Result<Vec<Tensor>> {
         Case::AvgPool2d(k, s) => one(image(x)?.avg_pool2d([*k, *k], Some([*s, *s]), [0, 0])),
         Case::AdaptiveAvgPool2d(h, w) => one(image(x)?.adaptive_avg_pool2d([*h, *w])),
         Case::GroupNorm(g) => one(x.group_norm(*g, None, None, 1e-5)),
+        Case::BatchNorm(training) => one(x.batch_norm(Some(&a[1]), Some(&a[2]), None, None, *training, 0.1, 1e-5)),
     }
 }
 

@@ -46,6 +46,7 @@ impl Tensor {
     #[track_caller]
     pub fn masked_fill(&self, mask: &Tensor, value: impl Into<Scalar>) -> Result<Tensor> {
         let loc = SourceLoc::caller();
+        let _site = super::user_site(&loc);
         if mask.dtype() != DType::Bool {
             return Err(Error::invalid(
                 "masked_fill",
@@ -81,19 +82,24 @@ impl Tensor {
     /// the rest zero.
     #[track_caller]
     pub fn tril(&self, k: i64) -> Result<Tensor> {
-        self.triangle("tril", k, true, &SourceLoc::caller())
+        let loc = SourceLoc::caller();
+        let _site = super::user_site(&loc);
+        self.triangle("tril", k, true, &loc)
     }
 
     /// The upper triangle of the last two dims: elements with `col - row >= k` kept.
     #[track_caller]
     pub fn triu(&self, k: i64) -> Result<Tensor> {
-        self.triangle("triu", k, false, &SourceLoc::caller())
+        let loc = SourceLoc::caller();
+        let _site = super::user_site(&loc);
+        self.triangle("triu", k, false, &loc)
     }
 
     /// Join tensors of one shape along a new dim `dim`.
     #[track_caller]
     pub fn stack(tensors: &[&Tensor], dim: i64) -> Result<Tensor> {
         let loc = SourceLoc::caller();
+        let _site = super::user_site(&loc);
         let Some(first) = tensors.first() else {
             return Err(Error::invalid("stack", &loc, "expects a non-empty list of tensors"));
         };
@@ -121,6 +127,7 @@ impl Tensor {
     #[track_caller]
     pub fn split(&self, split_size: i64, dim: i64) -> Result<Vec<Tensor>> {
         let loc = SourceLoc::caller();
+        let _site = super::user_site(&loc);
         let d = wrap_dim("split", dim, self.dim(), &loc)?;
         let size = concrete_size(self, "split", d, &loc)?;
         if split_size <= 0 && size > 0 {
@@ -144,6 +151,7 @@ impl Tensor {
     #[track_caller]
     pub fn chunk(&self, chunks: i64, dim: i64) -> Result<Vec<Tensor>> {
         let loc = SourceLoc::caller();
+        let _site = super::user_site(&loc);
         if chunks <= 0 {
             return Err(Error::invalid(
                 "chunk",
@@ -162,6 +170,7 @@ impl Tensor {
     #[track_caller]
     pub fn var(&self, dims: &[i64], correction: i64, keepdim: bool) -> Result<Tensor> {
         let loc = SourceLoc::caller();
+        let _site = super::user_site(&loc);
         if !self.dtype().is_float() {
             return Err(Error::invalid("var", &loc, format!("needs a floating input, got {}", self.dtype())));
         }
@@ -243,6 +252,7 @@ impl Tensor {
     #[track_caller]
     pub fn topk(&self, k: usize, dim: i64, largest: bool) -> Result<(Tensor, Tensor)> {
         let loc = SourceLoc::caller();
+        let _site = super::user_site(&loc);
         let d = wrap_dim("topk", dim, self.dim(), &loc)?;
         let size = if self.dim() == 0 { Dim::Const(1) } else { self.size(d as i64)? };
         // A symbolic size is decided under a guard (`k <= s0`), so the result has `k`
@@ -278,6 +288,7 @@ impl Tensor {
     #[track_caller]
     pub fn multinomial(&self, num_samples: usize, replacement: bool, seed: impl Into<RngSeed>) -> Result<Tensor> {
         let loc = SourceLoc::caller();
+        let _site = super::user_site(&loc);
         let bad = |msg: String| Error::invalid("multinomial", &loc, msg);
         if !matches!(self.dim(), 1 | 2) {
             return Err(bad(format!("prob_dist must be 1 or 2 dim, got {} dims", self.dim())));
@@ -395,6 +406,7 @@ impl Tensor {
     #[track_caller]
     pub fn one_hot(&self, num_classes: i64) -> Result<Tensor> {
         let loc = SourceLoc::caller();
+        let _site = super::user_site(&loc);
         if self.dtype() != DType::I64 {
             return Err(Error::invalid("one_hot", &loc, format!("needs an i64 tensor, got {}", self.dtype())));
         }
@@ -419,6 +431,7 @@ impl Tensor {
     #[track_caller]
     pub fn diagonal(&self, offset: i64, dim1: i64, dim2: i64) -> Result<Tensor> {
         let loc = SourceLoc::caller();
+        let _site = super::user_site(&loc);
         let rank = self.dim();
         let (d1, d2) = (wrap_dim("diagonal", dim1, rank, &loc)?, wrap_dim("diagonal", dim2, rank, &loc)?);
         if d1 == d2 {

@@ -223,6 +223,7 @@ impl Tensor {
     #[track_caller]
     pub fn conv2d(&self, weight: &Tensor, bias: Option<&Tensor>, opts: Conv2dOpts) -> Result<Tensor> {
         let loc = SourceLoc::caller();
+        let _site = super::user_site(&loc);
         let op = "conv2d";
         let (x, squeeze) = batched(op, self, &loc)?;
         if weight.dim() != 4 {
@@ -290,6 +291,7 @@ impl Tensor {
         output_padding: [usize; 2],
     ) -> Result<Tensor> {
         let loc = SourceLoc::caller();
+        let _site = super::user_site(&loc);
         let op = "conv_transpose2d";
         let (x, squeeze) = batched(op, self, &loc)?;
         if weight.dim() != 4 {
@@ -415,6 +417,7 @@ impl Tensor {
     #[track_caller]
     pub fn avg_pool2d(&self, kernel: [usize; 2], stride: Option<[usize; 2]>, padding: [usize; 2]) -> Result<Tensor> {
         let loc = SourceLoc::caller();
+        let _site = super::user_site(&loc);
         let (x, squeeze) = batched("avg_pool2d", self, &loc)?;
         pool_pad_check("avg_pool2d", kernel, padding, &loc)?;
         let opts = Conv2dOpts { stride: stride.unwrap_or(kernel), padding, dilation: [1, 1], groups: 1 };
@@ -438,6 +441,7 @@ impl Tensor {
         dilation: [usize; 2],
     ) -> Result<Tensor> {
         let loc = SourceLoc::caller();
+        let _site = super::user_site(&loc);
         let (x, squeeze) = batched("max_pool2d", self, &loc)?;
         pool_pad_check("max_pool2d", kernel, padding, &loc)?;
         let opts = Conv2dOpts { stride: stride.unwrap_or(kernel), padding, dilation, groups: 1 };
@@ -451,6 +455,7 @@ impl Tensor {
     #[track_caller]
     pub fn adaptive_avg_pool2d(&self, out: [usize; 2]) -> Result<Tensor> {
         let loc = SourceLoc::caller();
+        let _site = super::user_site(&loc);
         let (x, _) = batched("adaptive_avg_pool2d", self, &loc)?;
         let [h, w] = spatial("adaptive_avg_pool2d", &x, &loc)?;
         if out.contains(&0) || h % out[0] != 0 || w % out[1] != 0 {

@@ -63,6 +63,13 @@ macro_rules! scalar_rhs {
 }
 scalar_rhs!(f64, f32, i64, i32, bool, Scalar);
 
+/// While the guard lives, core ops called from this crate's op files (helpers and
+/// closures of a composed op, which no `#[track_caller]` chain reaches) are recorded at
+/// `loc`, the user's call of the composed op.
+pub(crate) fn user_site(loc: &SourceLoc) -> aotgrad_ir::AttributeCalls {
+    aotgrad_ir::AttributeCalls::to(file!(), loc.clone())
+}
+
 /// Wrap a possibly negative dim against `rank`, as a located error.
 pub(crate) fn wrap(op: &str, dim: i64, rank: usize, loc: &SourceLoc) -> Result<usize> {
     wrap_dim(op, dim, rank).map_err(|e| Error::shape(op, loc, e))

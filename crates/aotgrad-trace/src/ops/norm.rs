@@ -44,6 +44,7 @@ impl Tensor {
         eps: f64,
     ) -> Result<Tensor> {
         let loc = SourceLoc::caller();
+        let _site = super::user_site(&loc);
         let bad = |msg: String| Error::invalid("batch_norm", &loc, msg);
         let rank = self.dim();
         if rank < 2 {
@@ -114,6 +115,7 @@ impl Tensor {
         eps: f64,
     ) -> Result<Tensor> {
         let loc = SourceLoc::caller();
+        let _site = super::user_site(&loc);
         let bad = |msg: String| Error::invalid("group_norm", &loc, msg);
         let rank = self.dim();
         if rank < 2 {
