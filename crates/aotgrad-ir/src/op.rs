@@ -152,6 +152,37 @@ pub enum CompositeOp {
     MseLoss,
     /// Cross entropy over class dim 1 with integer targets, mean-reduced; args `[logits, target]`.
     CrossEntropy,
+    /// `value` where the bool `mask` (broadcast against the input) is true, the input
+    /// elsewhere; args `[x, mask]`.
+    MaskedFill {
+        /// The fill value.
+        value: Scalar,
+    },
+    /// The lower triangle of the last two dims (`col - row <= diagonal` kept, the rest
+    /// zero); args `[x]`.
+    Tril {
+        /// The diagonal's offset.
+        diagonal: i64,
+    },
+    /// The upper triangle of the last two dims (`col - row >= diagonal` kept); args `[x]`.
+    Triu {
+        /// The diagonal's offset.
+        diagonal: i64,
+    },
+    /// Variance over `dims` (wrapped, non-empty) with Bessel's `correction`; args `[x]`.
+    Var {
+        /// Reduced dims.
+        dims: Vec<usize>,
+        /// Subtracted from the count of reduced elements.
+        correction: i64,
+        /// Keep the reduced dims as size 1.
+        keepdim: bool,
+    },
+    /// One-hot encoding in a new last dim of `num_classes` (i64); args `[indices]` (i64).
+    OneHot {
+        /// The new dim's size.
+        num_classes: usize,
+    },
 }
 
 impl CompositeOp {
@@ -169,6 +200,11 @@ impl CompositeOp {
             CompositeOp::Embedding => "embedding",
             CompositeOp::MseLoss => "mse_loss",
             CompositeOp::CrossEntropy => "cross_entropy",
+            CompositeOp::MaskedFill { .. } => "masked_fill",
+            CompositeOp::Tril { .. } => "tril",
+            CompositeOp::Triu { .. } => "triu",
+            CompositeOp::Var { .. } => "var",
+            CompositeOp::OneHot { .. } => "one_hot",
         }
     }
 }

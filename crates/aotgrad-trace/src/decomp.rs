@@ -1,6 +1,6 @@
 //! Composite ops (`linear`, `matmul`, `gelu`, `silu`, `softmax`, `log_softmax`,
-//! `layer_norm`, `dropout`, `embedding`, `mse_loss`, `cross_entropy`) and their
-//! decompositions into core ops.
+//! `layer_norm`, `dropout`, `embedding`, `mse_loss`, `cross_entropy`, `masked_fill`,
+//! `tril`, `triu`, `var`, `one_hot`) and their decompositions into core ops.
 //!
 //! Calling a composite method on a [`Tensor`]:
 //! 1. checks the arguments with the composite's own inference rule, so a rejection
@@ -60,11 +60,21 @@ pub enum CompositeKind {
     MseLoss,
     /// [`CompositeOp::CrossEntropy`].
     CrossEntropy,
+    /// [`CompositeOp::MaskedFill`] (`masked_fill`; `masked_fill_` copies its result in).
+    MaskedFill,
+    /// [`CompositeOp::Tril`].
+    Tril,
+    /// [`CompositeOp::Triu`].
+    Triu,
+    /// [`CompositeOp::Var`] (`var`; `std` is its square root).
+    Var,
+    /// [`CompositeOp::OneHot`].
+    OneHot,
 }
 
 impl CompositeKind {
     /// Every composite kind.
-    pub const ALL: [CompositeKind; 11] = [
+    pub const ALL: [CompositeKind; 16] = [
         CompositeKind::Linear,
         CompositeKind::Matmul,
         CompositeKind::Gelu,
@@ -76,6 +86,11 @@ impl CompositeKind {
         CompositeKind::Embedding,
         CompositeKind::MseLoss,
         CompositeKind::CrossEntropy,
+        CompositeKind::MaskedFill,
+        CompositeKind::Tril,
+        CompositeKind::Triu,
+        CompositeKind::Var,
+        CompositeKind::OneHot,
     ];
 
     /// The kind of a composite op.
@@ -92,6 +107,11 @@ impl CompositeKind {
             CompositeOp::Embedding => CompositeKind::Embedding,
             CompositeOp::MseLoss => CompositeKind::MseLoss,
             CompositeOp::CrossEntropy => CompositeKind::CrossEntropy,
+            CompositeOp::MaskedFill { .. } => CompositeKind::MaskedFill,
+            CompositeOp::Tril { .. } => CompositeKind::Tril,
+            CompositeOp::Triu { .. } => CompositeKind::Triu,
+            CompositeOp::Var { .. } => CompositeKind::Var,
+            CompositeOp::OneHot { .. } => CompositeKind::OneHot,
         }
     }
 
@@ -109,6 +129,11 @@ impl CompositeKind {
             CompositeKind::Embedding => "embedding",
             CompositeKind::MseLoss => "mse_loss",
             CompositeKind::CrossEntropy => "cross_entropy",
+            CompositeKind::MaskedFill => "masked_fill",
+            CompositeKind::Tril => "tril",
+            CompositeKind::Triu => "triu",
+            CompositeKind::Var => "var",
+            CompositeKind::OneHot => "one_hot",
         }
     }
 
@@ -260,6 +285,9 @@ pub(crate) fn apply_composite(op: CompositeOp, args: &[&Tensor], loc: &SourceLoc
     let out = match &policy {
         DecompPolicy::Keep => return dispatch(whole, args, loc),
         DecompPolicy::Decompose => {
+            // Decompositions written with tensor methods (in the op files) record
+            // their core ops at the user's call too.
+            let _site = crate::ops::user_site(loc);
             rules::decompose(&Emit { name, loc }, &op, args, expected.dtype).map_err(|e| blame_composite(name, e))?
         }
         DecompPolicy::Override(f) => {

@@ -71,6 +71,50 @@ pub(crate) fn infer_composite(
             dense(name, Vec::new(), dtype)
         }
         CompositeOp::CrossEntropy => cross_entropy(name, args, oracle),
+        CompositeOp::MaskedFill { .. } => {
+            arity(name, args, 2)?;
+            let (x, mask) = (args[0], args[1]);
+            if mask.dtype != DType::Bool {
+                return Err(ShapeError::Invalid {
+                    op: name.into(),
+                    msg: format!("only supports boolean masks, but got mask with dtype {}", mask.dtype),
+                });
+            }
+            dense(name, broadcast_shapes(name, &x.shape, &mask.shape, oracle)?, x.dtype)
+        }
+        CompositeOp::Tril { .. } | CompositeOp::Triu { .. } => {
+            arity(name, args, 1)?;
+            if args[0].rank() < 2 {
+                return Err(ShapeError::Invalid {
+                    op: name.into(),
+                    msg: format!("input tensor must have at least 2 dimensions, got {}", args[0].rank()),
+                });
+            }
+            Ok(args[0].to_contiguous())
+        }
+        CompositeOp::Var { dims, keepdim, .. } => {
+            arity(name, args, 1)?;
+            let x = args[0];
+            float_input(name, "input", x.dtype)?;
+            for &d in dims {
+                check_dim(name, d, x.rank(), false)?;
+            }
+            dense(name, super::reduce::reduced_shape(&x.shape, dims, *keepdim), x.dtype)
+        }
+        CompositeOp::OneHot { num_classes } => {
+            arity(name, args, 1)?;
+            let x = args[0];
+            if x.dtype != DType::I64 {
+                return Err(ShapeError::DType {
+                    op: name.into(),
+                    dtype: x.dtype.to_string(),
+                    what: "indices (expected i64)".into(),
+                });
+            }
+            let mut shape = x.shape.clone();
+            shape.push(Dim::from(*num_classes));
+            dense(name, shape, DType::I64)
+        }
     }
 }
 

@@ -65,10 +65,15 @@ pub(super) enum Base {
     Embedding,
     MseLoss,
     CrossEntropy,
+    MaskedFill,
+    Tril,
+    Triu,
+    Var,
+    OneHot,
 }
 
 /// Every base other than the families with their own `ALL` lists.
-const OTHER_BASES: [Base; 47] = [
+const OTHER_BASES: [Base; 52] = [
     Base::Where,
     Base::Clamp,
     Base::Cast,
@@ -116,6 +121,11 @@ const OTHER_BASES: [Base; 47] = [
     Base::Embedding,
     Base::MseLoss,
     Base::CrossEntropy,
+    Base::MaskedFill,
+    Base::Tril,
+    Base::Triu,
+    Base::Var,
+    Base::OneHot,
 ];
 
 const REDUCE_OPS: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Amax, ReduceOp::Amin];
@@ -186,6 +196,11 @@ impl Base {
             Base::Embedding => CompositeOp::Embedding.name(),
             Base::MseLoss => CompositeOp::MseLoss.name(),
             Base::CrossEntropy => CompositeOp::CrossEntropy.name(),
+            Base::MaskedFill => "masked_fill",
+            Base::Tril => "tril",
+            Base::Triu => "triu",
+            Base::Var => "var",
+            Base::OneHot => "one_hot",
         }
     }
 
@@ -484,6 +499,31 @@ fn parse_params(p: &mut Parser<'_>, base: Base, st: &mut Params<'_>) -> PResult<
         Base::Embedding => Op::Composite(CompositeOp::Embedding),
         Base::MseLoss => Op::Composite(CompositeOp::MseLoss),
         Base::CrossEntropy => Op::Composite(CompositeOp::CrossEntropy),
+        Base::MaskedFill => {
+            p.named(st, "value")?;
+            Op::Composite(CompositeOp::MaskedFill { value: p.scalar(cx("value"))? })
+        }
+        Base::Tril | Base::Triu => {
+            p.named(st, "diagonal")?;
+            let diagonal = p.i64_value(cx("diagonal"))?;
+            Op::Composite(if base == Base::Tril {
+                CompositeOp::Tril { diagonal }
+            } else {
+                CompositeOp::Triu { diagonal }
+            })
+        }
+        Base::Var => {
+            p.named(st, "dims")?;
+            let dims = p.usize_list(cx("dims"))?;
+            p.named(st, "correction")?;
+            let correction = p.i64_value(cx("correction"))?;
+            p.named(st, "keepdim")?;
+            Op::Composite(CompositeOp::Var { dims, correction, keepdim: p.bool_value(cx("keepdim"))? })
+        }
+        Base::OneHot => {
+            p.named(st, "num_classes")?;
+            Op::Composite(CompositeOp::OneHot { num_classes: p.usize_value(cx("num_classes"))? })
+        }
     })
 }
 

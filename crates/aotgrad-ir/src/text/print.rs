@@ -245,6 +245,14 @@ fn write_params(w: &mut ParamWriter<'_>, op: &Op) {
                 w.named("normalized_rank", normalized_rank);
                 w.float("eps", *eps);
             }
+            CompositeOp::MaskedFill { value } => w.scalar(Some("value"), *value),
+            CompositeOp::Tril { diagonal } | CompositeOp::Triu { diagonal } => w.named("diagonal", diagonal),
+            CompositeOp::Var { dims, correction, keepdim } => {
+                w.named("dims", UsizeList(dims));
+                w.named("correction", correction);
+                w.named("keepdim", keepdim);
+            }
+            CompositeOp::OneHot { num_classes } => w.named("num_classes", num_classes),
             CompositeOp::Linear
             | CompositeOp::Matmul
             | CompositeOp::Silu

@@ -457,13 +457,18 @@ fn proto(b: Base) -> Op {
         Base::Embedding => Op::Composite(CompositeOp::Embedding),
         Base::MseLoss => Op::Composite(CompositeOp::MseLoss),
         Base::CrossEntropy => Op::Composite(CompositeOp::CrossEntropy),
+        Base::MaskedFill => Op::Composite(CompositeOp::MaskedFill { value: crate::Scalar::Float(-1.5) }),
+        Base::Tril => Op::Composite(CompositeOp::Tril { diagonal: -1 }),
+        Base::Triu => Op::Composite(CompositeOp::Triu { diagonal: 2 }),
+        Base::Var => Op::Composite(CompositeOp::Var { dims: vec![0, 2], correction: 1, keepdim: true }),
+        Base::OneHot => Op::Composite(CompositeOp::OneHot { num_classes: 4 }),
     }
 }
 
 #[test]
 fn text_base_names_agree_with_op_name_and_are_unambiguous() {
     let all: Vec<Base> = Base::all().collect();
-    assert_eq!(all.len(), 21 + 7 + 6 + 4 + 47);
+    assert_eq!(all.len(), 21 + 7 + 6 + 4 + 52);
     for &b in &all {
         assert_eq!(b.name(), proto(b).name(), "{b:?}");
         assert_eq!(Base::lookup(b.name()), Some(b), "name {} is used twice", b.name());

@@ -7,6 +7,7 @@
 
 use super::prim::{compute_dtype, Emit};
 use crate::error::Result;
+use crate::ops::composed;
 use crate::tensor::Tensor;
 use aotgrad_ir::{BinaryOp, CompositeOp, DType, Dim, ReduceOp, UnaryOp};
 
@@ -55,6 +56,11 @@ pub(crate) fn decompose(e: &Emit, op: &CompositeOp, args: &[&Tensor], out_dtype:
             e.reduce(&sq, ReduceOp::Mean, Vec::new(), false)?
         }
         CompositeOp::CrossEntropy => cross_entropy(e, x, arg(e, args, 1)?)?,
+        CompositeOp::MaskedFill { value } => composed::masked_fill_rule(x, arg(e, args, 1)?, *value)?,
+        CompositeOp::Tril { diagonal } => composed::triangle_rule(x, *diagonal, true)?,
+        CompositeOp::Triu { diagonal } => composed::triangle_rule(x, *diagonal, false)?,
+        CompositeOp::Var { dims, correction, keepdim } => composed::var_rule(x, dims, *correction, *keepdim, e.loc)?,
+        CompositeOp::OneHot { num_classes } => composed::one_hot_rule(x, *num_classes)?,
     };
     e.cast(&out, out_dtype)
 }

@@ -8,10 +8,11 @@
 //! `diagonal` (an `as_strided` view). They trace, compile and differentiate through the core ops they emit, so
 //! eager, fake and compiled modes agree by construction.
 
+use crate::decomp::apply_composite;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use crate::RngSeed;
-use aotgrad_ir::{DType, Dim, Scalar, SourceLoc};
+use aotgrad_ir::{CompositeOp, DType, Dim, Scalar, SourceLoc};
 
 fn concrete_size(t: &Tensor, op: &str, d: usize, loc: &SourceLoc) -> Result<i64> {
     match t.shape().get(d) {
@@ -45,16 +46,8 @@ impl Tensor {
     /// `value` where `mask` (bool, broadcast against `self`) is true, `self` elsewhere.
     #[track_caller]
     pub fn masked_fill(&self, mask: &Tensor, value: impl Into<Scalar>) -> Result<Tensor> {
-        let loc = SourceLoc::caller();
-        let _site = super::user_site(&loc);
-        if mask.dtype() != DType::Bool {
-            return Err(Error::invalid(
-                "masked_fill",
-                &loc,
-                format!("only supports boolean masks, but got mask with dtype {}", mask.dtype()),
-            ));
-        }
-        Tensor::where_(mask, &self.full_like(value)?, self)
+        let value = value.into();
+        apply_composite(CompositeOp::MaskedFill { value }, &[self, mask], &SourceLoc::caller())
     }
 
     /// In-place [`Tensor::masked_fill`]: `mask` must broadcast to `self`'s shape.
@@ -64,35 +57,17 @@ impl Tensor {
         self.copy_(&filled)
     }
 
-    fn triangle(&self, op: &str, k: i64, lower: bool, loc: &SourceLoc) -> Result<Tensor> {
-        let r = self.dim();
-        if r < 2 {
-            return Err(Error::invalid(op, loc, format!("input tensor must have at least 2 dimensions, got {r}")));
-        }
-        let shape = self.shape();
-        let rows = Tensor::arange_dim(&shape[r - 2])?.unsqueeze(1)?;
-        let cols = Tensor::arange_dim(&shape[r - 1])?.unsqueeze(0)?;
-        // Element (i, j) is kept when j - i <= k (tril) or j - i >= k (triu).
-        let diff = cols.sub(&rows)?;
-        let keep = if lower { diff.le(k)? } else { diff.ge(k)? };
-        Tensor::where_(&keep, self, &self.full_like(0)?)
-    }
-
     /// The lower triangle of the last two dims: elements with `col - row <= k` kept,
     /// the rest zero.
     #[track_caller]
     pub fn tril(&self, k: i64) -> Result<Tensor> {
-        let loc = SourceLoc::caller();
-        let _site = super::user_site(&loc);
-        self.triangle("tril", k, true, &loc)
+        apply_composite(CompositeOp::Tril { diagonal: k }, &[self], &SourceLoc::caller())
     }
 
     /// The upper triangle of the last two dims: elements with `col - row >= k` kept.
     #[track_caller]
     pub fn triu(&self, k: i64) -> Result<Tensor> {
-        let loc = SourceLoc::caller();
-        let _site = super::user_site(&loc);
-        self.triangle("triu", k, false, &loc)
+        apply_composite(CompositeOp::Triu { diagonal: k }, &[self], &SourceLoc::caller())
     }
 
     /// Join tensors of one shape along a new dim `dim`.
@@ -180,15 +155,10 @@ impl Tensor {
         } else {
             dims.iter().map(|&d| wrap_dim("var", d, rank, &loc)).collect::<Result<_>>()?
         };
-        let mut n: i64 = 1;
-        for &d in &reduced {
-            n *= concrete_size(self, "var", d, &loc)?;
-        }
-        let all: Vec<i64> = reduced.iter().map(|&d| d as i64).collect();
-        let centered = self.sub(&self.mean(&all, true)?)?;
-        let ss = centered.mul(&centered)?.sum(&all, keepdim)?;
-        // PyTorch divides by max(0, N - correction) (giving inf or NaN when it is 0).
-        ss.div((n - correction).max(0) as f64)
+        let mut reduced = reduced;
+        reduced.sort_unstable();
+        reduced.dedup();
+        apply_composite(CompositeOp::Var { dims: reduced, correction, keepdim }, &[self], &loc)
     }
 
     /// Standard deviation: `sqrt(var(dims, correction))`.
@@ -422,8 +392,7 @@ impl Tensor {
                 ));
             }
         }
-        let classes = Tensor::arange(0, num_classes, 1, DType::I64)?;
-        self.unsqueeze(-1)?.eq(&classes)?.to(DType::I64)
+        apply_composite(CompositeOp::OneHot { num_classes: num_classes as usize }, &[self], &loc)
     }
 
     /// The diagonal of dims `dim1` and `dim2` shifted by `offset` (above the main
@@ -467,4 +436,42 @@ fn promoted_float(dtype: DType) -> DType {
     } else {
         DType::DEFAULT_FLOAT
     }
+}
+
+// ---- default decompositions of the composites above (`decomp::rules` calls them) ----
+
+/// `where(mask, full_like(x, value), x)`.
+pub(crate) fn masked_fill_rule(x: &Tensor, mask: &Tensor, value: Scalar) -> Result<Tensor> {
+    Tensor::where_(mask, &x.full_like(value)?, x)
+}
+
+/// Keeps element `(i, j)` of the last two dims when `j - i <= k` (lower) or
+/// `j - i >= k` (upper), from an `arange` index mask.
+pub(crate) fn triangle_rule(x: &Tensor, k: i64, lower: bool) -> Result<Tensor> {
+    let shape = x.shape();
+    let r = shape.len();
+    let rows = Tensor::arange_dim(&shape[r - 2])?.unsqueeze(1)?;
+    let cols = Tensor::arange_dim(&shape[r - 1])?.unsqueeze(0)?;
+    let diff = cols.sub(&rows)?;
+    let keep = if lower { diff.le(k)? } else { diff.ge(k)? };
+    Tensor::where_(&keep, x, &x.full_like(0)?)
+}
+
+/// `sum((x - mean)^2) / max(0, N - correction)` over `dims` (PyTorch gives inf or NaN
+/// when the divisor is 0).
+pub(crate) fn var_rule(x: &Tensor, dims: &[usize], correction: i64, keepdim: bool, loc: &SourceLoc) -> Result<Tensor> {
+    let mut n: i64 = 1;
+    for &d in dims {
+        n *= concrete_size(x, "var", d, loc)?;
+    }
+    let all: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
+    let centered = x.sub(&x.mean(&all, true)?)?;
+    let ss = centered.mul(&centered)?.sum(&all, keepdim)?;
+    ss.div((n - correction).max(0) as f64)
+}
+
+/// `(x.unsqueeze(-1) == arange(num_classes)).to(i64)`.
+pub(crate) fn one_hot_rule(x: &Tensor, num_classes: usize) -> Result<Tensor> {
+    let classes = Tensor::arange(0, num_classes as i64, 1, DType::I64)?;
+    x.unsqueeze(-1)?.eq(&classes)?.to(DType::I64)
 }

@@ -24,6 +24,11 @@ fn all_composites(a: &[Tensor]) -> Result<Vec<Tensor>> {
         h.mse_loss(&h.gelu()?)?,
         h.cross_entropy(t)?,
         x.matmul(&w.t()?)?,
+        x.masked_fill(&x.gt(0.0)?, 0.5)?,
+        x.tril(-1)?,
+        x.triu(1)?,
+        x.var(&[1], 1, false)?,
+        idx.one_hot(5)?,
     ])
 }
 
@@ -71,10 +76,15 @@ fn kept_composites_are_single_nodes() {
         MseLoss,
         CrossEntropy,
         Matmul,
+        MaskedFill,
+        Tril,
+        Triu,
+        Var,
+        OneHot,
     ];
     assert_eq!(kinds, want);
-    // Only the composites and the transpose of `w` are recorded.
-    assert_eq!(t.graph.nodes.len(), want.len() + 1);
+    // Only the composites, the transpose of `w` and the mask's `gt` are recorded.
+    assert_eq!(t.graph.nodes.len(), want.len() + 2);
 
     let mut table = DecompTable::default();
     table.keep(CompositeKind::Softmax);
@@ -112,6 +122,20 @@ fn overrides_replace_the_decomposition() {
     let want: Vec<f64> = inputs[0].to_vec_f64().unwrap().iter().map(|x| x.max(0.0)).collect();
     assert_eq!(got, want);
 
+    // The ops added with issue 12 are overridable the same way: `var` without
+    // Bessel's correction, whatever the call asked for.
+    let mut t2 = DecompTable::default();
+    t2.set_override(CompositeKind::Var, |args, op| {
+        let CompositeOp::Var { dims, keepdim, .. } = op else { unreachable!("var override called for {op:?}") };
+        let d: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
+        let c = args[0].sub(&args[0].mean(&d, true)?)?;
+        c.mul(&c)?.mean(&d, *keepdim)
+    });
+    let t = traced(|a| Ok(vec![a[0].var(&[1], 1, false)?]), &inputs[..1], t2);
+    let got = run_graph(&t, &inputs[..1])[0].to_vec_f64().unwrap();
+    let want = inputs[0].var(&[1], 0, false).unwrap().to_vec_f64().unwrap();
+    assert!(got.iter().zip(&want).all(|(g, w)| (g - w).abs() < 1e-5), "{got:?} vs {want:?}");
+
     // An override returning the wrong shape is rejected, naming the op.
     table.set_override(CompositeKind::Gelu, |args, _| args[0].sum(&[0], false));
     let e =
@@ -137,6 +161,11 @@ fn composite_kinds_mirror_composite_ops() {
         CompositeOp::Embedding,
         CompositeOp::MseLoss,
         CompositeOp::CrossEntropy,
+        CompositeOp::MaskedFill { value: 1.0.into() },
+        CompositeOp::Tril { diagonal: 0 },
+        CompositeOp::Triu { diagonal: 1 },
+        CompositeOp::Var { dims: vec![0], correction: 1, keepdim: false },
+        CompositeOp::OneHot { num_classes: 3 },
     ];
     let kinds: Vec<CompositeKind> = ops.iter().map(CompositeKind::of).collect();
     assert_eq!(kinds, CompositeKind::ALL);
