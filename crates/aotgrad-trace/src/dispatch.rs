@@ -80,9 +80,33 @@ fn differentiable(op: &Op) -> bool {
     }
 }
 
+/// An op's name as PyTorch names its backward node, less `Backward0` (`as_strided` ->
+/// `AsStrided`, `t` -> `T`).
+fn backward_name(op: &str) -> String {
+    op.split('_').filter(|w| !w.is_empty()).map(|w| w[..1].to_uppercase() + &w[1..]).collect()
+}
+
 /// PyTorch's check before an in-place op while grad mode is on (the view rule first,
 /// as in PyTorch's `check_inplace`).
-fn check_inplace(op: &str, s0: &TState, loc: &SourceLoc) -> Result<()> {
+fn check_inplace(op: &str, s0: &TState, any_requires_grad: bool, loc: &SourceLoc) -> Result<()> {
+    if let Some((backward, i)) = s0.multi_output_view.as_ref().filter(|_| any_requires_grad) {
+        // PyTorch names the view's `grad_fn`; without one (its base does not require
+        // grad) it words the error as for a no-grad view.
+        let what = if s0.requires_grad() {
+            format!("Output {i} of {backward} is a view and is being modified inplace.")
+        } else {
+            "A view was created in no_grad mode and is being modified inplace with grad mode enabled.".to_string()
+        };
+        return Err(Error::autograd(
+            op,
+            loc,
+            format!(
+                "{what} This view is the output of a function that returns multiple views. Such functions do not \
+                 allow the output views to be modified inplace. You should replace the inplace operation by an \
+                 out-of-place one."
+            ),
+        ));
+    }
     if s0.no_grad_view {
         return Err(Error::autograd(
             op,
@@ -176,7 +200,7 @@ pub(crate) fn dispatch(op: Op, args: &[&Tensor], loc: &SourceLoc) -> Result<Tens
         check_no_partial_overlap(&name, args, loc)?;
     }
     if matches!(aliasing, Aliasing::MutatesData | Aliasing::MutatesMeta) && grad {
-        check_inplace(&name, first()?, loc)?;
+        check_inplace(&name, first()?, states.iter().any(TState::requires_grad), loc)?;
     }
     // Does the result take part in autograd? (dtype checked once the meta is known)
     let grad_inputs = grad && differentiable(&op) && states.iter().any(TState::requires_grad);
@@ -241,6 +265,8 @@ pub(crate) fn dispatch(op: Op, args: &[&Tensor], loc: &SourceLoc) -> Result<Tens
                 base,
                 grad_view: grad && !no_grad_view,
                 no_grad_view,
+                // A view of a multi-output view is output 0 of its own op.
+                multi_output_view: s0.multi_output_view.as_ref().map(|_| (backward_name(&name), 0)),
             }))
         }
         Aliasing::MutatesData | Aliasing::MutatesMeta => {

@@ -309,6 +309,7 @@ where
                 base: x.base.as_ref().map(autograd_base),
                 grad_view: x.grad_view,
                 no_grad_view: x.no_grad_view,
+                multi_output_view: x.multi_output_view.clone(),
             }));
         }
     }

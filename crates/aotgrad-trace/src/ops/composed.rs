@@ -118,7 +118,18 @@ impl Tensor {
         if out.is_empty() {
             out.push(self.narrow(d as i64, 0, 0)?);
         }
-        Ok(out)
+        Ok(multi_output_views(out, "Split"))
+    }
+
+    /// The views `self.select(dim, i)` for every `i`, as PyTorch's `unbind`.
+    #[track_caller]
+    pub fn unbind(&self, dim: i64) -> Result<Vec<Tensor>> {
+        let loc = SourceLoc::caller();
+        let _site = super::user_site(&loc);
+        let d = wrap_dim("unbind", dim, self.dim(), &loc)?;
+        let size = concrete_size(self, "unbind", d, &loc)?;
+        let out = (0..size).map(|i| self.select(d as i64, i)).collect::<Result<Vec<_>>>()?;
+        Ok(multi_output_views(out, "Unbind"))
     }
 
     /// At most `chunks` views along `dim`, each of `ceil(size / chunks)` elements (the
@@ -474,4 +485,19 @@ pub(crate) fn var_rule(x: &Tensor, dims: &[usize], correction: i64, keepdim: boo
 pub(crate) fn one_hot_rule(x: &Tensor, num_classes: usize) -> Result<Tensor> {
     let classes = Tensor::arange(0, num_classes as i64, 1, DType::I64)?;
     x.unsqueeze(-1)?.eq(&classes)?.to(DType::I64)
+}
+
+/// Marks the outputs of a function returning several views (PyTorch's
+/// `MULTI_OUTPUT_NODE` creation meta) when they are differentiable views, i.e. made in
+/// grad mode: autograd then refuses in-place ops on them.
+fn multi_output_views(out: Vec<Tensor>, backward: &'static str) -> Vec<Tensor> {
+    if crate::is_grad_enabled() {
+        for (i, t) in out.iter().enumerate() {
+            let mut st = t.lock();
+            if st.grad_view {
+                st.multi_output_view = Some((backward.to_string(), i));
+            }
+        }
+    }
+    out
 }

@@ -308,6 +308,7 @@ impl Tensor {
             st.base = None;
             st.grad_view = false;
             st.no_grad_view = false;
+            st.multi_output_view = None;
             st.own_requires_grad = false;
             st.own_is_leaf = true;
         }

@@ -53,6 +53,12 @@ pub(crate) struct TState {
     /// such a view (PyTorch's `CreationMeta::NO_GRAD_MODE`): it requires grad, has
     /// no history autograd follows, and may not be modified in place in grad mode.
     pub(crate) no_grad_view: bool,
+    /// Output `i` of a function returning several views (`split`, `chunk`,
+    /// `unbind`) made in grad mode, or a view of one (PyTorch's
+    /// `CreationMeta::MULTI_OUTPUT_NODE`): `(the creating op as PyTorch names its
+    /// backward, without `Backward0`, output index)`; a view of one is output 0 of its
+    /// own op. Such a view may not be modified in place while autograd tracks it.
+    pub(crate) multi_output_view: Option<(String, usize)>,
 }
 
 /// Eager data or fake metadata.
@@ -81,6 +87,7 @@ impl TState {
             base: None,
             grad_view: false,
             no_grad_view: false,
+            multi_output_view: None,
         }
     }
     /// The base's flags `(requires_grad, is_leaf)` when this is a differentiable view.
@@ -259,6 +266,34 @@ impl Tensor {
 
     // ---- autograd flags ------------------------------------------------------------
 
+    /// PyTorch's `requires_grad_`: [`Tensor::set_requires_grad`], returning this handle.
+    #[track_caller]
+    pub fn requires_grad_(&self, requires_grad: bool) -> Result<Tensor> {
+        self.set_requires_grad_at(requires_grad, &SourceLoc::caller())?;
+        Ok(self.clone())
+    }
+    /// PyTorch's `detach_`: this tensor object leaves autograd in place (stops
+    /// requiring grad, becomes a leaf). A view cannot be detached in place (PyTorch's
+    /// error); use [`Tensor::detach`].
+    #[track_caller]
+    pub fn detach_(&self) -> Result<Tensor> {
+        let mut st = self.lock();
+        if st.base.is_some() {
+            return Err(Error::autograd(
+                "detach_",
+                &SourceLoc::caller(),
+                "Can't detach views in-place. Use detach() instead.",
+            ));
+        }
+        st.own_requires_grad = false;
+        st.own_is_leaf = true;
+        st.multi_output_view = None;
+        if let Repr::Fake(f) = &st.repr {
+            f.ctx.set_value_requires_grad(f.value, false);
+        }
+        drop(st);
+        Ok(self.clone())
+    }
     /// Builder form of [`Tensor::set_requires_grad`]: returns this handle.
     #[track_caller]
     pub fn requires_grad(&self, requires_grad: bool) -> Result<Tensor> {

@@ -140,3 +140,80 @@ fn an_as_strided_view_repeating_elements_is_differentiated() {
         assert!((x - w).abs() < 1e-4, "{g:?}");
     }
 }
+
+/// The expected error of an in-place op on output `i` of a multi-output view op `op`.
+fn multi_output_error(op: &str, i: usize) -> String {
+    format!(
+        "Output {i} of {op} is a view and is being modified inplace. This view is the output of a function that \
+         returns multiple views. Such functions do not allow the output views to be modified inplace."
+    )
+}
+
+#[test]
+fn outputs_of_multi_output_view_ops_refuse_in_place_ops_as_in_pytorch() {
+    // PyTorch 2.15, `a = torch.ones(6, requires_grad=True).clone()`:
+    // `a.split(2)[1].add_(1)` -> "Output 1 of Split is a view ...", `a.chunk(3)[2]` ->
+    // "Output 2 of Split", `a.view(2, 3).unbind(0)[0]` -> "Output 0 of Unbind", a view
+    // of a split output -> "Output 0 of View" / "of Transpose" / "of AsStrided".
+    let a = leaf(&[1.0; 6], &[6]).mul(1.0).expect("non-leaf");
+    let cases: Vec<(Tensor, String)> = vec![
+        (a.split(2, 0).unwrap()[1].clone(), multi_output_error("Split", 1)),
+        (a.chunk(3, 0).unwrap()[2].clone(), multi_output_error("Split", 2)),
+        (a.view(&[2, 3]).unwrap().unbind(0).unwrap()[0].clone(), multi_output_error("Unbind", 0)),
+        (a.split(2, 0).unwrap()[1].view(&[2]).unwrap(), multi_output_error("View", 0)),
+        (a.split(2, 0).unwrap()[1].transpose(0, 0).unwrap(), multi_output_error("Transpose", 0)),
+        (a.split(2, 0).unwrap()[1].as_strided(&[2], &[1], 0).unwrap(), multi_output_error("AsStrided", 0)),
+    ];
+    for (v, want) in &cases {
+        let e = v.add_(1.0).expect_err("in-place on a multi-output view").to_string();
+        assert!(e.contains(want), "{e}\nwanted: {want}");
+    }
+    // Allowed, as in PyTorch: a detached output, a clone, no-grad mode, and a base
+    // that does not require grad with an operand that does not either.
+    a.split(2, 0).unwrap()[0].detach().unwrap().add_(1.0).expect("detached output");
+    a.split(2, 0).unwrap()[0].clone_tensor().unwrap().add_(1.0).expect("clone");
+    no_grad(|| a.split(2, 0).unwrap()[0].add_(1.0)).expect("no-grad mode");
+    let plain = Tensor::ones(&[6], DType::F64).unwrap();
+    plain.split(2, 0).unwrap()[0].add_(1.0).expect("nothing requires grad");
+    assert_eq!(plain.to_vec_f64().unwrap(), vec![2.0, 2.0, 1.0, 1.0, 1.0, 1.0]);
+    // A base without grad but an operand requiring it: PyTorch's no-grad wording.
+    let e = plain.split(2, 0).unwrap()[0].add_(&leaf(&[1.0, 1.0], &[2])).expect_err("tracked write").to_string();
+    assert!(e.contains("A view was created in no_grad mode and is being modified inplace with grad mode enabled. This view is the output of a function that returns multiple views"), "{e}");
+}
+
+#[test]
+fn compiled_functions_refuse_in_place_ops_on_split_outputs_like_eager() {
+    let f = |a: &[Arg]| -> aotgrad::Result<Vec<Tensor>> {
+        let x = tensor(&a[0])?.mul(2.0)?;
+        let parts = x.split(2, 0)?;
+        parts[1].mul_(3.0)?;
+        Ok(vec![x])
+    };
+    let a = leaf(&[1.0; 6], &[6]);
+    let eager = f(&[a.clone().into()]).expect_err("eager").to_string();
+    let compiled =
+        aot_function_args(f, AotConfig::default().no_cache()).unwrap().forward_args(&[a.into()]).err().unwrap();
+    for e in [eager, compiled.to_string()] {
+        assert!(e.contains(&multi_output_error("Split", 1)), "{e}");
+    }
+}
+
+#[test]
+fn detach_in_place_and_requires_grad_in_place_are_spelled_as_in_pytorch() {
+    // PyTorch: `c = torch.ones(3, requires_grad=True) * 2; c.detach_()` leaves a leaf
+    // that does not require grad; `detach_()` on any view raises "Can't detach views
+    // in-place. Use detach() instead."
+    let c = leaf(&[1.0; 3], &[3]).mul(2.0).unwrap();
+    let same = c.detach_().unwrap();
+    assert!(same.same_object(&c) && c.is_leaf() && !c.is_requires_grad());
+    for v in [
+        leaf(&[1.0; 6], &[6]).mul(1.0).unwrap().view(&[2, 3]).unwrap(),
+        Tensor::ones(&[6], DType::F64).unwrap().split(2, 0).unwrap().remove(0),
+    ] {
+        let e = v.detach_().expect_err("detach_ on a view").to_string();
+        assert!(e.contains("Can't detach views in-place. Use detach() instead."), "{e}");
+    }
+    let w = Tensor::ones(&[2], DType::F32).unwrap().requires_grad_(true).unwrap();
+    assert!(w.is_requires_grad() && w.is_leaf());
+    assert!(w.requires_grad_(false).is_ok() && !w.is_requires_grad());
+}
