@@ -760,15 +760,25 @@ pub(crate) unsafe fn reduce(k: &CReduce, bufs: &[Raw], acc: &mut [f64], threads:
         };
         run1(0, numel);
     }
-    let scale = if k.op == ReduceOp::Mean { Some(k.count as f64) } else { None };
+    // A mean divides by the elements it iterated; a sum over skipped broadcast dims
+    // multiplies by their copies.
+    let post = match k.op {
+        ReduceOp::Mean => Some(k.count as f64),
+        ReduceOp::Sum if k.copies != 1.0 => Some(1.0 / k.copies),
+        _ => None,
+    };
     let dst = bufs[k.dst.buf];
     // SAFETY: the destination holds `dst_extent` elements.
     unsafe {
         let acc_ptr = acc_raw.ptr as *const f64;
         let vals = std::slice::from_raw_parts(acc_ptr, n_out);
-        match scale {
-            Some(c) => {
+        match post {
+            Some(c) if k.op == ReduceOp::Mean => {
                 let tmp: Vec<f64> = vals.iter().map(|v| v / c).collect();
+                by_dtype!(dst, store_typed, 0, 1, &tmp[..]);
+            }
+            Some(_) => {
+                let tmp: Vec<f64> = vals.iter().map(|v| v * k.copies).collect();
                 by_dtype!(dst, store_typed, 0, 1, &tmp[..]);
             }
             None => by_dtype!(dst, store_typed, 0, 1, vals),

@@ -69,6 +69,10 @@ pub(crate) struct CReduce {
     pub dst: CAccess,
     pub dst_extent: usize,
     pub count: usize,
+    /// Copies of each reduced value the iteration skips: reduced dims that every load
+    /// broadcasts (stride 0, an `expand`) iterate once, and a sum is scaled by this
+    /// (as the eager kernel does), so `x.expand([2^40, 3]).sum()` reads 3 elements.
+    pub copies: f64,
     pub at: (ValueId, Option<SourceLoc>),
 }
 
@@ -301,9 +305,13 @@ impl Lowering {
         Ok((cshape, cb, extra_accs.to_vec(), cflags))
     }
 
-    fn reduce(&mut self, r: &ReduceKernel, buffers: &[aotgrad_fusion::Buffer]) -> Result<CReduce> {
+    /// A reduction; `standalone` (not a row group's stage, whose rows must keep their
+    /// shape) lets it skip reduced dims that only repeat values.
+    fn reduce(&mut self, r: &ReduceKernel, buffers: &[aotgrad_fusion::Buffer], standalone: bool) -> Result<CReduce> {
         let last =
             r.body.instrs.len().checked_sub(1).ok_or_else(|| CpuError::Internal("empty reduction body".into()))?;
+        let (r, copies) = if standalone { skip_broadcast_dims(r)? } else { (std::borrow::Cow::Borrowed(r), 1.0) };
+        let r = &r;
         let (shape, body, dst, flags) = self.body(&r.body, &r.shape, &[&r.dst], &[last], Some(&r.reduced))?;
         let full = ints(&r.shape, "size")?;
         let count = full.iter().zip(&r.reduced).filter(|(_, red)| **red).map(|(s, _)| *s).product();
@@ -319,6 +327,7 @@ impl Lowering {
             dst,
             dst_extent,
             count,
+            copies,
             at: (r.value, r.loc.clone()),
         })
     }
@@ -343,7 +352,7 @@ impl Lowering {
                     }
                 }
                 Kernel::Reduce(r) => {
-                    let k = self.reduce(r, buffers)?;
+                    let k = self.reduce(r, buffers, false)?;
                     let strides = ints(&r.dst.strides, "stride")?;
                     let row_dims = (0..g.outer).map(|d| (shape[d], strides[d])).collect();
                     let offset = int(&r.dst.offset, "offset")?;
@@ -481,7 +490,7 @@ pub(crate) fn lower(plan: &KernelPlan) -> Result<Lowered> {
         kernels.push(match k {
             Kernel::Pointwise(p) => CKernel::Pointwise(l.pointwise(p)?),
             Kernel::Reduce(r) => {
-                let c = l.reduce(r, &plan.buffers)?;
+                let c = l.reduce(r, &plan.buffers, true)?;
                 scratch = scratch.max(c.dst_extent);
                 CKernel::Reduce(c)
             }
@@ -575,4 +584,31 @@ pub(crate) fn lower(plan: &KernelPlan) -> Result<Lowered> {
     }
     let outputs = plan.outputs.iter().map(|o| (o.buf, o.meta.clone())).collect();
     Ok(Lowered { kernels, loc, out_bufs, input_need, outputs, slots, scratch })
+}
+
+/// `r` with every reduced dim that all its loads broadcast (stride 0) iterated once:
+/// such a dim only repeats each value, so its size becomes 1 and the number of copies
+/// it stood for comes back (a sum multiplies by it; a mean, max or min of copies is
+/// the value itself). Size-0 dims stay (an empty max must still fail).
+fn skip_broadcast_dims(r: &ReduceKernel) -> Result<(std::borrow::Cow<'_, ReduceKernel>, f64)> {
+    let full = ints(&r.shape, "size")?;
+    let zero = Dim::Const(0);
+    let skip: Vec<usize> = (0..full.len())
+        .filter(|&d| r.reduced[d] && full[d] >= 2 && r.body.loads.iter().all(|a| a.strides.get(d) == Some(&zero)))
+        .collect();
+    if skip.is_empty() {
+        return Ok((std::borrow::Cow::Borrowed(r), 1.0));
+    }
+    let mut k = r.clone();
+    let mut copies = 1.0;
+    for &d in &skip {
+        copies *= full[d] as f64;
+        k.shape[d] = Dim::Const(1);
+        for a in k.body.loads.iter_mut().chain(std::iter::once(&mut k.dst)) {
+            if let Some(s) = a.shape.get_mut(d) {
+                *s = Dim::Const(1);
+            }
+        }
+    }
+    Ok((std::borrow::Cow::Owned(k), copies))
 }
