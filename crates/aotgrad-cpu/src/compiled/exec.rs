@@ -762,9 +762,15 @@ pub(crate) unsafe fn reduce(k: &CReduce, bufs: &[Raw], acc: &mut [f64], threads:
     }
     // A mean divides by the elements it iterated; a sum over skipped broadcast dims
     // multiplies by their copies.
-    let post = match k.op {
-        ReduceOp::Mean => Some(k.count as f64),
-        ReduceOp::Sum if k.copies != 1.0 => Some(1.0 / k.copies),
+    let post: Option<Box<dyn Fn(f64) -> f64>> = match k.op {
+        ReduceOp::Mean => {
+            let n = k.count as f64;
+            Some(Box::new(move |v| v / n))
+        }
+        ReduceOp::Sum if k.copies != 1.0 => {
+            let c = k.copies;
+            Some(Box::new(move |v| v * c))
+        }
         _ => None,
     };
     let dst = bufs[k.dst.buf];
@@ -773,12 +779,8 @@ pub(crate) unsafe fn reduce(k: &CReduce, bufs: &[Raw], acc: &mut [f64], threads:
         let acc_ptr = acc_raw.ptr as *const f64;
         let vals = std::slice::from_raw_parts(acc_ptr, n_out);
         match post {
-            Some(c) if k.op == ReduceOp::Mean => {
-                let tmp: Vec<f64> = vals.iter().map(|v| v / c).collect();
-                by_dtype!(dst, store_typed, 0, 1, &tmp[..]);
-            }
-            Some(_) => {
-                let tmp: Vec<f64> = vals.iter().map(|v| v * k.copies).collect();
+            Some(f) => {
+                let tmp: Vec<f64> = vals.iter().map(|&v| f(v)).collect();
                 by_dtype!(dst, store_typed, 0, 1, &tmp[..]);
             }
             None => by_dtype!(dst, store_typed, 0, 1, vals),
