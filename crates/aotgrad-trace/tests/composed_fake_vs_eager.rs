@@ -247,8 +247,14 @@ fn run(shape: Vec<usize>, dt: DType, transposed: bool, case: Case) -> std::resul
     Ok(())
 }
 
+/// 1,024 cases by default; `PROPTEST_CASES=n` runs more.
+fn config() -> ProptestConfig {
+    let cases = std::env::var("PROPTEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(1024);
+    ProptestConfig { cases, ..ProptestConfig::default() }
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
+    #![proptest_config(config())]
     #[test]
     fn composed_ops_fake_match_eager(
         shape in shape(),
