@@ -129,6 +129,17 @@ pub fn execute(op: &Op, args: &[&CpuTensor], out: &TensorMeta) -> Result<CpuTens
     exec::execute(op, args, out)
 }
 
+/// Check `inputs` against `g`'s inputs (count, rank, dtype, sizes, strides, storage)
+/// and bind its shape symbols, with `given` values for symbols no input carries.
+/// Every backend running graphs on [`CpuTensor`] inputs checks them this way.
+pub fn bind_inputs(
+    g: &Graph,
+    inputs: &[CpuTensor],
+    given: &[(aotgrad_ir::SymId, i64)],
+) -> Result<std::collections::HashMap<aotgrad_ir::SymId, i64>> {
+    interp::bind_inputs(g, inputs, given)
+}
+
 /// Run a graph on concrete inputs, node by node; returns the output values.
 /// Symbols are bound from the inputs' metadata, every node's metadata is re-inferred
 /// and checked, and inputs that share storage stay aliased (see `interp`).

@@ -6,339 +6,82 @@
 //! buffer plan's accounting.
 
 mod common;
+mod differential;
 
-use aotgrad_cpu::{CpuBackend, CpuTensor, ReferenceBackend, Storage};
-use aotgrad_ir::infer::infer;
-use aotgrad_ir::{
-    Backend, BinaryOp, CmpOp, CompiledGraph, DType, Dim, Graph, Op, ReduceOp, Scalar, StaticOracle, StorageId, SymId,
-    TensorMeta, UnaryOp, ValueId,
-};
-use common::*;
+use aotgrad_cpu::{CpuBackend, CpuTensor};
+use aotgrad_ir::{Backend, BinaryOp, CompiledGraph, DType, Dim, Graph, Op, ReduceOp, Scalar, UnaryOp};
+use differential::*;
 use expect_test::expect;
 
-fn node(g: &mut Graph, op: Op, args: &[ValueId]) -> ValueId {
-    let metas: Vec<TensorMeta> = args.iter().map(|a| g.meta_of(*a).unwrap().clone()).collect();
-    let refs: Vec<&TensorMeta> = metas.iter().collect();
-    let meta = infer(&op, &refs, &mut StaticOracle).unwrap_or_else(|e| panic!("infer {}: {e}", op.name()));
-    let fresh = g.next_storage();
-    g.add_node(op, args.to_vec(), meta, fresh, None)
-}
-
-fn input(g: &mut Graph, name: &str, meta: TensorMeta) -> ValueId {
-    let s = StorageId(g.inputs.len() as u32);
-    g.add_input(name, meta, s)
-}
-
-/// A tensor with metadata `m` over a fresh storage of varied values (`lo..hi`).
-fn tensor_for(m: &TensorMeta, seed: f64, positive: bool) -> CpuTensor {
-    let shape = m.concrete_shape().unwrap();
-    let strides = m.concrete_strides().unwrap();
-    let off = m.concrete_offset().unwrap();
-    let n = off + 1 + shape.iter().zip(&strides).map(|(s, st)| s.saturating_sub(1) * st).sum::<usize>();
-    let mut v = vals(n, seed);
-    if positive {
-        v.iter_mut().for_each(|x| *x = x.abs() + 0.1);
+/// The compiled CPU backend at 1 thread (deterministic) and 2 threads.
+fn suite() -> Suite {
+    Suite {
+        backends: vec![
+            ("cpu, 1 thread".into(), Box::new(CpuBackend::new(1))),
+            ("cpu, 2 threads".into(), Box::new(CpuBackend::new(2))),
+        ],
+        f64: true,
+        tol_scale: 1.0,
     }
-    let t = tf(&v, &[n], m.dtype);
-    CpuTensor { storage: t.storage, meta: m.clone() }
 }
 
-/// Run `g` on the reference interpreter and the compiled backend (1 and 2 threads);
-/// metadata must be equal and values within `tol` (relative to 1 + |reference|).
 fn check(g: &Graph, inputs: &[CpuTensor], tol: f64) {
-    let want = ReferenceBackend.compile(g).unwrap().run(inputs).expect("reference run");
-    for threads in [1, 2] {
-        let c = CpuBackend::new(threads).compile(g).expect("compile");
-        let got = c.run(inputs).unwrap_or_else(|e| panic!("compiled run ({threads} threads): {e}"));
-        assert_eq!(got.len(), want.len());
-        for (i, (w, o)) in want.iter().zip(&got).enumerate() {
-            assert_eq!(w.meta, o.meta, "output {i} metadata ({threads} threads)");
-            let (w, o) = (w.to_vec_f64(), o.to_vec_f64());
-            for (k, (a, b)) in w.iter().zip(&o).enumerate() {
-                let ok = (a.is_nan() && b.is_nan()) || a == b || (a - b).abs() <= tol * (1.0 + a.abs());
-                assert!(ok, "output {i} element {k}: reference {a}, compiled {b} ({threads} threads)");
-            }
-        }
-    }
-}
-
-fn m(shape: &[usize], dtype: DType) -> TensorMeta {
-    TensorMeta::from_sizes(shape, dtype)
-}
-
-/// Small deterministic pseudo-random generator for shapes.
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self, n: usize) -> usize {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        ((self.0 >> 33) as usize) % n
-    }
-    fn shape(&mut self) -> Vec<usize> {
-        let rank = 1 + self.next(3);
-        (0..rank).map(|_| 1 + self.next(7)).collect()
-    }
-}
-
-/// The layouts every op family is tried on: contiguous, transposed, strided slice,
-/// expanded (stride 0), zero-size and 0-d.
-fn layouts(rng: &mut Lcg, dtype: DType) -> Vec<TensorMeta> {
-    let s = rng.shape();
-    let mut v = vec![m(&s, dtype)];
-    if s.len() >= 2 {
-        let r = s.len();
-        let mut t = m(&s, dtype);
-        t.shape.swap(r - 2, r - 1);
-        t.strides.swap(r - 2, r - 1);
-        v.push(t);
-    }
-    // Every other element of a longer buffer, at an offset.
-    let mut sl = m(&s, dtype);
-    let n = s.len();
-    sl.strides = sl.strides.iter().map(|d| Dim::from(d.as_const().unwrap() as usize * 2)).collect();
-    sl.offset = Dim::from(3usize);
-    v.push(sl);
-    let mut ex = m(&s, dtype);
-    ex.strides[0] = Dim::from(0usize);
-    v.push(ex);
-    let _ = n;
-    v.push(m(&[0, 3], dtype));
-    v.push(m(&[], dtype));
-    v
+    suite().check(g, inputs, tol)
 }
 
 #[test]
 fn unary_ops_on_every_layout() {
-    let mut rng = Lcg(1);
-    for op in UnaryOp::ALL {
-        for l in layouts(&mut rng, DType::F32) {
-            let mut g = Graph::new();
-            let x = input(&mut g, "x", l.clone());
-            let y = node(&mut g, Op::Unary(op), &[x]);
-            let z = node(&mut g, Op::BinaryScalar(BinaryOp::Mul, Scalar::Float(1.5)), &[y]);
-            g.outputs = vec![z];
-            let positive = matches!(op, UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Rsqrt | UnaryOp::Reciprocal);
-            check(&g, &[tensor_for(&l, 0.3, positive)], 2e-6);
-        }
-    }
+    differential::unary_ops_on_every_layout(&suite());
 }
 
 #[test]
 fn binary_compare_where_with_broadcasting() {
-    let mut rng = Lcg(2);
-    for op in BinaryOp::ALL {
-        for l in layouts(&mut rng, DType::F32) {
-            // The second operand broadcasts along the leading dim.
-            let mut b = l.clone();
-            if b.rank() > 0 {
-                b.shape[0] = Dim::from(1usize);
-            }
-            let b = TensorMeta::contiguous(b.shape.clone(), DType::F32);
-            let mut g = Graph::new();
-            let x = input(&mut g, "x", l.clone());
-            let y = input(&mut g, "y", b.clone());
-            let s = node(&mut g, Op::Binary(op), &[x, y]);
-            let c = node(&mut g, Op::Compare(CmpOp::Gt), &[s, y]);
-            let k = node(&mut g, Op::CompareScalar(CmpOp::Le, Scalar::Float(0.5)), &[x]);
-            let w = node(&mut g, Op::Where, &[c, s, x]);
-            let n = node(&mut g, Op::Unary(UnaryOp::LogicalNot), &[k]);
-            let cl = node(&mut g, Op::Clamp { min: Some(Scalar::Float(-1.0)), max: Some(Scalar::Float(2.0)) }, &[w]);
-            g.outputs = vec![cl, n, c];
-            let pos = op == BinaryOp::Pow;
-            check(&g, &[tensor_for(&l, 0.1, pos), tensor_for(&b, 0.7, false)], 2e-6);
-        }
-    }
+    differential::binary_compare_where_with_broadcasting(&suite());
 }
 
 #[test]
 fn reductions_with_prologues() {
-    let mut rng = Lcg(3);
-    for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Amax, ReduceOp::Amin] {
-        for l in layouts(&mut rng, DType::F32) {
-            let rank = l.rank();
-            let mut dim_sets: Vec<Vec<usize>> = vec![vec![]];
-            if rank >= 1 {
-                dim_sets.push(vec![0]);
-                dim_sets.push(vec![rank - 1]);
-            }
-            if rank >= 3 {
-                dim_sets.push(vec![0, 2]);
-            }
-            for dims in dim_sets {
-                for keepdim in [false, true] {
-                    let empty = l.concrete_shape().unwrap().contains(&0);
-                    if empty && matches!(op, ReduceOp::Amax | ReduceOp::Amin) {
-                        continue;
-                    }
-                    let mut g = Graph::new();
-                    let x = input(&mut g, "x", l.clone());
-                    let e = node(&mut g, Op::Unary(UnaryOp::Exp), &[x]);
-                    let r = node(&mut g, Op::Reduce { op, dims: dims.clone(), keepdim }, &[e]);
-                    g.outputs = vec![r];
-                    check(&g, &[tensor_for(&l, 0.2, false)], 1e-5);
-                }
-            }
-        }
-    }
+    differential::reductions_with_prologues(&suite());
 }
 
 #[test]
 fn softmax_like_row_and_column_chains() {
-    for (shape, dim) in [(vec![4, 9], 1usize), (vec![9, 4], 0), (vec![2, 3, 5], 1)] {
-        let mut g = Graph::new();
-        let xm = m(&shape, DType::F32);
-        let x = input(&mut g, "x", xm.clone());
-        let mx = node(&mut g, Op::Reduce { op: ReduceOp::Amax, dims: vec![dim], keepdim: true }, &[x]);
-        let d = node(&mut g, Op::Binary(BinaryOp::Sub), &[x, mx]);
-        let e = node(&mut g, Op::Unary(UnaryOp::Exp), &[d]);
-        let s = node(&mut g, Op::Reduce { op: ReduceOp::Sum, dims: vec![dim], keepdim: true }, &[e]);
-        let p = node(&mut g, Op::Binary(BinaryOp::Div), &[e, s]);
-        g.outputs = vec![p];
-        check(&g, &[tensor_for(&xm, 0.4, false)], 1e-6);
-    }
+    differential::softmax_like_row_and_column_chains(&suite());
 }
 
 #[test]
 fn matmuls_with_transposed_operands_and_epilogues() {
-    for (n, k, mm) in [(5usize, 7usize, 3usize), (64, 33, 70), (1, 4, 1), (3, 0, 2)] {
-        let mut g = Graph::new();
-        let a = input(&mut g, "a", m(&[n, k], DType::F32));
-        let bt = input(&mut g, "bt", m(&[mm, k], DType::F32));
-        let bias = input(&mut g, "bias", m(&[mm], DType::F32));
-        let b = node(&mut g, Op::T, &[bt]);
-        let p = node(&mut g, Op::Mm, &[a, b]);
-        let q = node(&mut g, Op::Binary(BinaryOp::Add), &[p, bias]);
-        let r = node(&mut g, Op::Unary(UnaryOp::Relu), &[q]);
-        let pt = node(&mut g, Op::T, &[p]);
-        let _ = pt;
-        let p2 = node(&mut g, Op::Mm, &[a, b]);
-        let p2t = node(&mut g, Op::T, &[p2]);
-        let c = node(&mut g, Op::Clone, &[p2t]);
-        g.outputs = vec![r, c];
-        let ins: Vec<CpuTensor> =
-            g.inputs.iter().enumerate().map(|(i, x)| tensor_for(&x.meta, i as f64, false)).collect();
-        check(&g, &ins, 1e-5);
-    }
-    // bmm on a permuted operand.
-    let mut g = Graph::new();
-    let a = input(&mut g, "a", m(&[4, 6, 5], DType::F64));
-    let bb = input(&mut g, "b", m(&[4, 3, 5], DType::F64));
-    let bt = node(&mut g, Op::Transpose(1, 2), &[bb]);
-    let p = node(&mut g, Op::Bmm, &[a, bt]);
-    let q = node(&mut g, Op::BinaryScalar(BinaryOp::Mul, Scalar::Float(0.5)), &[p]);
-    g.outputs = vec![q];
-    let ins: Vec<CpuTensor> = g.inputs.iter().enumerate().map(|(i, x)| tensor_for(&x.meta, i as f64, false)).collect();
-    check(&g, &ins, 1e-12);
+    differential::matmuls_with_transposed_operands_and_epilogues(&suite());
 }
 
 #[test]
 fn extern_ops_views_and_aliasing_outputs() {
-    let mut g = Graph::new();
-    let x = input(&mut g, "x", m(&[4, 3], DType::F32));
-    let idx = input(&mut g, "i", m(&[2], DType::I64));
-    let e = node(&mut g, Op::Unary(UnaryOp::Exp), &[x]);
-    let sel = node(&mut g, Op::IndexSelect(0), &[e, idx]);
-    let cat = node(&mut g, Op::Cat(0), &[sel, x]);
-    let v = node(&mut g, Op::View(vec![Dim::from(18usize)]), &[cat]);
-    let xt = node(&mut g, Op::T, &[x]);
-    let casted = node(&mut g, Op::Cast(DType::F64), &[sel]);
-    g.outputs = vec![cat, v, xt, casted];
-    let xs = tensor_for(&m(&[4, 3], DType::F32), 0.5, false);
-    let is = ti(&[3, 1], &[2], DType::I64);
-    check(&g, &[xs.clone(), is.clone()], 1e-6);
-    // Outputs that are views share storage exactly as the interpreter's do.
-    let outs = CpuBackend::new(1).compile(&g).unwrap().run(&[xs.clone(), is]).unwrap();
-    assert!(outs[0].same_storage(&outs[1]), "a view of an output shares its storage");
-    assert!(outs[2].same_storage(&xs), "a view of an input is the input's storage");
-    // A bad index is an error naming the op, not a panic.
-    let bad = ti(&[9, 0], &[2], DType::I64);
-    let err = CpuBackend::new(1).compile(&g).unwrap().run(&[xs, bad]).expect_err("index out of range");
-    assert!(err.to_string().contains("index_select"), "{err}");
+    differential::extern_ops_views_and_aliasing_outputs(&suite());
 }
 
 #[test]
 fn scatters_in_place_and_copying() {
-    // zeros -> select_scatter x3 (in place into one buffer), and a scatter whose base
-    // is still read afterwards (copied first), and one into a graph input (copied).
-    let mut g = Graph::new();
-    let x = input(&mut g, "x", m(&[3, 4, 5], DType::F32));
-    let s = input(&mut g, "s", m(&[4, 5], DType::F32));
-    let z = node(&mut g, Op::FullLike { value: Scalar::Float(0.0), dtype: None }, &[x]);
-    let z1 = node(&mut g, Op::Unary(UnaryOp::Exp), &[z]);
-    let mut acc = z1;
-    for i in 0..3usize {
-        let e = node(&mut g, Op::BinaryScalar(BinaryOp::Mul, Scalar::Float(i as f64 + 1.0)), &[s]);
-        acc = node(&mut g, Op::SelectScatter { dim: 0, index: Dim::from(i) }, &[acc, e]);
-    }
-    let xe = node(&mut g, Op::Unary(UnaryOp::Neg), &[x]);
-    let sl = node(&mut g, Op::Slice { dim: 2, start: Dim::from(1usize), end: Dim::from(5usize), step: 2 }, &[xe]);
-    let slc = node(&mut g, Op::Clone, &[sl]);
-    let ss = node(
-        &mut g,
-        Op::SliceScatter { dim: 2, start: Dim::from(0usize), end: Dim::from(4usize), step: 2 },
-        &[xe, slc],
-    );
-    let keep = node(&mut g, Op::Binary(BinaryOp::Add), &[xe, ss]);
-    let s2 = input(&mut g, "s2", m(&[3, 5], DType::F32));
-    let into_input = node(&mut g, Op::SelectScatter { dim: 1, index: Dim::from(2usize) }, &[x, s2]);
-    // A matmul result scattered into a copy of a shared base: the scatter must not
-    // move ahead of the copy (as a matmul epilogue would).
-    let a = input(&mut g, "a", m(&[4, 6], DType::F32));
-    let b = input(&mut g, "b", m(&[6, 5], DType::F32));
-    let p = node(&mut g, Op::Mm, &[a, b]);
-    let shared = node(&mut g, Op::BinaryScalar(BinaryOp::Add, Scalar::Float(2.0)), &[z]);
-    let sc = node(&mut g, Op::SelectScatter { dim: 0, index: Dim::from(1usize) }, &[shared, p]);
-    let sum = node(&mut g, Op::Binary(BinaryOp::Add), &[sc, shared]);
-    g.outputs = vec![acc, keep, into_input, sum];
-    let ins: Vec<CpuTensor> = g.inputs.iter().enumerate().map(|(i, x)| tensor_for(&x.meta, i as f64, false)).collect();
-    let before = ins[0].to_vec_f64();
-    check(&g, &ins, 1e-6);
-    assert_eq!(ins[0].to_vec_f64(), before, "a scatter never writes its base input");
+    differential::scatters_in_place_and_copying(&suite());
 }
 
 #[test]
 fn dynamic_shapes_lower_per_binding() {
-    let s0 = Dim::sym(SymId(0));
-    let mut g = Graph::new();
-    let x = input(&mut g, "x", TensorMeta::contiguous(vec![s0.clone(), Dim::from(3usize)], DType::F64));
-    let y = input(&mut g, "y", m(&[3], DType::F64));
-    let xy = node(&mut g, Op::Binary(BinaryOp::Mul), &[x, y]);
-    let s = node(&mut g, Op::Reduce { op: ReduceOp::Sum, dims: vec![0], keepdim: false }, &[xy]);
-    let xt = node(&mut g, Op::T, &[x]);
-    let gram = node(&mut g, Op::Mm, &[xt, x]);
-    g.outputs = vec![s, gram];
-    for n in [1usize, 4, 7, 4] {
-        let xs = tensor_for(&m(&[n, 3], DType::F64), n as f64, false);
-        let ys = tensor_for(&m(&[3], DType::F64), 0.1, false);
-        check(&g, &[xs, ys], 1e-12);
-    }
+    differential::dynamic_shapes_lower_per_binding(&suite());
 }
 
 #[test]
 fn input_checks_match_the_interpreter() {
-    let mut g = Graph::new();
-    let x = input(&mut g, "x", m(&[2, 3], DType::F32));
-    let y = node(&mut g, Op::Unary(UnaryOp::Neg), &[x]);
-    g.outputs = vec![y];
-    let c = CpuBackend::new(1).compile(&g).unwrap();
-    let wrong = tf(&[1.0; 6], &[3, 2], DType::F32);
-    let err = c.run(&[wrong]).expect_err("wrong shape");
-    assert!(err.to_string().contains("graph input 0"), "{err}");
-    // A storage too short for the metadata is rejected before any kernel runs.
-    let short =
-        CpuTensor { storage: Storage::new(aotgrad_cpu::Buffer::F32(vec![0.0; 4])), meta: m(&[2, 3], DType::F32) };
-    assert!(c.run(&[short]).is_err());
+    differential::input_checks_match_the_interpreter(&suite());
 }
 
-fn pointwise_graph() -> Graph {
-    let mut g = Graph::new();
-    let x = input(&mut g, "x", m(&[4, 8], DType::F32));
-    let y = input(&mut g, "y", m(&[8], DType::F32));
-    let a = node(&mut g, Op::Unary(UnaryOp::Sin), &[x]);
-    let b = node(&mut g, Op::BinaryScalar(BinaryOp::Mul, Scalar::Int(2)), &[a]);
-    let c = node(&mut g, Op::Binary(BinaryOp::Add), &[b, y]);
-    let d = node(&mut g, Op::Unary(UnaryOp::Relu), &[c]);
-    g.outputs = vec![d];
-    g
+#[test]
+fn tiles_of_short_rows_cross_dims_and_thread_chunks() {
+    differential::tiles_of_short_rows_cross_dims_and_thread_chunks(&suite());
+}
+
+#[test]
+fn scans_on_every_layout() {
+    differential::scans_on_every_layout(&suite());
 }
 
 #[test]
@@ -448,68 +191,6 @@ fn artifacts_round_trip_and_corruption_is_detected() {
     }
 }
 
-#[test]
-fn tiles_of_short_rows_cross_dims_and_thread_chunks() {
-    // Inner dims shorter than a block are evaluated several rows at a time; these
-    // shapes make tiles stop at the end of the second-innermost dim, and (at 2
-    // threads, over 16K elements) start chunks in the middle of a row.
-    for shape in [vec![5usize, 301, 23], vec![3, 7, 40], vec![2, 9000, 2]] {
-        let (a, b, c) = (shape[0], shape[1], shape[2]);
-        // A permuted input: (a, c, b) contiguous, viewed as (a, b, c).
-        let mut xm = m(&[a, c, b], DType::F32);
-        xm.shape.swap(1, 2);
-        xm.strides.swap(1, 2);
-        let bias = m(&[b, 1], DType::F32);
-        let mut g = Graph::new();
-        let x = input(&mut g, "x", xm.clone());
-        let y = input(&mut g, "bias", bias.clone());
-        let e = node(&mut g, Op::Unary(UnaryOp::Exp), &[x]);
-        let s = node(&mut g, Op::Binary(BinaryOp::Add), &[e, y]);
-        let rows = node(&mut g, Op::Reduce { op: ReduceOp::Sum, dims: vec![2], keepdim: true }, &[s]);
-        let cols = node(&mut g, Op::Reduce { op: ReduceOp::Amax, dims: vec![1], keepdim: false }, &[s]);
-        let p = node(&mut g, Op::Binary(BinaryOp::Div), &[s, rows]);
-        g.outputs = vec![p, cols];
-        check(&g, &[tensor_for(&xm, 0.3, false), tensor_for(&bias, 0.7, true)], 1e-5);
-    }
-}
-
-/// A softmax over the last dim of `[rows, len]`.
-fn softmax_graph(rows: usize, len: usize, dtype: DType) -> Graph {
-    let mut g = Graph::new();
-    let xm = m(&[rows, len], dtype);
-    let x = input(&mut g, "x", xm);
-    let mx = node(&mut g, Op::Reduce { op: ReduceOp::Amax, dims: vec![1], keepdim: true }, &[x]);
-    let d = node(&mut g, Op::Binary(BinaryOp::Sub), &[x, mx]);
-    let e = node(&mut g, Op::Unary(UnaryOp::Exp), &[d]);
-    let s = node(&mut g, Op::Reduce { op: ReduceOp::Sum, dims: vec![1], keepdim: true }, &[e]);
-    let p = node(&mut g, Op::Binary(BinaryOp::Div), &[e, s]);
-    g.outputs = vec![p];
-    g
-}
-
-/// A layer norm over the last dim of `[b, rows, len]` returning what training saves:
-/// the result, the mean (without keepdim, viewed back) and the reciprocal deviation.
-fn layer_norm_graph(b: usize, rows: usize, len: usize) -> Graph {
-    let mut g = Graph::new();
-    let xm = m(&[b, rows, len], DType::F32);
-    let x0 = input(&mut g, "x", xm);
-    let w = input(&mut g, "w", m(&[len], DType::F32));
-    let bias = input(&mut g, "b", m(&[len], DType::F32));
-    let x = node(&mut g, Op::Unary(UnaryOp::Tanh), &[x0]);
-    let mean = node(&mut g, Op::Reduce { op: ReduceOp::Mean, dims: vec![2], keepdim: false }, &[x]);
-    let mean_k = node(&mut g, Op::Unsqueeze(2), &[mean]);
-    let xc = node(&mut g, Op::Binary(BinaryOp::Sub), &[x, mean_k]);
-    let sq = node(&mut g, Op::Binary(BinaryOp::Mul), &[xc, xc]);
-    let var = node(&mut g, Op::Reduce { op: ReduceOp::Mean, dims: vec![2], keepdim: true }, &[sq]);
-    let ve = node(&mut g, Op::BinaryScalar(BinaryOp::Add, Scalar::Float(1e-5)), &[var]);
-    let rs = node(&mut g, Op::Unary(UnaryOp::Rsqrt), &[ve]);
-    let y = node(&mut g, Op::Binary(BinaryOp::Mul), &[xc, rs]);
-    let yw = node(&mut g, Op::Binary(BinaryOp::Mul), &[y, w]);
-    let out = node(&mut g, Op::Binary(BinaryOp::Add), &[yw, bias]);
-    g.outputs = vec![out, mean, rs];
-    g
-}
-
 fn kinds(c: &aotgrad_cpu::compiled::CpuCompiledGraph) -> Vec<String> {
     c.plan()
         .unwrap()
@@ -604,24 +285,6 @@ fn row_groups_stop_where_a_stage_reads_another_row() {
     let c = CpuBackend::new(2).compile_graph(&g).unwrap();
     assert_eq!(kinds(&c), ["rows(reduce pointwise)", "rows(reduce pointwise)"]);
     check(&g, &[tensor_for(&xm, 0.5, false)], 1e-6);
-}
-
-#[test]
-fn scans_on_every_layout() {
-    let mut rng = Lcg(11);
-    for dtype in [DType::F32, DType::I64] {
-        for l in layouts(&mut rng, dtype) {
-            for dim in 0..l.rank().max(1) {
-                for op in [Op::Cumsum(dim), Op::Argsort { dim, descending: dim % 2 == 0 }] {
-                    let mut g = Graph::new();
-                    let x = input(&mut g, "x", l.clone());
-                    let y = node(&mut g, op, &[x]);
-                    g.outputs = vec![y];
-                    check(&g, &[tensor_for(&l, 0.7, false)], 1e-5);
-                }
-            }
-        }
-    }
 }
 
 #[test]

@@ -1,0 +1,603 @@
+//! Compiled graphs: pipelines per lowered plan, reused device buffers, one command
+//! buffer per call between host-run ops.
+
+use crate::device::{gpu, Gpu};
+use crate::wgsl::{access_extent, elem_type, lower_plan, Step};
+use crate::{backend_err, WgpuError};
+use aotgrad_cpu::{Buffer as HostBuffer, CpuTensor, Storage};
+use aotgrad_fusion::{extent, plan_graph, plan_slots, print_plan, BufferKind, KernelPlan, PlanError, SlotPlan};
+use aotgrad_ir::{BackendError, CompiledGraph, DType, Dim, Graph, SymId, TensorMeta};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Where a buffer of the plan lives during a call.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Loc {
+    Input(usize),
+    Slot(usize),
+    Output(usize),
+    Extern,
+}
+
+/// Device buffers one call uses, kept for the next call of the same instance.
+struct Arena {
+    slots: Vec<wgpu::Buffer>,
+    outs: Vec<wgpu::Buffer>,
+}
+
+/// A plan lowered for one binding of its symbols.
+struct Instance {
+    plan: KernelPlan,
+    steps: Vec<Step>,
+    pipelines: Vec<Option<wgpu::ComputePipeline>>,
+    slots: SlotPlan,
+    loc: Vec<Loc>,
+    /// Per output buffer: (plan buffer, dtype, elements).
+    out_bufs: Vec<(usize, DType, u64)>,
+    /// Per graph input: elements the kernels read.
+    input_need: Vec<u64>,
+    pool: Mutex<Vec<Arena>>,
+}
+
+fn bytes_of(dtype: DType, elems: u64) -> u64 {
+    // Every device element is 4 bytes; bindings must not be empty.
+    let _ = dtype;
+    (elems * 4).max(4)
+}
+
+fn create_buffer(gpu: &Gpu, label: &str, bytes: u64, usage: wgpu::BufferUsages) -> Result<wgpu::Buffer, WgpuError> {
+    let s = &gpu.summary;
+    if bytes > s.max_buffer_bytes || (usage.contains(wgpu::BufferUsages::STORAGE) && bytes > s.max_binding_bytes) {
+        return Err(WgpuError::Limit {
+            what: label.to_string(),
+            reason: format!(
+                "a buffer of {bytes} bytes exceeds the adapter's largest buffer ({} bytes) or storage binding ({} bytes)",
+                s.max_buffer_bytes, s.max_binding_bytes
+            ),
+        });
+    }
+    let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+    let buf = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size: bytes,
+        usage,
+        mapped_at_creation: false,
+    });
+    if let Some(e) = pollster::block_on(scope.pop()) {
+        return Err(WgpuError::Device(format!("out of device memory allocating {bytes} bytes for {label}: {e}")));
+    }
+    Ok(buf)
+}
+
+const STORAGE: wgpu::BufferUsages =
+    wgpu::BufferUsages::STORAGE.union(wgpu::BufferUsages::COPY_SRC).union(wgpu::BufferUsages::COPY_DST);
+
+impl Instance {
+    fn new(gpu: &Gpu, plan: KernelPlan) -> Result<Instance, WgpuError> {
+        let steps = lower_plan(&plan)?;
+        let mut extents = Vec::with_capacity(plan.buffers.len());
+        for (b, buf) in plan.buffers.iter().enumerate() {
+            extents.push(
+                extent(&buf.layout).ok_or_else(|| WgpuError::Internal(format!("buffer b{b} has no concrete size")))?,
+            );
+        }
+        // Every access stays inside its buffer (inputs are checked per call).
+        let mut touched: Vec<&aotgrad_fusion::Access> = Vec::new();
+        for k in &plan.kernels {
+            touched.extend(k.reads());
+            touched.extend(stores_of(k));
+        }
+        for a in touched {
+            if !matches!(plan.buffers[a.buf].kind, BufferKind::Input(_)) && access_extent(a)? > extents[a.buf] as u64 {
+                return Err(WgpuError::Internal(format!("an access reads past the end of buffer b{}", a.buf)));
+            }
+        }
+        let slots = plan_slots(&plan, &extents);
+        let mut loc = Vec::with_capacity(plan.buffers.len());
+        let mut out_bufs = Vec::new();
+        for (b, buf) in plan.buffers.iter().enumerate() {
+            loc.push(match buf.kind {
+                BufferKind::Input(i) => Loc::Input(i),
+                // An intermediate no kernel writes has no slot (and no reader).
+                BufferKind::Intermediate => slots.slot_of[b].map_or(Loc::Extern, Loc::Slot),
+                BufferKind::Output => {
+                    let n = extent(&buf.layout).ok_or_else(|| WgpuError::Internal("a symbolic output".into()))?;
+                    out_bufs.push((b, buf.layout.dtype, n as u64));
+                    Loc::Output(out_bufs.len() - 1)
+                }
+                BufferKind::Extern => Loc::Extern,
+            });
+        }
+        let mut input_need = vec![0u64; plan.inputs.len()];
+        for k in &plan.kernels {
+            for a in k.reads() {
+                if let Loc::Input(i) = loc[a.buf] {
+                    input_need[i] = input_need[i].max(access_extent(a)?);
+                }
+            }
+        }
+        for o in &plan.outputs {
+            if let Loc::Input(i) = loc[o.buf] {
+                input_need[i] = input_need[i].max(extent(&o.meta).unwrap_or(0) as u64);
+            }
+        }
+        let mut pipelines = Vec::with_capacity(steps.len());
+        for s in &steps {
+            pipelines.push(match s {
+                Step::Gpu(k) => {
+                    if k.bindings.len() as u64 > gpu.summary.max_storage_buffers as u64 {
+                        return Err(WgpuError::Limit {
+                            what: k.what.clone(),
+                            reason: format!(
+                                "the kernel binds {} buffers; the adapter allows {} per kernel",
+                                k.bindings.len(),
+                                gpu.summary.max_storage_buffers
+                            ),
+                        });
+                    }
+                    Some(pipeline(gpu, &k.entry, &k.wgsl)?)
+                }
+                Step::Host(_) => None,
+            });
+        }
+        Ok(Instance { plan, steps, pipelines, slots, loc, out_bufs, input_need, pool: Mutex::new(Vec::new()) })
+    }
+
+    fn arena(&self, gpu: &Gpu) -> Result<Arena, WgpuError> {
+        if let Some(a) = self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop() {
+            return Ok(a);
+        }
+        let slots = self
+            .slots
+            .slots
+            .iter()
+            .enumerate()
+            .map(|(i, s)| create_buffer(gpu, &format!("slot {i}"), bytes_of(s.dtype, s.elems as u64), STORAGE))
+            .collect::<Result<Vec<_>, _>>()?;
+        let outs = self
+            .out_bufs
+            .iter()
+            .map(|(b, d, n)| create_buffer(gpu, &format!("output b{b}"), bytes_of(*d, *n), STORAGE))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Arena { slots, outs })
+    }
+}
+
+/// The accesses a kernel writes through.
+fn stores_of(k: &aotgrad_fusion::Kernel) -> Vec<&aotgrad_fusion::Access> {
+    use aotgrad_fusion::Kernel;
+    match k {
+        Kernel::Pointwise(p) => p.stores.iter().map(|s| &s.dst).collect(),
+        Kernel::Reduce(r) => vec![&r.dst],
+        Kernel::Matmul(m) => {
+            let mut v = vec![&m.out];
+            if let Some(e) = &m.epilogue {
+                v.extend(e.stores.iter().map(|s| &s.dst));
+            }
+            v
+        }
+        Kernel::Extern(_) => Vec::new(),
+        Kernel::Rows(r) => r.stages.iter().flat_map(stores_of).collect(),
+    }
+}
+
+fn pipeline(gpu: &Gpu, entry: &str, wgsl: &str) -> Result<wgpu::ComputePipeline, WgpuError> {
+    let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let module = gpu.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some(entry),
+        source: wgpu::ShaderSource::Wgsl(wgsl.into()),
+    });
+    let p = gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some(entry),
+        layout: None,
+        module: &module,
+        entry_point: Some(entry),
+        compilation_options: Default::default(),
+        cache: None,
+    });
+    if let Some(e) = pollster::block_on(scope.pop()) {
+        return Err(WgpuError::Internal(format!("the shader of {entry} did not compile: {e}\n{wgsl}")));
+    }
+    Ok(p)
+}
+
+/// Host buffer → device bytes (4 per element).
+fn to_device_bytes(buf: &HostBuffer, elems: usize, what: &str) -> Result<Vec<u8>, WgpuError> {
+    elem_type(buf.dtype(), what)?;
+    let mut out = Vec::with_capacity(elems * 4);
+    match buf {
+        HostBuffer::F32(v) => v[..elems].iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        HostBuffer::Bool(v) => v[..elems].iter().for_each(|x| out.extend_from_slice(&(*x as u32).to_le_bytes())),
+        HostBuffer::I32(v) => v[..elems].iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        other => return Err(WgpuError::Internal(format!("upload of {}", other.dtype()))),
+    }
+    Ok(out)
+}
+
+fn from_device_bytes(dtype: DType, bytes: &[u8], elems: usize) -> Result<HostBuffer, WgpuError> {
+    let words = bytes.chunks_exact(4).take(elems).map(|c| [c[0], c[1], c[2], c[3]]);
+    Ok(match dtype {
+        DType::F32 => HostBuffer::F32(words.map(f32::from_le_bytes).collect()),
+        DType::Bool => HostBuffer::Bool(words.map(|w| u32::from_le_bytes(w) != 0).collect()),
+        DType::I32 => HostBuffer::I32(words.map(i32::from_le_bytes).collect()),
+        d => return Err(WgpuError::Internal(format!("readback of {d}"))),
+    })
+}
+
+/// Read device buffers back (one submission for all of them): the encoder so far,
+/// copies into staging buffers, then one wait.
+fn read_back(
+    gpu: &Gpu,
+    mut encoder: wgpu::CommandEncoder,
+    bufs: &[(&wgpu::Buffer, DType, u64)],
+) -> Result<Vec<HostBuffer>, WgpuError> {
+    let mut staging = Vec::with_capacity(bufs.len());
+    for (i, (b, _, n)) in bufs.iter().enumerate() {
+        let bytes = n * 4;
+        if bytes == 0 {
+            staging.push(None);
+            continue;
+        }
+        let s = create_buffer(
+            gpu,
+            &format!("readback {i}"),
+            bytes,
+            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        )?;
+        encoder.copy_buffer_to_buffer(b, 0, &s, 0, bytes);
+        staging.push(Some(s));
+    }
+    gpu.queue.submit([encoder.finish()]);
+    gpu.counters.submit();
+    let (tx, rx) = std::sync::mpsc::channel();
+    for (i, s) in staging.iter().enumerate() {
+        if let Some(s) = s {
+            let tx = tx.clone();
+            s.map_async(wgpu::MapMode::Read, .., move |r| {
+                let _ = tx.send((i, r));
+            });
+        }
+    }
+    drop(tx);
+    gpu.wait()?;
+    for (i, r) in rx.try_iter() {
+        r.map_err(|e| WgpuError::Device(format!("reading back buffer {i} failed: {e}")))?;
+    }
+    let mut out = Vec::with_capacity(bufs.len());
+    for ((_, dtype, n), s) in bufs.iter().zip(&staging) {
+        match s {
+            None => out.push(from_device_bytes(*dtype, &[], 0)?),
+            Some(s) => {
+                let view = s
+                    .get_mapped_range(..)
+                    .map_err(|e| WgpuError::Device(format!("a readback buffer did not map: {e}")))?;
+                out.push(from_device_bytes(*dtype, &view, *n as usize)?);
+                drop(view);
+                s.unmap();
+                gpu.counters.readback(n * 4);
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn meta_of(a: &aotgrad_fusion::Access) -> TensorMeta {
+    TensorMeta { shape: a.shape.clone(), strides: a.strides.clone(), offset: a.offset.clone(), dtype: a.dtype }
+}
+
+/// The symbol values of a call, sorted: the key of a lowered plan.
+type Binding = Vec<(SymId, i64)>;
+
+/// A graph compiled by [`crate::WgpuBackend`].
+pub struct WgpuCompiledGraph {
+    graph: Graph,
+    plan: Option<KernelPlan>,
+    fallback: Option<PlanError>,
+    fixed: Option<Arc<Instance>>,
+    by_binding: Mutex<HashMap<Binding, Arc<Instance>>>,
+}
+
+impl std::fmt::Debug for WgpuCompiledGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WgpuCompiledGraph").field("planned", &self.plan.is_some()).finish()
+    }
+}
+
+impl WgpuCompiledGraph {
+    pub(crate) fn new(graph: Graph) -> Result<WgpuCompiledGraph, WgpuError> {
+        let _span = tracing::debug_span!("wgpu_compile", nodes = graph.nodes.len()).entered();
+        let (plan, fallback) = match plan_graph(&graph) {
+            Ok(p) => (Some(p), None),
+            Err(e @ (PlanError::Unsupported { .. } | PlanError::SymbolicBroadcast(_))) => {
+                tracing::debug!(reason = %e, "graph runs on the reference interpreter");
+                (None, Some(e))
+            }
+            Err(e) => return Err(WgpuError::Internal(e.to_string())),
+        };
+        let fixed = match &plan {
+            Some(p) if p.is_static() => {
+                let g = gpu()?;
+                Some(Arc::new(Instance::new(g, p.clone())?))
+            }
+            Some(_) => {
+                gpu()?;
+                None
+            }
+            None => None,
+        };
+        if let Some(p) = &plan {
+            tracing::debug!(plan = %print_plan(p, fixed.as_ref().map(|i| &i.slots)), "kernel plan");
+        }
+        Ok(WgpuCompiledGraph { graph, plan, fallback, fixed, by_binding: Mutex::new(HashMap::new()) })
+    }
+
+    /// Why the graph runs on the reference interpreter, when it does.
+    pub fn fallback_reason(&self) -> Option<&PlanError> {
+        self.fallback.as_ref()
+    }
+
+    /// The kernel plan (`None` when the graph runs on the reference interpreter).
+    pub fn plan(&self) -> Option<&KernelPlan> {
+        self.plan.as_ref()
+    }
+
+    /// The kernels of a static graph in launch order, one line each: the WGSL entry
+    /// point and what it fuses (host-run ops as `host <op>`).
+    pub fn kernel_list(&self) -> Option<String> {
+        let inst = self.fixed.as_ref()?;
+        Some(kernel_list(inst))
+    }
+
+    /// The WGSL sources of a static graph's kernels, in launch order.
+    pub fn wgsl_sources(&self) -> Option<Vec<String>> {
+        let inst = self.fixed.as_ref()?;
+        Some(
+            inst.steps
+                .iter()
+                .filter_map(|s| match s {
+                    Step::Gpu(k) => Some(k.wgsl.clone()),
+                    Step::Host(_) => None,
+                })
+                .collect(),
+        )
+    }
+
+    /// Device bytes one call of a static graph uses: (reused slots, outputs).
+    pub fn device_bytes(&self) -> Option<(u64, u64)> {
+        let i = self.fixed.as_ref()?;
+        let outs: u64 = i.out_bufs.iter().map(|(_, d, n)| bytes_of(*d, *n)).sum();
+        let slots: u64 = i.slots.slots.iter().map(|s| bytes_of(s.dtype, s.elems as u64)).sum();
+        Some((slots, outs))
+    }
+
+    fn instance_for(&self, gpu: &Gpu, env: &HashMap<SymId, i64>) -> Result<Arc<Instance>, WgpuError> {
+        if let Some(i) = &self.fixed {
+            return Ok(i.clone());
+        }
+        let plan = self.plan.as_ref().ok_or_else(|| WgpuError::Internal("no plan to lower".into()))?;
+        let mut key: Binding = env.iter().map(|(k, v)| (*k, *v)).collect();
+        key.sort();
+        let mut cache = self.by_binding.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = cache.get(&key) {
+            return Ok(i.clone());
+        }
+        let bound = plan.map_dims(&|d: &Dim| d.checked_subst(&|s| env.get(&s).copied())).ok_or_else(|| {
+            WgpuError::Unsupported {
+                what: "plan".into(),
+                reason: "a size overflows i64 for the symbol values of these inputs".into(),
+            }
+        })?;
+        let inst = Arc::new(Instance::new(gpu, bound)?);
+        cache.insert(key, inst.clone());
+        Ok(inst)
+    }
+
+    fn run_planned(&self, inputs: &[CpuTensor], symbols: &[(SymId, i64)]) -> Result<Vec<CpuTensor>, WgpuError> {
+        let env = aotgrad_cpu::bind_inputs(&self.graph, inputs, symbols)?;
+        let gpu = gpu()?;
+        gpu.check_health()?;
+        let inst = self.instance_for(gpu, &env)?;
+        for (i, (t, need)) in inputs.iter().zip(&inst.input_need).enumerate() {
+            let len = t.storage.len() as u64;
+            if len < *need {
+                return Err(aotgrad_cpu::CpuError::Input {
+                    index: i,
+                    msg: format!("its storage holds {len} elements, but the graph reads {need}"),
+                }
+                .into());
+            }
+        }
+        let arena = inst.arena(gpu)?;
+        let result = run_steps(gpu, &inst, &arena, inputs);
+        inst.pool.lock().unwrap_or_else(|e| e.into_inner()).push(arena);
+        result
+    }
+}
+
+fn kernel_list(inst: &Instance) -> String {
+    let mut s = String::new();
+    for step in &inst.steps {
+        match step {
+            Step::Gpu(k) => s.push_str(&format!("{}: {}\n", k.entry, k.what)),
+            Step::Host(e) => s.push_str(&format!("host {} ({})\n", e.op.name(), e.value)),
+        }
+    }
+    s
+}
+
+/// One call: upload what the kernels read, dispatch in order, read back the outputs.
+fn run_steps(gpu: &Gpu, inst: &Instance, arena: &Arena, inputs: &[CpuTensor]) -> Result<Vec<CpuTensor>, WgpuError> {
+    let n = inst.loc.len();
+    // Device buffers of inputs and host results, uploaded when a kernel reads them.
+    let mut uploaded: Vec<Option<wgpu::Buffer>> = vec![None; n];
+    // Host values: inputs, host-op results, device buffers read back for host ops.
+    let mut host: HashMap<usize, Arc<Storage>> = HashMap::new();
+    let new_encoder = || gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("aotgrad") });
+    let mut encoder = new_encoder();
+    let mut recorded = false;
+    let device_buf = |b: usize, uploaded: &[Option<wgpu::Buffer>]| -> Option<wgpu::Buffer> {
+        match inst.loc[b] {
+            Loc::Slot(s) => Some(arena.slots[s].clone()),
+            Loc::Output(o) => Some(arena.outs[o].clone()),
+            Loc::Input(_) | Loc::Extern => uploaded[b].clone(),
+        }
+    };
+    for (si, step) in inst.steps.iter().enumerate() {
+        match step {
+            Step::Gpu(k) => {
+                if let Some(msg) = &k.needs_elements {
+                    return Err(WgpuError::Cpu(aotgrad_cpu::CpuError::kernel("reduce", msg.clone())));
+                }
+                let mut entries = Vec::with_capacity(k.bindings.len());
+                for (b, _) in &k.bindings {
+                    if device_buf(*b, &uploaded).is_none() {
+                        let storage = match inst.loc[*b] {
+                            Loc::Input(i) => inputs[i].storage.clone(),
+                            _ => host
+                                .get(b)
+                                .cloned()
+                                .ok_or_else(|| WgpuError::Internal(format!("buffer b{b} read before it exists")))?,
+                        };
+                        let guard = storage.read();
+                        let elems = match inst.loc[*b] {
+                            Loc::Input(i) => inst.input_need[i] as usize,
+                            _ => guard.len(),
+                        };
+                        let bytes = to_device_bytes(&guard, elems, &k.what)?;
+                        let buf = create_buffer(gpu, &format!("upload b{b}"), (bytes.len() as u64).max(4), STORAGE)?;
+                        gpu.queue.write_buffer(&buf, 0, &bytes);
+                        gpu.counters.upload(bytes.len() as u64);
+                        uploaded[*b] = Some(buf);
+                    }
+                    entries
+                        .push(device_buf(*b, &uploaded).ok_or_else(|| WgpuError::Internal("no device buffer".into()))?);
+                }
+                if k.groups.contains(&0) {
+                    continue;
+                }
+                let pipe = inst.pipelines[si].as_ref().ok_or_else(|| WgpuError::Internal("no pipeline".into()))?;
+                let layout = pipe.get_bind_group_layout(0);
+                let bind: Vec<wgpu::BindGroupEntry> = entries
+                    .iter()
+                    .enumerate()
+                    .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
+                    .collect();
+                let group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some(&k.entry),
+                    layout: &layout,
+                    entries: &bind,
+                });
+                {
+                    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                        label: Some(&k.entry),
+                        timestamp_writes: None,
+                    });
+                    pass.set_pipeline(pipe);
+                    pass.set_bind_group(0, &group, &[]);
+                    pass.dispatch_workgroups(k.groups[0], k.groups[1], k.groups[2]);
+                }
+                recorded = true;
+            }
+            Step::Host(e) => {
+                // Device operands come back first (one submission for all of them).
+                let mut need: Vec<usize> = Vec::new();
+                for a in &e.args {
+                    if !host.contains_key(&a.buf) && !matches!(inst.loc[a.buf], Loc::Input(_)) && !need.contains(&a.buf)
+                    {
+                        need.push(a.buf);
+                    }
+                }
+                if !need.is_empty() {
+                    let bufs: Vec<(wgpu::Buffer, DType, u64)> = need
+                        .iter()
+                        .map(|b| {
+                            let layout = &inst.plan.buffers[*b].layout;
+                            let elems = extent(layout).unwrap_or(0) as u64;
+                            device_buf(*b, &uploaded)
+                                .map(|d| (d, layout.dtype, elems))
+                                .ok_or_else(|| WgpuError::Internal(format!("host op reads b{b} before it exists")))
+                        })
+                        .collect::<Result<_, _>>()?;
+                    let refs: Vec<(&wgpu::Buffer, DType, u64)> = bufs.iter().map(|(b, d, n)| (b, *d, *n)).collect();
+                    let vals = read_back(gpu, std::mem::replace(&mut encoder, new_encoder()), &refs)?;
+                    recorded = false;
+                    for (b, v) in need.iter().zip(vals) {
+                        host.insert(*b, Storage::new(v));
+                    }
+                }
+                let args: Vec<CpuTensor> = e
+                    .args
+                    .iter()
+                    .map(|a| {
+                        let storage = match inst.loc[a.buf] {
+                            Loc::Input(i) => inputs[i].storage.clone(),
+                            _ => host[&a.buf].clone(),
+                        };
+                        CpuTensor { storage, meta: meta_of(a) }
+                    })
+                    .collect();
+                let refs: Vec<&CpuTensor> = args.iter().collect();
+                let res = aotgrad_cpu::execute(&e.op, &refs, &e.meta).map_err(|err| aotgrad_cpu::CpuError::Node {
+                    value: e.value,
+                    op: e.op.name(),
+                    loc: e.loc.clone(),
+                    source: Box::new(err),
+                })?;
+                host.insert(e.out, res.storage);
+            }
+        }
+    }
+    // Outputs: device buffers come back in one submission.
+    let mut wanted: Vec<usize> = Vec::new();
+    for o in &inst.plan.outputs {
+        if matches!(inst.loc[o.buf], Loc::Output(_) | Loc::Slot(_))
+            && !host.contains_key(&o.buf)
+            && !wanted.contains(&o.buf)
+        {
+            wanted.push(o.buf);
+        }
+    }
+    if !wanted.is_empty() || recorded {
+        let bufs: Vec<(wgpu::Buffer, DType, u64)> = wanted
+            .iter()
+            .map(|b| {
+                let layout = &inst.plan.buffers[*b].layout;
+                let elems = extent(layout).unwrap_or(0) as u64;
+                device_buf(*b, &uploaded)
+                    .map(|d| (d, layout.dtype, elems))
+                    .ok_or_else(|| WgpuError::Internal(format!("output b{b} was never computed")))
+            })
+            .collect::<Result<_, _>>()?;
+        let refs: Vec<(&wgpu::Buffer, DType, u64)> = bufs.iter().map(|(b, d, n)| (b, *d, *n)).collect();
+        let vals = read_back(gpu, encoder, &refs)?;
+        for (b, v) in wanted.iter().zip(vals) {
+            host.insert(*b, Storage::new(v));
+        }
+    }
+    inst.plan
+        .outputs
+        .iter()
+        .map(|o| {
+            let storage = match inst.loc[o.buf] {
+                Loc::Input(i) => inputs[i].storage.clone(),
+                _ => host
+                    .get(&o.buf)
+                    .cloned()
+                    .ok_or_else(|| WgpuError::Internal(format!("output b{} was never computed", o.buf)))?,
+            };
+            Ok(CpuTensor { storage, meta: o.meta.clone() })
+        })
+        .collect()
+}
+
+impl CompiledGraph<CpuTensor> for WgpuCompiledGraph {
+    fn run_with_symbols(&self, inputs: &[CpuTensor], symbols: &[(SymId, i64)]) -> Result<Vec<CpuTensor>, BackendError> {
+        if self.plan.is_none() {
+            return aotgrad_cpu::interpret_with_symbols(&self.graph, inputs, symbols).map_err(backend_err);
+        }
+        self.run_planned(inputs, symbols).map_err(backend_err)
+    }
+    fn serialize(&self) -> Vec<u8> {
+        aotgrad_ir::text::print_graph(&self.graph).into_bytes()
+    }
+}
