@@ -99,6 +99,17 @@ fn ensure_redis() -> Result<()> {
     ensure_package("redis", "redis-server", "redis-server is missing")
 }
 
+/// The wgpu tests need a Vulkan driver: lavapipe (Debian's `mesa-vulkan-drivers`)
+/// when the machine has none. `AOTGRAD_SKIP_GPU_TESTS=1` skips them instead.
+fn ensure_vulkan() -> Result<()> {
+    let icd_dirs = ["/usr/share/vulkan/icd.d", "/etc/vulkan/icd.d", "/usr/local/share/vulkan/icd.d"];
+    let found = icd_dirs.iter().any(|d| std::fs::read_dir(d).is_ok_and(|mut e| e.next().is_some()));
+    if found || std::env::var("AOTGRAD_SKIP_GPU_TESTS").is_ok_and(|v| v == "1") || cfg!(not(target_os = "linux")) {
+        return Ok(());
+    }
+    ensure_package("vulkan", "mesa-vulkan-drivers", "no Vulkan driver is installed")
+}
+
 /// Install Debian package `package` when this process may (root, apt-get present);
 /// otherwise say how to.
 fn ensure_package(step: &str, package: &str, why: &str) -> Result<()> {
@@ -175,6 +186,7 @@ fn ci() -> Result<()> {
     run("main job (short, rerun from the cache)", &rerun)?;
     let _ = std::fs::remove_dir_all(&cache_dir);
     ensure_redis()?;
+    ensure_vulkan()?;
     let (p1, f1) = run_tests("test", &["test", "--workspace", "--all-targets"])?;
     let (p2, f2) = run_tests("doctest", &["test", "--workspace", "--doc"])?;
     // The plain closing line: the whole suite's count.

@@ -76,6 +76,22 @@ fn c(d: &Dim) -> Result<u64, WgpuError> {
     }
 }
 
+/// `[2, 4, 16]`.
+fn shape_str(ds: &[Dim]) -> String {
+    let parts: Vec<String> = ds.iter().map(|d| d.to_string()).collect();
+    format!("[{}]", parts.join(", "))
+}
+
+/// What a body computes, or `copy` when it only moves values.
+fn ops_or_copy(body: &Body) -> String {
+    let ops = body_ops(body);
+    if ops.is_empty() {
+        "copy".into()
+    } else {
+        ops.join(" ")
+    }
+}
+
 fn cs(ds: &[Dim]) -> Result<Vec<u64>, WgpuError> {
     ds.iter().map(c).collect()
 }
@@ -427,7 +443,7 @@ fn grid(n: u64, what: &str) -> Result<[u32; 3], WgpuError> {
 }
 
 fn lower_pointwise(p: &PointwiseKernel, entry: &str) -> Result<GpuKernel, WgpuError> {
-    let what = format!("pointwise {} over {:?}", body_ops(&p.body).join(" "), p.shape);
+    let what = format!("pointwise {} over {}", ops_or_copy(&p.body), shape_str(&p.shape));
     let shape = cs(&p.shape)?;
     let n: u64 = shape.iter().product();
     check_u32(n, &what)?;
@@ -460,11 +476,11 @@ fn lower_pointwise(p: &PointwiseKernel, entry: &str) -> Result<GpuKernel, WgpuEr
 fn lower_reduce(r: &ReduceKernel, entry: &str) -> Result<GpuKernel, WgpuError> {
     let ops = body_ops(&r.body);
     let what = format!(
-        "reduce {}{}{} over {:?} reducing {:?}",
+        "reduce {}{}{} over {} reducing {:?}",
         r.op.name(),
         if ops.is_empty() { "" } else { " of " },
         ops.join(" "),
-        r.shape,
+        shape_str(&r.shape),
         (0..r.reduced.len()).filter(|&d| r.reduced[d]).collect::<Vec<_>>()
     );
     let shape = cs(&r.shape)?;
@@ -536,32 +552,52 @@ fn lower_reduce(r: &ReduceKernel, entry: &str) -> Result<GpuKernel, WgpuError> {
     Ok(GpuKernel { entry: entry.into(), what, wgsl: src, bindings: binds.bindings(), groups, needs_elements })
 }
 
-/// The epilogue reads the product only at the output position (so it can run on the
-/// accumulators), and iterates over the product's shape.
-fn epilogue_fusable(m: &MatmulKernel, e: &PointwiseKernel) -> bool {
-    e.shape == m.out.shape
-        && e.body
-            .loads
-            .iter()
-            .filter(|l| l.buf == m.out.buf)
-            .all(|l| l.strides == m.out.strides && l.offset == m.out.offset)
-        && e.stores.iter().all(|s| s.dst.buf != m.out.buf)
+/// How an epilogue runs on the accumulators of the product, when it can.
+#[derive(Clone, Copy, PartialEq)]
+enum EpilogueFusion {
+    /// It iterates over the product's shape and reads the product at the same index.
+    SameSpace,
+    /// It iterates over another shape of as many elements (a reshape of the
+    /// contiguous product) and reads the product row-major over that shape: the
+    /// output's linear index, decomposed over the epilogue's shape, indexes it.
+    Reshaped,
+}
+
+/// Whether the epilogue reads the product only at the output position (so it can run
+/// on the accumulators), and how its index follows from the output's.
+fn epilogue_fusion(m: &MatmulKernel, e: &PointwiseKernel) -> Option<EpilogueFusion> {
+    if e.stores.iter().any(|s| s.dst.buf == m.out.buf) {
+        return None;
+    }
+    let reads = || e.body.loads.iter().filter(|l| l.buf == m.out.buf);
+    if e.shape == m.out.shape && reads().all(|l| l.strides == m.out.strides && l.offset == m.out.offset) {
+        return Some(EpilogueFusion::SameSpace);
+    }
+    let numel = |s: &[Dim]| cs(s).ok().map(|v| v.iter().product::<u64>());
+    let contiguous = |shape: &[Dim], strides: &[Dim]| aotgrad_ir::contiguous_strides(shape) == strides;
+    let ok = numel(&e.shape).is_some()
+        && numel(&e.shape) == numel(&m.out.shape)
+        && contiguous(&m.out.shape, &m.out.strides)
+        && m.out.offset == Dim::Const(0)
+        && reads().all(|l| l.offset == Dim::Const(0) && contiguous(&e.shape, &l.strides));
+    ok.then_some(EpilogueFusion::Reshaped)
 }
 
 fn lower_matmul(m: &MatmulKernel, entry: &str, plan: &KernelPlan, kernel: usize) -> Result<Vec<GpuKernel>, WgpuError> {
     let a_shape = cs(&m.a.shape)?;
     let b_shape = cs(&m.b.shape)?;
     let o_shape = cs(&m.out.shape)?;
-    let what_mm = format!("matmul {:?} x {:?}", m.a.shape, m.b.shape);
+    let what_mm = format!("matmul {} x {}", shape_str(&m.a.shape), shape_str(&m.b.shape));
     let rank = o_shape.len();
     if !(rank == 2 || rank == 3) || a_shape.len() != rank || b_shape.len() != rank {
         return Err(WgpuError::Internal(format!("{what_mm}: operands of rank {rank}")));
     }
     let (batch, n, k, mm) =
         (if rank == 3 { o_shape[0] } else { 1 }, a_shape[rank - 2], a_shape[rank - 1], b_shape[rank - 1]);
-    let fused = m.epilogue.as_ref().filter(|e| epilogue_fusable(m, e));
+    let fusion = m.epilogue.as_ref().and_then(|e| epilogue_fusion(m, e));
+    let fused = m.epilogue.as_ref().filter(|_| fusion.is_some());
     let what = match (&m.epilogue, fused) {
-        (Some(e), Some(_)) => format!("{what_mm} + epilogue {}", body_ops(&e.body).join(" ")),
+        (Some(e), Some(_)) => format!("{what_mm} + epilogue {}", ops_or_copy(&e.body)),
         _ => what_mm.clone(),
     };
     let mut binds = Binds::new();
@@ -656,16 +692,22 @@ fn lower_matmul(m: &MatmulKernel, entry: &str, plan: &KernelPlan, kernel: usize)
         let _ = writeln!(src, "        {}", store_stmt(&binds, &m.out, &vars, "v")?);
     }
     if let Some(e) = fused {
+        let evars = if fusion == Some(EpilogueFusion::Reshaped) {
+            let _ = writeln!(src, "        let lin = (z * {n}u + row) * {mm}u + col;");
+            decompose(&mut src, "lin", &cs(&e.shape)?, "e", "        ")
+        } else {
+            vars.clone()
+        };
         emit_body(&mut src, &e.body, "r", "        ", &what, &mut |l| {
             let acc = &e.body.loads[l];
             if acc.buf == m.out.buf {
                 Ok("v".to_string())
             } else {
-                load_expr(&binds, acc, &vars)
+                load_expr(&binds, acc, &evars)
             }
         })?;
         for s in &e.stores {
-            let _ = writeln!(src, "        {}", store_stmt(&binds, &s.dst, &vars, &format!("r{}", s.reg))?);
+            let _ = writeln!(src, "        {}", store_stmt(&binds, &s.dst, &evars, &format!("r{}", s.reg))?);
         }
     }
     src.push_str("      }\n    }\n  }\n}\n");

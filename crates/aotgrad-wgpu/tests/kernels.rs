@@ -1,0 +1,183 @@
+//! What the wgpu backend launches: golden kernel lists (WGSL entry points and what
+//! each fuses) for a pointwise chain and for the transformer block's forward and
+//! backward graphs, and the errors of kernels it cannot run.
+
+#[path = "../../aotgrad-cpu/tests/common/mod.rs"]
+mod common;
+#[path = "../../aotgrad-cpu/tests/differential/mod.rs"]
+mod differential;
+mod gpu;
+
+use aotgrad::nn::TransformerBlock;
+use aotgrad::prelude::*;
+use aotgrad_ir::{BinaryOp, Graph, Op, UnaryOp};
+use aotgrad_wgpu::WgpuBackend;
+use differential::{input, m, node, pointwise_graph, tensor_for, Suite};
+use expect_test::expect;
+use std::sync::Arc;
+
+#[test]
+fn a_pointwise_chain_is_one_kernel() {
+    if gpu::adapter_or_skip().is_none() {
+        return;
+    }
+    // x.sin().mul(2).add(y).relu()
+    let g = pointwise_graph();
+    let c = WgpuBackend::new().compile_graph(&g).unwrap();
+    expect![[r#"
+        k0_pointwise: pointwise sin mul add relu over [4, 8]
+    "#]]
+    .assert_eq(&c.kernel_list().unwrap());
+    let wgsl = c.wgsl_sources().unwrap();
+    assert_eq!(wgsl.len(), 1);
+    assert!(wgsl[0].contains("fn k0_pointwise("), "{}", wgsl[0]);
+    let suite = Suite { backends: vec![("wgpu".into(), Box::new(WgpuBackend::new()))], f64: false, tol_scale: 20.0 };
+    let ins: Vec<_> = g.inputs.iter().enumerate().map(|(i, x)| tensor_for(&x.meta, i as f64, false)).collect();
+    suite.check(&g, &ins, 1e-6);
+    // Device memory of a call: no slots (nothing intermediate), one output.
+    assert_eq!(c.device_bytes(), Some((0, 4 * 8 * 4)));
+}
+
+#[test]
+fn transformer_block_forward_and_backward_kernels() {
+    if gpu::adapter_or_skip().is_none() {
+        return;
+    }
+    let blk = Arc::new(TransformerBlock::new(16, 2, DType::F32, 3).unwrap());
+    let compiled = aot_module(blk, AotConfig::default().no_cache()).unwrap();
+    let x = Tensor::randn(&[2, 4, 16], DType::F32, 4).unwrap();
+    let (_, back) = compiled.forward(std::slice::from_ref(&x)).unwrap();
+    drop(back);
+    let graphs = compiled.function().training_graphs();
+    assert_eq!(graphs.len(), 1);
+    let (fw, bw, _) = &graphs[0];
+    let list = |g: &Graph| {
+        let c = WgpuBackend::new().compile_graph(g).unwrap();
+        assert!(c.fallback_reason().is_none(), "{:?}", c.fallback_reason());
+        c.kernel_list().unwrap()
+    };
+    expect![[r#"
+        k0_0_reduce: reduce mean over [2, 4, 16] reducing [2]
+        k0_1_pointwise: pointwise sub over [2, 4, 16]
+        k0_2_reduce: reduce mean of mul over [2, 4, 16] reducing [2]
+        k0_3_pointwise: pointwise add rsqrt over [2, 4, 1]
+        k0_4_pointwise: pointwise mul mul add over [2, 4, 16]
+        k1_matmul: matmul [8, 16] x [16, 48] + epilogue add
+        k2_pointwise: pointwise copy over [2, 2, 4, 8]
+        k3_pointwise: pointwise copy over [2, 2, 8, 4]
+        k4_matmul: matmul [4, 4, 8] x [4, 8, 4] + epilogue mul
+        k5_0_reduce: reduce amax over [2, 2, 4, 4] reducing [3]
+        k5_1_pointwise: pointwise sub exp over [2, 2, 4, 4]
+        k5_2_reduce: reduce sum over [2, 2, 4, 4] reducing [3]
+        k5_3_pointwise: pointwise div over [2, 2, 4, 4]
+        k6_pointwise: pointwise copy over [2, 2, 4, 8]
+        k7_matmul: matmul [4, 4, 4] x [4, 4, 8]
+        k8_pointwise: pointwise copy over [2, 4, 2, 8]
+        k9_matmul: matmul [8, 16] x [16, 16] + epilogue add add
+        k10_0_reduce: reduce mean over [2, 4, 16] reducing [2]
+        k10_1_pointwise: pointwise sub over [2, 4, 16]
+        k10_2_reduce: reduce mean of mul over [2, 4, 16] reducing [2]
+        k10_3_pointwise: pointwise add rsqrt over [2, 4, 1]
+        k10_4_pointwise: pointwise mul mul add over [2, 4, 16]
+        k11_matmul: matmul [8, 16] x [16, 64] + epilogue add
+        k12_pointwise: pointwise mul erf add mul mul over [2, 4, 64]
+        k13_matmul: matmul [8, 64] x [64, 16] + epilogue add add
+    "#]]
+    .assert_eq(&list(fw));
+    expect![[r#"
+        k0_0_reduce: reduce mean over [2, 4, 16] reducing [2]
+        k0_1_pointwise: pointwise sub over [2, 4, 16]
+        k0_2_reduce: reduce mean of mul over [2, 4, 16] reducing [2]
+        k0_3_pointwise: pointwise add rsqrt over [2, 4, 1]
+        k0_4_pointwise: pointwise mul over [2, 4, 16]
+        k0_5_pointwise: pointwise mul add over [2, 4, 16]
+        k1_pointwise: pointwise copy over [2, 2, 4, 8]
+        k2_pointwise: pointwise copy over [2, 2, 8, 4]
+        k3_0_reduce: reduce amax over [2, 2, 4, 4] reducing [3]
+        k3_1_pointwise: pointwise sub exp over [2, 2, 4, 4]
+        k3_2_reduce: reduce sum over [2, 2, 4, 4] reducing [3]
+        k3_3_pointwise: pointwise div over [2, 2, 4, 4]
+        k4_pointwise: pointwise copy over [2, 2, 4, 8]
+        k5_0_reduce: reduce mean of mul over [2, 4, 16] reducing [2]
+        k5_1_pointwise: pointwise add rsqrt over [2, 4, 1]
+        k6_pointwise: pointwise mul over [2, 4, 64]
+        k7_pointwise: pointwise erf add over [2, 4, 64]
+        k8_pointwise: pointwise mul over [2, 4, 64]
+        k9_pointwise: pointwise mul over [2, 4, 64]
+        k10_reduce: reduce sum over [2, 4, 16] reducing [0, 1]
+        k11_matmul: matmul [8, 16] x [16, 64] + epilogue mul mul mul mul neg exp mul mul mul add
+        k12_matmul: matmul [64, 8] x [8, 16]
+        k13_reduce: reduce sum over [2, 4, 64] reducing [0, 1]
+        k14_matmul: matmul [8, 64] x [64, 16]
+        k15_matmul: matmul [16, 8] x [8, 64]
+        k16_reduce: reduce sum over [2, 4, 16] reducing [0, 1]
+        k17_pointwise: pointwise mul over [2, 4, 16]
+        k18_reduce: reduce sum of mul mul over [2, 4, 16] reducing [0, 1]
+        k19_0_reduce: reduce sum of mul over [2, 4, 16] reducing [2]
+        k19_1_pointwise: pointwise pow mul mul div over [2, 4, 1]
+        k19_2_pointwise: pointwise mul mul add add over [2, 4, 16]
+        k19_3_reduce: reduce sum of neg over [2, 4, 16] reducing [2]
+        k19_4_pointwise: pointwise div over [2, 4, 1]
+        k19_5_pointwise: pointwise add add over [2, 4, 16]
+        k20_reduce: reduce sum over [2, 4, 16] reducing [0, 1]
+        k21_matmul: matmul [8, 16] x [16, 16]
+        k22_matmul: matmul [16, 8] x [8, 16]
+        k23_pointwise: pointwise copy over [2, 2, 4, 8]
+        k24_matmul: matmul [4, 4, 8] x [4, 8, 4]
+        k25_matmul: matmul [4, 4, 4] x [4, 4, 8]
+        k26_0_reduce: reduce sum of mul div neg over [2, 2, 4, 4] reducing [3]
+        k26_1_pointwise: pointwise div add mul over [2, 2, 4, 4]
+        k26_2_reduce: reduce sum of neg over [2, 2, 4, 4] reducing [3]
+        k26_3_pointwise: pointwise eq over [2, 2, 4, 4]
+        k26_4_reduce: reduce sum over [2, 2, 4, 4] reducing [3]
+        k26_5_pointwise: pointwise div over [2, 2, 4, 1]
+        k26_6_pointwise: pointwise mul add mul over [2, 2, 4, 4]
+        k27_matmul: matmul [4, 4, 4] x [4, 4, 8]
+        k28_matmul: matmul [4, 8, 4] x [4, 4, 4]
+        k29_pointwise: pointwise copy over [3, 2, 2, 4, 8]
+        k30_pointwise: pointwise copy over [3, 2, 2, 4, 8]
+        k31_pointwise: pointwise copy over [2, 2, 4, 8]
+        k32_pointwise: pointwise copy over [3, 2, 2, 4, 8]
+        k33_pointwise: pointwise copy over [2, 2, 4, 8]
+        k34_pointwise: pointwise copy over [3, 2, 2, 4, 8]
+        k35_pointwise: pointwise copy over [2, 2, 4, 8]
+        k36_pointwise: pointwise add add over [3, 2, 2, 4, 8]
+        k37_pointwise: pointwise copy over [2, 4, 3, 2, 8]
+        k38_reduce: reduce sum over [2, 4, 48] reducing [0, 1]
+        k39_matmul: matmul [8, 48] x [48, 16]
+        k40_matmul: matmul [16, 8] x [8, 48]
+        k41_reduce: reduce sum over [2, 4, 16] reducing [0, 1]
+        k42_reduce: reduce sum of mul over [2, 4, 16] reducing [0, 1]
+    "#]]
+    .assert_eq(&list(bw));
+}
+
+#[test]
+fn kernels_the_backend_cannot_run_are_clear_errors() {
+    if gpu::adapter_or_skip().is_none() {
+        return;
+    }
+    // f64 arithmetic: WGSL has none.
+    let mut g = Graph::new();
+    let x = input(&mut g, "x", m(&[3], DType::F64));
+    let y = node(&mut g, Op::Unary(UnaryOp::Exp), &[x]);
+    g.outputs = vec![y];
+    let e = WgpuBackend::new().compile_graph(&g).unwrap_err().to_string();
+    assert!(e.contains("pointwise exp") && e.contains("f64") && e.contains("WGSL has no 64-bit floats"), "{e}");
+    // Beyond the adapter's limits (and WGSL's 32-bit indices): planned, never run.
+    let mut g = Graph::new();
+    let x = input(&mut g, "x", m(&[1 << 31, 4], DType::F32));
+    let y = node(&mut g, Op::BinaryScalar(BinaryOp::Mul, aotgrad_ir::Scalar::Float(2.0)), &[x]);
+    g.outputs = vec![y];
+    let e = WgpuBackend::new().compile_graph(&g).unwrap_err().to_string();
+    assert!(e.contains("beyond the adapter's limits") && e.contains("pointwise mul"), "{e}");
+    // The error reaches the user through the facade, naming the backend.
+    let f = aot_function(
+        |xs: &[Tensor]| -> aotgrad::Result<Vec<Tensor>> { Ok(vec![xs[0].exp()?]) },
+        AotConfig { backend: Arc::new(WgpuBackend::new()), ..AotConfig::default().no_cache() },
+    )
+    .unwrap();
+    let x = Tensor::from_f64(&[1.0, 2.0], &[2], DType::F64).unwrap();
+    let e = f.call(&[x]).unwrap_err().to_string();
+    assert!(e.contains("wgpu") && e.contains("f64"), "{e}");
+}
