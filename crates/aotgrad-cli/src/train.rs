@@ -31,6 +31,37 @@ pub enum BackendChoice {
     Cpu,
     /// The reference interpreter (the oracle; slow).
     Reference,
+    /// The wgpu backend (fused WGSL kernels on a GPU adapter; needs a build with the
+    /// `wgpu` feature: `cargo run --release -p aotgrad-cli --features wgpu`).
+    Wgpu,
+}
+
+#[cfg(feature = "wgpu")]
+fn wgpu_config() -> Result<AotConfig> {
+    aotgrad::wgpu::adapter().map_err(|e| TrainError::Invalid(format!("--backend wgpu: {e}")))?;
+    Ok(AotConfig::default().wgpu())
+}
+
+#[cfg(not(feature = "wgpu"))]
+fn wgpu_config() -> Result<AotConfig> {
+    Err(TrainError::Invalid(
+        "--backend wgpu: this aotgrad was built without the `wgpu` feature; build it with \
+         `cargo run --release -p aotgrad-cli --features wgpu --bin aotgrad -- train --backend wgpu`"
+            .into(),
+    ))
+}
+
+#[cfg(feature = "wgpu")]
+fn wgpu_description() -> String {
+    match aotgrad::wgpu::adapter() {
+        Ok(a) => format!("backend: wgpu on {} ({}, {}; {})", a.name, a.backend, a.driver, a.reason),
+        Err(e) => format!("backend: wgpu ({e})"),
+    }
+}
+
+#[cfg(not(feature = "wgpu"))]
+fn wgpu_description() -> String {
+    "backend: wgpu (not built in)".into()
 }
 
 /// What to train and how; the hyperparameters are saved in checkpoints, and a resumed
@@ -297,6 +328,7 @@ pub fn train(
     let config = match opts.backend {
         BackendChoice::Cpu => AotConfig::default().threads(opts.threads),
         BackendChoice::Reference => AotConfig::default().reference_backend(),
+        BackendChoice::Wgpu => wgpu_config()?,
     };
     let config = AotConfig { cache: cache.clone(), ..config };
     let threads = if opts.threads == 0 {
@@ -308,10 +340,11 @@ pub fn train(
         log,
         match opts.backend {
             BackendChoice::Cpu => format!(
-                "backend: compiled CPU, {threads} thread(s) (the default: no GPU backend is built in; \
-                 fused kernels from the aotgrad-fusion plan, gemm matmuls)"
+                "backend: compiled CPU, {threads} thread(s) (the default; fused kernels from the aotgrad-fusion \
+                 plan, gemm matmuls)"
             ),
             BackendChoice::Reference => "backend: reference interpreter (chosen with --backend reference)".into(),
+            BackendChoice::Wgpu => wgpu_description(),
         },
     );
     say(

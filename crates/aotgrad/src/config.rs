@@ -50,8 +50,10 @@ pub struct AotConfig {
     /// Which composite ops to decompose.
     pub decomps: DecompTable,
     /// The compiler for the graphs: by default the compiled CPU backend on every
-    /// core ([`aotgrad_cpu::CpuBackend`]); [`aotgrad_cpu::ReferenceBackend`] runs
-    /// graphs on the reference interpreter (the oracle). See [`AotConfig::threads`].
+    /// core ([`aotgrad_cpu::CpuBackend`]) — or, when aotgrad is built with the `wgpu`
+    /// feature and a hardware GPU adapter exists, the wgpu backend (see
+    /// [`default_backend`]); [`aotgrad_cpu::ReferenceBackend`] runs graphs on the
+    /// reference interpreter (the oracle). See [`AotConfig::threads`].
     pub backend: Arc<dyn Backend<CpuTensor>>,
     /// How the training path splits the joint graph.
     pub partitioner: Partitioner,
@@ -74,13 +76,47 @@ impl Default for AotConfig {
             dynamic: Vec::new(),
             duck_shape: true,
             decomps: DecompTable::default(),
-            backend: Arc::new(CpuBackend::default()),
+            backend: default_backend().0,
             partitioner: Partitioner::default(),
             simplify: true,
             arg_names: Vec::new(),
             cache: env_cache(),
         }
     }
+}
+
+/// The default backend and why it was chosen (decided once per process, and logged):
+/// with the `wgpu` feature, the wgpu backend when a hardware adapter exists (a
+/// software driver such as lavapipe does not count: it is slower than the CPU
+/// backend); otherwise the compiled CPU backend on every core.
+pub fn default_backend() -> (Arc<dyn Backend<CpuTensor>>, String) {
+    static CHOICE: std::sync::OnceLock<(Arc<dyn Backend<CpuTensor>>, String)> = std::sync::OnceLock::new();
+    CHOICE
+        .get_or_init(|| {
+            let (backend, why) = choose_backend();
+            tracing::info!(target: "aotgrad", backend = backend.name(), "default backend: {why}");
+            (backend, why)
+        })
+        .clone()
+}
+
+#[cfg(feature = "wgpu")]
+fn choose_backend() -> (Arc<dyn Backend<CpuTensor>>, String) {
+    match aotgrad_wgpu::adapter() {
+        Ok(a) if !a.software => {
+            (Arc::new(aotgrad_wgpu::WgpuBackend::new()), format!("wgpu on {} ({}): {}", a.name, a.backend, a.reason))
+        }
+        Ok(a) => (
+            Arc::new(CpuBackend::default()),
+            format!("compiled CPU: the only GPU adapter, {}, is a software driver", a.name),
+        ),
+        Err(e) => (Arc::new(CpuBackend::default()), format!("compiled CPU: {e}")),
+    }
+}
+
+#[cfg(not(feature = "wgpu"))]
+fn choose_backend() -> (Arc<dyn Backend<CpuTensor>>, String) {
+    (Arc::new(CpuBackend::default()), "compiled CPU: aotgrad was built without the `wgpu` feature".into())
 }
 
 /// The cache the environment configures, made once per process (an invalid setting
@@ -113,6 +149,14 @@ impl AotConfig {
     /// Compile without a result cache, whatever the environment says.
     pub fn no_cache(mut self) -> AotConfig {
         self.cache = None;
+        self
+    }
+    /// Compile for the GPU with the wgpu backend ([`aotgrad_wgpu::WgpuBackend`]), on
+    /// the adapter it picks (a hardware one, else the software driver; the
+    /// `AOTGRAD_WGPU_ADAPTER` environment variable names one).
+    #[cfg(feature = "wgpu")]
+    pub fn wgpu(mut self) -> AotConfig {
+        self.backend = Arc::new(aotgrad_wgpu::WgpuBackend::new());
         self
     }
     /// Run graphs on the reference interpreter instead of compiling them.

@@ -32,7 +32,10 @@ pub mod module;
 pub mod nn;
 pub mod runtime;
 
-pub use config::{AotConfig, Cache};
+/// The wgpu backend (with the `wgpu` feature).
+#[cfg(feature = "wgpu")]
+pub use aotgrad_wgpu as wgpu;
+pub use config::{default_backend, AotConfig, Cache};
 pub use error::{Error, Result};
 pub use export::{aot_export_joint_simple, aot_export_module};
 pub use logging::init_logging;
