@@ -1,8 +1,9 @@
-//! Training-step medians per backend (dev): `cargo run --release -p aotgrad-benches --bin steps`; `ONLY=mlp`, `WHICH=cpu1` (reference, cpu1, cpu2), `RUNS=n`; with `AOTGRAD_CPU_PROFILE=1` the compiled graphs print per-kernel times.
+//! Training-step medians per backend (dev): `cargo run --release -p aotgrad-benches --bin steps`; `ONLY=mlp`, `WHICH=cpu1` (reference, cpu1, cpu2), `RUNS=n`; with `AOTGRAD_CPU_PROFILE=1` the compiled graphs print per-kernel times, with `RUST_LOG=aotgrad=debug` their kernel plans.
 use aotgrad::AotConfig;
 use aotgrad_benches::runtime::*;
 
 fn main() -> anyhow::Result<()> {
+    aotgrad::init_logging();
     let runs: usize = std::env::var("RUNS").ok().and_then(|s| s.parse().ok()).unwrap_or(15);
     let only = std::env::var("ONLY").unwrap_or_default();
     let which = std::env::var("WHICH").unwrap_or_default();

@@ -944,6 +944,26 @@ unsafe fn reduce_range_impl<T: Num>(k: &CReduce, bufs: &[Raw], acc: Raw, e0: usi
                                     ReduceOp::Amax => combine_extreme(*a, extreme(row, true).to_f64(), true),
                                     ReduceOp::Amin => combine_extreme(*a, extreme(row, false).to_f64(), false),
                                 };
+                            } else if s == 1 {
+                                // Kept inner dim: one accumulator per element of the run.
+                                let a = std::slice::from_raw_parts_mut(acc.add(o), row.len());
+                                match op {
+                                    ReduceOp::Sum | ReduceOp::Mean => {
+                                        for (a, &x) in a.iter_mut().zip(row) {
+                                            *a += x.to_f64();
+                                        }
+                                    }
+                                    ReduceOp::Amax => {
+                                        for (a, &x) in a.iter_mut().zip(row) {
+                                            *a = combine_extreme(*a, x.to_f64(), true);
+                                        }
+                                    }
+                                    ReduceOp::Amin => {
+                                        for (a, &x) in a.iter_mut().zip(row) {
+                                            *a = combine_extreme(*a, x.to_f64(), false);
+                                        }
+                                    }
+                                }
                             } else {
                                 for (i, &x) in row.iter().enumerate() {
                                     let a = &mut *acc.add(o + i * s);
@@ -968,10 +988,32 @@ fn combine_extreme(a: f64, x: f64, max: bool) -> f64 {
     }
 }
 
-/// The maximum (or minimum) of `v`, NaN if any is NaN, over sixteen independent
-/// lanes (vectorizes). `v` is non-empty.
+/// `v` as f32s when `T` is f32 and the AVX-512 paths may run.
+#[inline(always)]
+fn avx512_f32<T: Num>(v: &[T]) -> Option<&[f32]> {
+    #[cfg(target_arch = "x86_64")]
+    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && isa() == Isa::Avx512 {
+        // SAFETY: `T` is f32.
+        return Some(unsafe { std::slice::from_raw_parts(v.as_ptr() as *const f32, v.len()) });
+    }
+    None
+}
+
+/// The maximum (or minimum) of `v`, NaN if any is NaN. `v` is non-empty.
 #[inline(always)]
 fn extreme<T: Num>(v: &[T], max: bool) -> T {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(f) = avx512_f32(v) {
+        // SAFETY: AVX-512 was detected (`avx512_f32`).
+        let m = unsafe {
+            if max {
+                simd::extreme_f32::<true>(f)
+            } else {
+                simd::extreme_f32::<false>(f)
+            }
+        };
+        return T::from_f32(m);
+    }
     #[inline(always)]
     fn pick<T: Num>(m: T, x: T, max: bool) -> T {
         if (max && x > m) || (!max && x < m) || x.is_nan() {
@@ -980,24 +1022,21 @@ fn extreme<T: Num>(v: &[T], max: bool) -> T {
             m
         }
     }
-    let mut lanes = [v[0]; 16];
-    let chunks = v.chunks_exact(16);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for i in 0..16 {
-            lanes[i] = pick(lanes[i], c[i], max);
-        }
-    }
-    let mut m = lanes[0];
-    for &x in lanes[1..].iter().chain(tail) {
+    let mut m = v[0];
+    for &x in v {
         m = pick(m, x, max);
     }
     m
 }
 
-/// Sum in f64 with eight independent lanes (vectorizes; deterministic order).
+/// Sum in f64 with independent lanes (deterministic order).
 #[inline(always)]
 fn sum_f64<T: Num>(v: &[T]) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(f) = avx512_f32(v) {
+        // SAFETY: AVX-512 was detected (`avx512_f32`).
+        return unsafe { simd::sum_f32_f64(f) };
+    }
     let mut lanes = [0f64; 8];
     let chunks = v.chunks_exact(8);
     let tail = chunks.remainder();
@@ -1011,6 +1050,76 @@ fn sum_f64<T: Num>(v: &[T]) -> f64 {
         s += x.to_f64();
     }
     s
+}
+
+/// Row reductions written with AVX-512 intrinsics (the compiler does not vectorize
+/// NaN-propagating maxima or f32-to-f64 sums well on its own).
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use std::arch::x86_64::*;
+
+    /// # Safety
+    /// AVX-512F is available; `v` is non-empty.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn extreme_f32<const MAX: bool>(v: &[f32]) -> f32 {
+        let n = v.len();
+        let p = v.as_ptr();
+        let mut m = _mm512_set1_ps(v[0]);
+        let mut nan: __mmask16 = 0;
+        let mut i = 0;
+        // SAFETY: every load is inside `v` (the tail load is masked).
+        unsafe {
+            while i + 16 <= n {
+                let x = _mm512_loadu_ps(p.add(i));
+                m = if MAX { _mm512_max_ps(m, x) } else { _mm512_min_ps(m, x) };
+                nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
+                i += 16;
+            }
+            if i < n {
+                let k = ((1u32 << (n - i)) - 1) as __mmask16;
+                let x = _mm512_mask_loadu_ps(m, k, p.add(i));
+                m = if MAX { _mm512_max_ps(m, x) } else { _mm512_min_ps(m, x) };
+                nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
+            }
+        }
+        if nan != 0 {
+            return f32::NAN;
+        }
+        if MAX {
+            _mm512_reduce_max_ps(m)
+        } else {
+            _mm512_reduce_min_ps(m)
+        }
+    }
+
+    /// # Safety
+    /// AVX-512F and AVX-512VL are available.
+    #[target_feature(enable = "avx512f,avx512vl")]
+    pub(super) unsafe fn sum_f32_f64(v: &[f32]) -> f64 {
+        let n = v.len();
+        let p = v.as_ptr();
+        let mut a0 = _mm512_setzero_pd();
+        let mut a1 = _mm512_setzero_pd();
+        let mut i = 0;
+        // SAFETY: every load is inside `v` (tail loads are masked).
+        unsafe {
+            while i + 16 <= n {
+                a0 = _mm512_add_pd(a0, _mm512_cvtps_pd(_mm256_loadu_ps(p.add(i))));
+                a1 = _mm512_add_pd(a1, _mm512_cvtps_pd(_mm256_loadu_ps(p.add(i + 8))));
+                i += 16;
+            }
+            if i < n {
+                let r = n - i;
+                let k0 = ((1u32 << r.min(8)) - 1) as __mmask8;
+                a0 = _mm512_add_pd(a0, _mm512_cvtps_pd(_mm256_maskz_loadu_ps(k0, p.add(i))));
+                if r > 8 {
+                    let k1 = ((1u32 << (r - 8)) - 1) as __mmask8;
+                    a1 = _mm512_add_pd(a1, _mm512_cvtps_pd(_mm256_maskz_loadu_ps(k1, p.add(i + 8))));
+                }
+            }
+        }
+        _mm512_reduce_add_pd(_mm512_add_pd(a0, a1))
+    }
 }
 
 // ---- matmul ---------------------------------------------------------------------------

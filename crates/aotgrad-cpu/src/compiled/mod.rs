@@ -137,26 +137,40 @@ impl Drop for CpuCompiledGraph {
         if total == 0.0 {
             return;
         }
+        // `AOTGRAD_CPU_PROFILE=all` lists every kernel in plan order, else the slowest 12.
+        let all = std::env::var("AOTGRAD_CPU_PROFILE").is_ok_and(|v| v == "all");
         let mut order: Vec<usize> = (0..prof.len()).collect();
-        order.sort_by(|a, b| prof[*b].0.total_cmp(&prof[*a].0));
+        if !all {
+            order.sort_by(|a, b| prof[*b].0.total_cmp(&prof[*a].0));
+            order.truncate(12);
+        }
         eprintln!(
             "aotgrad-cpu profile: {} nodes, {} kernels, {:.3} ms in kernels",
             plan.graph_nodes,
             plan.kernels.len(),
             total * 1e3
         );
-        for &k in order.iter().take(12) {
+        let dims = |d: &[aotgrad_ir::Dim]| {
+            let v: Vec<String> = d.iter().map(|d| d.to_string()).collect();
+            format!("[{}]", v.join(", "))
+        };
+        for &k in &order {
             let kern = &plan.kernels[k];
             let what = match kern {
-                aotgrad_fusion::Kernel::Pointwise(p) => format!("{} nodes over {:?}", p.nodes, p.shape),
-                aotgrad_fusion::Kernel::Reduce(r) => format!("{} {} nodes over {:?}", r.op.name(), r.nodes, r.shape),
-                aotgrad_fusion::Kernel::Matmul(m) => {
-                    format!("{:?}x{:?}{}", m.a.shape, m.b.shape, if m.epilogue.is_some() { " + epilogue" } else { "" })
+                aotgrad_fusion::Kernel::Pointwise(p) => format!("{} nodes over {}", p.nodes, dims(&p.shape)),
+                aotgrad_fusion::Kernel::Reduce(r) => {
+                    format!("{} {} nodes over {}", r.op.name(), r.nodes, dims(&r.shape))
                 }
+                aotgrad_fusion::Kernel::Matmul(m) => format!(
+                    "{}x{}{}",
+                    dims(&m.a.shape),
+                    dims(&m.b.shape),
+                    if m.epilogue.is_some() { " + epilogue" } else { "" }
+                ),
                 aotgrad_fusion::Kernel::Extern(e) => e.op.name(),
                 aotgrad_fusion::Kernel::Rows(r) => {
                     let kinds: Vec<&str> = r.stages.iter().map(|s| s.kind_name()).collect();
-                    format!("{} nodes over {:?} ({})", kern.nodes(), r.shape, kinds.join(" "))
+                    format!("{} nodes over {} ({})", kern.nodes(), dims(&r.shape), kinds.join(" "))
                 }
             };
             eprintln!(
