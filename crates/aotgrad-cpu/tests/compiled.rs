@@ -256,9 +256,10 @@ fn row_groups_match_the_interpreter_across_blocks_threads_and_dtypes() {
         let g = layer_norm_graph(b, rows, len);
         let c = CpuBackend::new(2).compile_graph(&g).unwrap();
         let want: &[&str] = if b * rows > 1 {
-            &["rows(pointwise reduce pointwise reduce pointwise pointwise)"]
+            // `x - mean` is recomputed by the variance and the output rather than stored.
+            &["rows(pointwise reduce reduce pointwise pointwise)"]
         } else {
-            &["pointwise", "reduce", "pointwise", "reduce", "pointwise", "pointwise"]
+            &["pointwise", "reduce", "reduce", "pointwise", "pointwise"]
         };
         assert_eq!(kinds(&c), want, "{b}x{rows}x{len}");
         let ins: Vec<CpuTensor> =

@@ -294,33 +294,64 @@ pub fn plan_graph(g: &Graph) -> Result<KernelPlan, PlanError> {
             }
         }
     }
-    // 3. inlining decisions, last node first.
-    let mut target: Vec<Option<usize>> = vec![None; n];
+    // 3. inlining decisions, last node first. `homes[j]` lists the kernels (named by
+    // the node that owns each) whose bodies compute an inlined node `j`; `host[j]`
+    // names the kernel that computes a materialized node `j` together with its own
+    // result and stores both.
+    let mut homes: Vec<Vec<usize>> = vec![Vec::new(); n];
+    let mut host: Vec<Option<usize>> = vec![None; n];
     for j in (0..n).rev() {
         let Some(t) = pw[j] else { continue };
-        if !live[j] || is_output[j] || alias_copy[j] || users[j].is_empty() {
+        if !live[j] || alias_copy[j] || users[j].is_empty() {
             continue;
         }
         let shape = &g.nodes[j].meta.shape;
-        let mut tgt: Option<usize> = None;
-        let mut ok = true;
-        for &u in &users[j] {
+        // Every reader computes in the same kernel family: a pointwise node over the
+        // same space, or a reduction reading it as its prologue.
+        let direct = users[j].iter().all(|&u| {
             let un = &g.nodes[u];
-            let direct = (pw[u] == Some(t) && &un.meta.shape == shape && !alias_copy[u]) || red[u] == Some(t);
-            let k = target[u].unwrap_or(u);
-            if !direct || tgt.is_some_and(|x| x != k) {
-                ok = false;
-                break;
-            }
-            tgt = Some(k);
+            (pw[u] == Some(t) && &un.meta.shape == shape && !alias_copy[u]) || red[u] == Some(t)
+        });
+        if !direct {
+            continue;
         }
-        if ok {
-            target[j] = tgt;
+        // The kernels the readers end up in.
+        let mut kernels: Vec<usize> = Vec::new();
+        for &u in &users[j] {
+            let ks = if !homes[u].is_empty() { homes[u].clone() } else { vec![host[u].unwrap_or(u)] };
+            for k in ks {
+                if !kernels.contains(&k) {
+                    kernels.push(k);
+                }
+            }
+        }
+        kernels.sort_unstable();
+        let recompute = kernels.len() <= MAX_RECOMPUTE && cheap(&g.nodes[j].op) && {
+            // Recomputing reads the operands in every kernel: worth it for at most one
+            // operand as large as the value (the rest broadcast), as `x * c` or
+            // `x - mean`; a residual sum `a + b` is stored once instead.
+            let args = ctx.arg_metas(j)?;
+            args.iter().filter(|a| a.shape == *shape && a.numel() != Dim::Const(1)).count() <= 1
+        };
+        if !is_output[j] && (kernels.len() == 1 || recompute) {
+            // Computed inside every reader's kernel (recomputed by each when several).
+            homes[j] = kernels;
+            continue;
+        }
+        // Materialized: computed in the first reader's kernel when that is a pointwise
+        // kernel over the same space (every other reader comes after it), which stores
+        // this value as well as its own.
+        let first = kernels[0];
+        if pw[first] == Some(t) && g.nodes[first].meta.shape == *shape && !alias_copy[first] {
+            host[j] = Some(first);
         }
     }
     let mut members: HashMap<usize, Vec<usize>> = HashMap::new();
-    for (j, t) in target.iter().enumerate() {
-        if let Some(k) = *t {
+    for j in 0..n {
+        for &k in &homes[j] {
+            members.entry(k).or_default().push(j);
+        }
+        if let Some(k) = host[j] {
             members.entry(k).or_default().push(j);
         }
     }
@@ -352,7 +383,7 @@ pub fn plan_graph(g: &Graph) -> Result<KernelPlan, PlanError> {
     };
     for j in (0..n).filter(|&j| live[j]) {
         let node = &g.nodes[j];
-        if (root[j] != Root::Node(j) && !scatter_in_place[j]) || target[j].is_some() {
+        if (root[j] != Root::Node(j) && !scatter_in_place[j]) || !homes[j].is_empty() || host[j].is_some() {
             continue;
         }
         if let (Some(view), Some(t)) = (scatter_view(&node.op, &node.meta), value_kind(node.meta.dtype)) {
@@ -424,21 +455,33 @@ pub fn plan_graph(g: &Graph) -> Result<KernelPlan, PlanError> {
             }
         }
         let kernel = if let Some(t) = pw[j] {
-            let out = new_buf(&mut plan, BufferKind::Intermediate);
             let shape = node.meta.shape.clone();
             let mut order = members.remove(&j).unwrap_or_default();
             order.push(j);
             let mut body = BodyBuilder::new(t);
-            let load_buf = |v: ValueId| buf_of(&node_buf, &root, &ctx, v);
-            body.emit(&order, &shape, &ctx, &load_buf)?;
+            {
+                let load_buf = |v: ValueId| buf_of(&node_buf, &root, &ctx, v);
+                body.emit(&order, &shape, &ctx, &load_buf)?;
+            }
+            // Materialized values this kernel computes besides its own get their
+            // buffers here (before its own: the last buffer pushed is the node's).
+            let mut stores = Vec::new();
+            for &m in order.iter().filter(|&&m| host[m] == Some(j)) {
+                let meta = &g.nodes[m].meta;
+                plan.buffers.push(Buffer {
+                    kind: BufferKind::Intermediate,
+                    layout: meta.clone(),
+                    def: Some(kidx),
+                    last_use: None,
+                });
+                let b = plan.buffers.len() - 1;
+                node_buf[m] = Some(b);
+                stores.push(Store { reg: body.reg_of[&m], dst: broadcast_access(b, meta, &shape)? });
+            }
+            let out = new_buf(&mut plan, BufferKind::Intermediate);
             let reg = body.reg_of[&j];
-            let dst = broadcast_access(out, &node.meta, &shape)?;
-            Kernel::Pointwise(PointwiseKernel {
-                shape,
-                body: body.finish(),
-                stores: vec![Store { reg, dst }],
-                nodes: order.len(),
-            })
+            stores.push(Store { reg, dst: broadcast_access(out, &node.meta, &shape)? });
+            Kernel::Pointwise(PointwiseKernel { shape, body: body.finish(), stores, nodes: order.len() })
         } else if let (Some(t), Op::Reduce { op, dims, .. }) = (red[j], &node.op) {
             let out = new_buf(&mut plan, BufferKind::Intermediate);
             let x = node.args[0];
@@ -611,6 +654,32 @@ fn accepted<'k>(seq: impl Iterator<Item = &'k Kernel>, shape: &[Dim], outer: usi
         n += 1;
     }
     n
+}
+
+/// Most kernels one cheap pointwise value is recomputed in rather than stored.
+const MAX_RECOMPUTE: usize = 4;
+
+/// Whether recomputing `op` in each of a few kernels costs less than storing its
+/// value once and loading it in each: a few vector instructions, no transcendental
+/// function and no division (those are stored once and loaded).
+fn cheap(op: &Op) -> bool {
+    use aotgrad_ir::BinaryOp;
+    match op {
+        Op::Unary(u) => matches!(u, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu | UnaryOp::LogicalNot),
+        Op::Binary(b) | Op::BinaryScalar(b, _) => {
+            matches!(b, BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Maximum | BinaryOp::Minimum)
+        }
+        Op::Compare(_)
+        | Op::CompareScalar(..)
+        | Op::Where
+        | Op::Clamp { .. }
+        | Op::Cast(_)
+        | Op::Copy
+        | Op::Clone
+        | Op::FullLike { .. }
+        | Op::Full { .. } => true,
+        _ => false,
+    }
 }
 
 /// Most element-wise kernels just before a reduction that join its row group.

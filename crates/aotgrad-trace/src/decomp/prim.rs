@@ -21,6 +21,11 @@ impl Emit<'_> {
     fn op(&self, op: Op, args: &[&Tensor]) -> Result<Tensor> {
         dispatch(op, args, self.loc)
     }
+    /// `x` detached from autograd (JAX's `stop_gradient`): a value the result does not
+    /// depend on mathematically, such as a softmax's shift, passes no gradient.
+    pub(crate) fn stop_gradient(&self, x: &Tensor) -> Result<Tensor> {
+        x.detach_at(self.loc)
+    }
     /// A failed internal invariant of a decomposition.
     pub(crate) fn internal(&self, msg: impl std::fmt::Display) -> Error {
         Error::Internal(format!("{} decomposition at {}: {msg}", self.name, self.loc))

@@ -159,17 +159,20 @@ fn gelu_tanh(e: &Emit, x: &Tensor) -> Result<Tensor> {
     e.binary(&half, BinaryOp::Mul, &e.scalar(&th, BinaryOp::Add, 1.0)?)
 }
 
-/// `exp(x - max) / sum(exp(x - max))` over `dim` (stable for large inputs).
+/// `exp(x - max) / sum(exp(x - max))` over `dim` (stable for large inputs). The shift
+/// cancels out of the result, so it passes no gradient (as JAX stops it): the backward
+/// is PyTorch's `y * (g - sum(g * y))`, with no pass through `amax`.
 fn softmax(e: &Emit, x: &Tensor, dim: usize) -> Result<Tensor> {
-    let max = e.reduce(x, ReduceOp::Amax, vec![dim], true)?;
+    let max = e.stop_gradient(&e.reduce(x, ReduceOp::Amax, vec![dim], true)?)?;
     let ex = e.unary(&e.binary(x, BinaryOp::Sub, &max)?, UnaryOp::Exp)?;
     let den = e.reduce(&ex, ReduceOp::Sum, vec![dim], true)?;
     e.binary(&ex, BinaryOp::Div, &den)
 }
 
-/// `(x - max) - log(sum(exp(x - max)))` over `dim`.
+/// `(x - max) - log(sum(exp(x - max)))` over `dim`; the shift cancels out and passes
+/// no gradient (see [`softmax`]).
 fn log_softmax(e: &Emit, x: &Tensor, dim: usize) -> Result<Tensor> {
-    let max = e.reduce(x, ReduceOp::Amax, vec![dim], true)?;
+    let max = e.stop_gradient(&e.reduce(x, ReduceOp::Amax, vec![dim], true)?)?;
     let shifted = e.binary(x, BinaryOp::Sub, &max)?;
     let sum = e.reduce(&e.unary(&shifted, UnaryOp::Exp)?, ReduceOp::Sum, vec![dim], true)?;
     e.binary(&shifted, BinaryOp::Sub, &e.unary(&sum, UnaryOp::Log)?)

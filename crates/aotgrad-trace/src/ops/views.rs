@@ -299,9 +299,14 @@ impl Tensor {
     /// (never requires grad, is a leaf, and is not a view for autograd purposes).
     #[track_caller]
     pub fn detach(&self) -> Result<Tensor> {
+        self.detach_at(&SourceLoc::caller())
+    }
+
+    /// [`Tensor::detach`] recorded at `loc` (decompositions attribute it to the user).
+    pub(crate) fn detach_at(&self, loc: &SourceLoc) -> Result<Tensor> {
         let t = {
             let _no_grad = NoGradGuard::new();
-            dispatch(Op::Alias, &[self], &SourceLoc::caller())?
+            dispatch(Op::Alias, &[self], loc)?
         };
         {
             let mut st = t.lock();
