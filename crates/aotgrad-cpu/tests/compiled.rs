@@ -13,12 +13,15 @@ use aotgrad_ir::{Backend, BinaryOp, CompiledGraph, DType, Dim, Graph, Op, Reduce
 use differential::*;
 use expect_test::expect;
 
-/// The compiled CPU backend at 1 thread (deterministic) and 2 threads.
+/// The compiled CPU backend at 1 thread (deterministic) and 2 threads, with its
+/// pointwise kernels compiled to machine code where the machine allows (the
+/// default), and at 1 thread on the block interpreter alone.
 fn suite() -> Suite {
     Suite {
         backends: vec![
             ("cpu, 1 thread".into(), Box::new(CpuBackend::new(1))),
             ("cpu, 2 threads".into(), Box::new(CpuBackend::new(2))),
+            ("cpu, 1 thread, interpreted bodies".into(), Box::new(CpuBackend::new(1).jit(false))),
         ],
         f64: true,
         tol_scale: 1.0,

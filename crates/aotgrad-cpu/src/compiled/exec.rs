@@ -20,6 +20,9 @@ use rayon::prelude::*;
 
 /// Elements per block of a fused body.
 pub(crate) const BLK: usize = 512;
+/// Elements per tile handed to a compiled (JIT) kernel: its values live in vector
+/// registers, so a tile only bounds the work between two calls.
+pub(crate) const CPU_JIT_BLOCK: usize = 16 * 1024;
 /// Distance between registers in the register file: a block plus padding, so two
 /// registers never sit a multiple of 4 KiB apart (4K aliasing stalls loads after stores).
 const RSTRIDE: usize = BLK + 16;
@@ -564,7 +567,13 @@ struct Tile<'a> {
 /// short inner dim (a head dim of 32, a softmax row of 128) does not pay the
 /// per-block overhead for a handful of elements.
 #[inline(always)]
-fn segments(shape: &[usize], accs: &[&CAccess], e0: usize, e1: usize, mut f: impl FnMut(&Tile<'_>)) {
+fn segments(shape: &[usize], accs: &[&CAccess], e0: usize, e1: usize, f: impl FnMut(&Tile<'_>)) {
+    segments_of(BLK, shape, accs, e0, e1, f)
+}
+
+/// [`segments`] with tiles of up to `blk` elements.
+#[inline(always)]
+fn segments_of(blk: usize, shape: &[usize], accs: &[&CAccess], e0: usize, e1: usize, mut f: impl FnMut(&Tile<'_>)) {
     let rank = shape.len();
     let inner = shape[rank - 1];
     if inner == 0 {
@@ -578,10 +587,10 @@ fn segments(shape: &[usize], accs: &[&CAccess], e0: usize, e1: usize, mut f: imp
         let outer = e / inner;
         let j = e % inner;
         let mut rows = 1;
-        let mut len = (inner - j).min(e1 - e).min(BLK);
-        if j == 0 && rank >= 2 && 2 * inner <= BLK {
+        let mut len = (inner - j).min(e1 - e).min(blk);
+        if j == 0 && rank >= 2 && 2 * inner <= blk {
             let left_in_dim = shape[rank - 2] - outer % shape[rank - 2];
-            let r = (BLK / inner).min(left_in_dim).min((e1 - e) / inner);
+            let r = (blk / inner).min(left_in_dim).min((e1 - e) / inner);
             if r >= 2 {
                 rows = r;
                 len = inner;
@@ -611,6 +620,11 @@ fn segments(shape: &[usize], accs: &[&CAccess], e0: usize, e1: usize, mut f: imp
 unsafe fn pointwise_range_impl<T: Num>(k: &CPointwise, bufs: &[Raw], e0: usize, e1: usize) {
     let mut accs: Vec<&CAccess> = k.body.loads.iter().collect();
     accs.extend(k.stores.iter().map(|(_, a)| a));
+    if let Some(j) = &k.jit {
+        // SAFETY: the caller's guarantees; the kernel was compiled for these accesses.
+        unsafe { jit_range(k, j, &accs, bufs, e0, e1) };
+        return;
+    }
     let nl = k.body.loads.len();
     with_regs::<T, _>(
         k.body.nregs * RSTRIDE,
@@ -640,6 +654,26 @@ unsafe fn pointwise_range_impl<T: Num>(k: &CPointwise, bufs: &[Raw], e0: usize, 
             );
         },
     );
+}
+
+/// Run the compiled code of a pointwise kernel over elements `[e0, e1)`, tile by tile.
+///
+/// # Safety
+/// As [`pointwise_range`]; `j` was compiled for `k` (f32 buffers, these inner strides).
+unsafe fn jit_range(k: &CPointwise, j: &super::jit::JitKernel, accs: &[&CAccess], bufs: &[Raw], e0: usize, e1: usize) {
+    let n = accs.len();
+    let mut ptrs = [std::ptr::null_mut::<u8>(); 16];
+    let mut outer = [0isize; 16];
+    segments_of(super::jit::BLOCK, &k.shape, accs, e0, e1, |t| {
+        for a in 0..n {
+            // SAFETY: the offset is inside the buffer (bounds checked at lowering).
+            ptrs[a] = unsafe { bufs[accs[a].buf].ptr.add(t.offs[a] * 4) };
+            outer[a] = (t.outer[a] * 4) as isize;
+        }
+        // SAFETY: the compiled code reads and writes exactly the tile's elements of
+        // these accesses, as the interpreter would.
+        unsafe { (j.entry)(ptrs.as_ptr(), outer.as_ptr(), t.rows, t.len) };
+    });
 }
 
 /// Run a pointwise kernel on `threads` tasks.

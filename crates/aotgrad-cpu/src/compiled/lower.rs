@@ -56,6 +56,8 @@ pub(crate) struct CPointwise {
     pub numel: usize,
     pub body: CBody,
     pub stores: Vec<(usize, CAccess)>,
+    /// Machine code for the body, when the JIT covers it (see [`super::jit`]).
+    pub jit: Option<super::jit::JitKernel>,
 }
 
 /// A lowered reduction (iteration space coalesced, `reduced` per dim).
@@ -278,6 +280,7 @@ impl Lowering {
         extra: &[&Access],
         keep: &[usize],
         flags: Option<&[bool]>,
+        order_by: Option<usize>,
     ) -> Result<LoweredBody> {
         let shape = ints(shape, "size")?;
         let mut all: Vec<&Access> = body.loads.iter().collect();
@@ -293,6 +296,20 @@ impl Lowering {
             strides.push(st);
             offsets.push(off);
         }
+        // Walk the space in the memory order of one access (its strides decreasing,
+        // ties kept in order), so that its innermost dim is its contiguous one.
+        let (shape, flags) = match order_by {
+            Some(a) if flags.is_none() && shape.len() > 1 => {
+                let mut perm: Vec<usize> = (0..shape.len()).collect();
+                let key = strides[a].clone();
+                perm.sort_by(|&x, &y| key[y].cmp(&key[x]));
+                for st in strides.iter_mut() {
+                    *st = perm.iter().map(|&d| st[d]).collect();
+                }
+                (perm.iter().map(|&d| shape[d]).collect::<Vec<_>>(), flags)
+            }
+            _ => (shape, flags),
+        };
         let (cshape, cstrides, cflags) = coalesce(&shape, &mut strides, flags);
         let accs: Vec<CAccess> = all
             .iter()
@@ -312,7 +329,7 @@ impl Lowering {
             r.body.instrs.len().checked_sub(1).ok_or_else(|| CpuError::Internal("empty reduction body".into()))?;
         let (r, copies) = if standalone { skip_broadcast_dims(r)? } else { (std::borrow::Cow::Borrowed(r), 1.0) };
         let r = &r;
-        let (shape, body, dst, flags) = self.body(&r.body, &r.shape, &[&r.dst], &[last], Some(&r.reduced))?;
+        let (shape, body, dst, flags) = self.body(&r.body, &r.shape, &[&r.dst], &[last], Some(&r.reduced), None)?;
         let full = ints(&r.shape, "size")?;
         let count = full.iter().zip(&r.reduced).filter(|(_, red)| **red).map(|(s, _)| *s).product();
         let dst = dst.into_iter().next().ok_or_else(|| CpuError::Internal("reduction without a result".into()))?;
@@ -342,7 +359,7 @@ impl Lowering {
         for st in &g.stages {
             stages.push(match st {
                 Kernel::Pointwise(p) => {
-                    let c = self.pointwise(p)?;
+                    let c = self.pointwise(p, false)?;
                     if p.shape == g.shape {
                         CStage::Elem(c)
                     } else if c.numel == rows {
@@ -367,13 +384,18 @@ impl Lowering {
         Ok((CRows { rows, row_len, blocked, stages }, acc))
     }
 
-    fn pointwise(&mut self, p: &PointwiseKernel) -> Result<CPointwise> {
+    /// A pointwise kernel; `free_order`: it runs on its own (not over a row group's
+    /// rows or a product's elements), so it may walk its space in its first store's
+    /// memory order (a result laid out like a transposed input is written
+    /// contiguously).
+    fn pointwise(&mut self, p: &PointwiseKernel, free_order: bool) -> Result<CPointwise> {
         let extra: Vec<&Access> = p.stores.iter().map(|s| &s.dst).collect();
         let keep: Vec<usize> = p.stores.iter().map(|s| s.reg).collect();
-        let (shape, body, dsts, _) = self.body(&p.body, &p.shape, &extra, &keep, None)?;
+        let order_by = (free_order && !p.stores.is_empty()).then_some(p.body.loads.len());
+        let (shape, body, dsts, _) = self.body(&p.body, &p.shape, &extra, &keep, None, order_by)?;
         let numel = shape.iter().product();
         let stores = dsts.into_iter().enumerate().map(|(i, a)| (body.phys[i], a)).collect();
-        Ok(CPointwise { shape, numel, body, stores })
+        Ok(CPointwise { shape, numel, body, stores, jit: None })
     }
 }
 
@@ -480,7 +502,18 @@ fn mat_strides(a: &Access, batched: bool) -> Result<(usize, [isize; 3], usize)> 
     Ok(if batched { (a.buf, [s(0), s(1), s(2)], off) } else { (a.buf, [0, s(0), s(1)], off) })
 }
 
-/// Lower `plan` (whose symbols are already substituted).
+/// Lower `plan` (whose symbols are already substituted); with `jit`, the pointwise
+/// kernels the JIT covers get machine code.
+pub(crate) fn lower_with(plan: &KernelPlan, jit: bool) -> Result<Lowered> {
+    let mut low = lower(plan)?;
+    if jit {
+        let dtypes: Vec<DType> = plan.buffers.iter().map(|b| b.layout.dtype).collect();
+        super::jit::attach(&mut low.kernels, &dtypes);
+    }
+    Ok(low)
+}
+
+/// Lower `plan` for the interpreter alone.
 pub(crate) fn lower(plan: &KernelPlan) -> Result<Lowered> {
     let nb = plan.buffers.len();
     let mut l = Lowering { need: vec![0; nb] };
@@ -488,7 +521,7 @@ pub(crate) fn lower(plan: &KernelPlan) -> Result<Lowered> {
     let mut scratch = 0usize;
     for k in &plan.kernels {
         kernels.push(match k {
-            Kernel::Pointwise(p) => CKernel::Pointwise(l.pointwise(p)?),
+            Kernel::Pointwise(p) => CKernel::Pointwise(l.pointwise(p, true)?),
             Kernel::Reduce(r) => {
                 let c = l.reduce(r, &plan.buffers, true)?;
                 scratch = scratch.max(c.dst_extent);
@@ -510,7 +543,7 @@ pub(crate) fn lower(plan: &KernelPlan) -> Result<Lowered> {
                     l.note(acc.buf, &ints(&acc.shape, "size")?, &st, off)?;
                 }
                 let epilogue = match &m.epilogue {
-                    Some(e) => Some(l.pointwise(e)?),
+                    Some(e) => Some(l.pointwise(e, false)?),
                     None => None,
                 };
                 CKernel::Matmul(CMatmul {

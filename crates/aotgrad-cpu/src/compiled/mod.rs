@@ -14,6 +14,8 @@
 //! not depend on the thread count.
 
 mod exec;
+#[cfg_attr(not(target_arch = "x86_64"), path = "jit_stub.rs")]
+mod jit;
 mod lower;
 pub(crate) mod math;
 
@@ -23,7 +25,7 @@ use crate::{interpret_with_symbols, CpuError};
 use aotgrad_fusion::{plan_graph, print_plan, KernelPlan, PlanError};
 use aotgrad_ir::{Backend, BackendError, CompiledGraph, Dim, Graph, SymId};
 use exec::Raw;
-use lower::{lower, CKernel, Loc, Lowered};
+use lower::{lower_with, CKernel, Loc, Lowered};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -37,6 +39,7 @@ fn err(msg: impl ToString) -> BackendError {
 #[derive(Clone, Debug)]
 pub struct CpuBackend {
     threads: usize,
+    jit: bool,
 }
 
 impl Default for CpuBackend {
@@ -51,7 +54,18 @@ impl CpuBackend {
     pub fn new(threads: usize) -> CpuBackend {
         let threads =
             if threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { threads };
-        CpuBackend { threads }
+        CpuBackend { threads, jit: true }
+    }
+    /// Whether fused pointwise bodies run as machine code (on x86-64 with AVX-512,
+    /// unless `AOTGRAD_JIT=0`; the default) or all on the block interpreter. Results
+    /// are the same either way (the differential suite runs both).
+    pub fn jit(mut self, on: bool) -> CpuBackend {
+        self.jit = on;
+        self
+    }
+    /// Whether this backend's graphs run compiled pointwise kernels on this machine.
+    pub fn jit_active(&self) -> bool {
+        self.jit && jit::available()
     }
     /// Threads a compiled graph runs on.
     pub fn threads(&self) -> usize {
@@ -59,7 +73,7 @@ impl CpuBackend {
     }
     /// Compile to the concrete type (for inspecting the plan).
     pub fn compile_graph(&self, graph: &Graph) -> Result<CpuCompiledGraph, BackendError> {
-        CpuCompiledGraph::new(graph.clone(), self.threads)
+        CpuCompiledGraph::new(graph.clone(), self.threads, self.jit)
     }
 }
 
@@ -115,6 +129,8 @@ pub struct CpuCompiledGraph {
     plan: Option<KernelPlan>,
     fallback: Option<PlanError>,
     threads: usize,
+    /// Whether lowered plans get machine code for their pointwise kernels.
+    jit: bool,
     pool: Option<Arc<rayon::ThreadPool>>,
     fixed: Option<Arc<Instance>>,
     by_binding: Mutex<HashMap<Binding, Arc<Instance>>>,
@@ -192,12 +208,12 @@ impl std::fmt::Debug for CpuCompiledGraph {
     }
 }
 
-fn instance(plan: &KernelPlan) -> Result<Instance, CpuError> {
-    Ok(Instance { lowered: lower(plan)?, pool: Mutex::new(Vec::new()) })
+fn instance(plan: &KernelPlan, jit: bool) -> Result<Instance, CpuError> {
+    Ok(Instance { lowered: lower_with(plan, jit)?, pool: Mutex::new(Vec::new()) })
 }
 
 impl CpuCompiledGraph {
-    fn new(graph: Graph, threads: usize) -> Result<CpuCompiledGraph, BackendError> {
+    fn new(graph: Graph, threads: usize, jit: bool) -> Result<CpuCompiledGraph, BackendError> {
         let _span = tracing::debug_span!("cpu_compile", nodes = graph.nodes.len()).entered();
         let (plan, fallback) = match plan_graph(&graph) {
             Ok(p) => (Some(p), None),
@@ -207,12 +223,17 @@ impl CpuCompiledGraph {
             }
             Err(e) => return Err(err(e)),
         };
-        Self::assemble(graph, plan, fallback, threads)
+        Self::assemble(graph, plan, fallback, threads, jit)
     }
 
     /// A graph with a plan made earlier for it (a verified artifact).
-    fn from_plan(graph: LazyGraph, plan: KernelPlan, threads: usize) -> Result<CpuCompiledGraph, BackendError> {
-        Self::assemble(graph, Some(plan), None, threads)
+    fn from_plan(
+        graph: LazyGraph,
+        plan: KernelPlan,
+        threads: usize,
+        jit: bool,
+    ) -> Result<CpuCompiledGraph, BackendError> {
+        Self::assemble(graph, Some(plan), None, threads, jit)
     }
 
     fn assemble(
@@ -220,9 +241,10 @@ impl CpuCompiledGraph {
         plan: Option<KernelPlan>,
         fallback: Option<PlanError>,
         threads: usize,
+        jit: bool,
     ) -> Result<CpuCompiledGraph, BackendError> {
         let fixed = match &plan {
-            Some(p) if p.is_static() => Some(Arc::new(instance(p).map_err(err)?)),
+            Some(p) if p.is_static() => Some(Arc::new(instance(p, jit).map_err(err)?)),
             _ => None,
         };
         if let (Some(p), Some(i)) = (&plan, &fixed) {
@@ -233,6 +255,7 @@ impl CpuCompiledGraph {
             plan,
             fallback,
             threads,
+            jit,
             pool: pool_for(threads)?,
             fixed,
             by_binding: Mutex::new(HashMap::new()),
@@ -267,6 +290,33 @@ impl CpuCompiledGraph {
         self.fixed.as_ref().map(|i| (i.lowered.slots.arena_bytes + i.lowered.scratch * 8, i.lowered.slots.output_bytes))
     }
 
+    /// How many of the static plan's pointwise kernels (standalone, epilogues, row
+    /// group stages) run as compiled machine code, of how many (`None` for a dynamic
+    /// or unplanned graph).
+    pub fn jit_kernels(&self) -> Option<(usize, usize)> {
+        let i = self.fixed.as_ref()?;
+        let mut n = (0, 0);
+        let mut count = |p: &lower::CPointwise| {
+            n.0 += usize::from(p.jit.is_some());
+            n.1 += 1;
+        };
+        for k in &i.lowered.kernels {
+            match k {
+                CKernel::Pointwise(p) => count(p),
+                CKernel::Matmul(m) => m.epilogue.iter().for_each(&mut count),
+                CKernel::Rows(g) => {
+                    for st in &g.stages {
+                        if let lower::CStage::Elem(p) | lower::CStage::Row(p) = st {
+                            count(p);
+                        }
+                    }
+                }
+                CKernel::Reduce(_) | CKernel::Extern(_) => {}
+            }
+        }
+        Some(n)
+    }
+
     /// What the calls so far allocated.
     pub fn alloc_stats(&self) -> AllocStats {
         *self.stats.lock().unwrap_or_else(|e| e.into_inner())
@@ -286,7 +336,7 @@ impl CpuCompiledGraph {
         let bound = plan
             .map_dims(&|d: &Dim| d.checked_subst(&|s| env.get(&s).copied()))
             .ok_or_else(|| CpuError::kernel("plan", "a size overflows i64 for the symbol values of these inputs"))?;
-        let inst = Arc::new(instance(&bound)?);
+        let inst = Arc::new(instance(&bound, self.jit)?);
         cache.insert(key, inst.clone());
         Ok(inst)
     }
@@ -669,7 +719,7 @@ impl Backend<CpuTensor> for CpuBackend {
             let at = e.node.map(|n| format!(" at node {n}")).unwrap_or_default();
             err(format!("artifact graph is invalid{at}: {}", e.msg))
         })?;
-        let compiled = CpuCompiledGraph::new(graph, self.threads)?;
+        let compiled = CpuCompiledGraph::new(graph, self.threads, self.jit)?;
         if compiled.plan != a.plan {
             return Err(err("artifact plan does not match its graph (corrupt or from another aotgrad version)"));
         }
@@ -678,9 +728,9 @@ impl Backend<CpuTensor> for CpuBackend {
     fn load_verified(&self, bytes: &[u8]) -> Result<Box<dyn CompiledGraph<CpuTensor>>, BackendError> {
         let mut a = decode_artifact(bytes)?;
         Ok(Box::new(match a.plan.take() {
-            Some(plan) => CpuCompiledGraph::from_plan(LazyGraph::from_artifact(&mut a), plan, self.threads)?,
+            Some(plan) => CpuCompiledGraph::from_plan(LazyGraph::from_artifact(&mut a), plan, self.threads, self.jit)?,
             // The interpreter's graphs: planning again finds the reason it has none.
-            None => CpuCompiledGraph::new(a.decode_graph()?, self.threads)?,
+            None => CpuCompiledGraph::new(a.decode_graph()?, self.threads, self.jit)?,
         }))
     }
 }

@@ -1,0 +1,23 @@
+//! The JIT on targets other than x86-64: it covers nothing, so every pointwise kernel
+//! runs on the block interpreter.
+
+use super::lower::CKernel;
+use aotgrad_ir::DType;
+
+/// Never constructed on this target.
+#[allow(dead_code)]
+#[derive(Clone, Debug)]
+pub(crate) struct JitKernel {
+    pub(crate) entry: unsafe extern "C" fn(*const *mut u8, *const isize, usize, usize),
+}
+
+/// Elements per tile (unused here).
+pub(crate) const BLOCK: usize = super::exec::CPU_JIT_BLOCK;
+
+/// No compiled kernels on this target.
+pub(crate) fn available() -> bool {
+    false
+}
+
+/// Nothing to compile on this target.
+pub(crate) fn attach(_kernels: &mut [CKernel], _dtypes: &[DType]) {}
