@@ -89,6 +89,7 @@ fn same(g: &Graph, inputs: &[CpuTensor], what: &str) {
     let jit = CpuBackend::new(1).compile_graph(g).unwrap();
     let interp = CpuBackend::new(1).jit(false).compile_graph(g).unwrap();
     if jit_machine() {
+        assert!(jit.wait_for_jit(std::time::Duration::from_secs(20)), "{what}: the JIT worker did not finish");
         let (compiled, total) = jit.jit_kernels().expect("a static plan");
         assert_eq!(compiled, total, "{what}: {compiled} of {total} pointwise kernels compiled");
         assert!(total > 0, "{what}: no pointwise kernel");

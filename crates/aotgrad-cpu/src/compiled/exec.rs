@@ -620,7 +620,7 @@ fn segments_of(blk: usize, shape: &[usize], accs: &[&CAccess], e0: usize, e1: us
 unsafe fn pointwise_range_impl<T: Num>(k: &CPointwise, bufs: &[Raw], e0: usize, e1: usize) {
     let mut accs: Vec<&CAccess> = k.body.loads.iter().collect();
     accs.extend(k.stores.iter().map(|(_, a)| a));
-    if let Some(j) = &k.jit {
+    if let Some(j) = k.jit.as_ref().and_then(|s| s.get()) {
         // SAFETY: the caller's guarantees; the kernel was compiled for these accesses.
         unsafe { jit_range(k, j, &accs, bufs, e0, e1) };
         return;

@@ -20,8 +20,12 @@
 //! `outer[a]` the byte step from one run to the next. The inner strides (0, 1, or a
 //! gather stride for loads) are constants of the code, as the lowering fixed them.
 //!
-//! All kernels of one lowered plan share one executable mapping and one constant
-//! pool; the mapping lives as long as any kernel that points into it.
+//! Compilation is tiered: lowering a plan gives each covered kernel a slot that a
+//! worker thread (`aotgrad-jit`) fills with its code, so compiling a graph does not
+//! wait for code generation and its first calls run on the interpreter (whose results
+//! are the same). Kernels with the same body and inner strides share one code
+//! process-wide (a cache keyed by [`code_key`]); the kernels compiled together share
+//! one executable mapping, which lives as long as any of them.
 
 use super::exec::CPU_JIT_BLOCK;
 use super::lower::{CAccess, CKernel, CPointwise, CStage, LInstr, Src};
@@ -98,19 +102,151 @@ pub(crate) fn attach(kernels: &mut [CKernel], dtypes: &[DType]) {
             CKernel::Reduce(_) | CKernel::Extern(_) => {}
         }
     }
-    let chosen: Vec<usize> = (0..targets.len()).filter(|&i| covers(targets[i], dtypes).is_ok()).collect();
-    if chosen.is_empty() {
+    // Kernels with the same body, operand count and inner strides have the same code
+    // (addresses and outer strides are arguments): each is compiled once per process.
+    // A kernel already compiled gets its code now; the others get an empty slot the
+    // JIT worker fills, running on the interpreter until then.
+    let mut jobs: Vec<Job> = Vec::new();
+    {
+        let cache = CACHE.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+        for p in targets {
+            if covers(p, dtypes).is_err() {
+                continue;
+            }
+            let key = code_key(p);
+            let slot: JitSlot = Arc::new(OnceLock::new());
+            match cache.get(&key) {
+                Some(k) => {
+                    let _ = slot.set(k.clone());
+                }
+                None => {
+                    let mut kernel = p.clone();
+                    kernel.jit = None;
+                    jobs.push(Job { key, kernel, slot: slot.clone() });
+                }
+            }
+            p.jit = Some(slot);
+        }
+    }
+    if !jobs.is_empty() {
+        submit(jobs);
+    }
+}
+
+/// Where a kernel's machine code appears once the JIT worker compiled it.
+pub(crate) type JitSlot = Arc<OnceLock<JitKernel>>;
+
+/// A kernel to compile, and the slot its code goes to.
+struct Job {
+    key: Vec<u64>,
+    kernel: CPointwise,
+    slot: JitSlot,
+}
+
+/// Hand `jobs` to the JIT worker thread (started on first use); without one, compile
+/// them here.
+fn submit(jobs: Vec<Job>) {
+    static WORKER: OnceLock<Option<std::sync::Mutex<std::sync::mpsc::Sender<Vec<Job>>>>> = OnceLock::new();
+    let worker = WORKER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<Job>>();
+        let spawned = std::thread::Builder::new().name("aotgrad-jit".into()).spawn(move || {
+            while let Ok(mut batch) = rx.recv() {
+                // Everything queued meanwhile goes into the same module.
+                while let Ok(more) = rx.try_recv() {
+                    batch.extend(more);
+                }
+                compile_jobs(batch);
+            }
+        });
+        match spawned {
+            Ok(_) => Some(std::sync::Mutex::new(tx)),
+            Err(e) => {
+                tracing::warn!(error = %e, "no JIT worker thread; kernels are compiled when planned");
+                None
+            }
+        }
+    });
+    match worker {
+        Some(tx) => {
+            if let Err(e) = tx.lock().unwrap_or_else(|e| e.into_inner()).send(jobs) {
+                compile_jobs(e.0);
+            }
+        }
+        None => compile_jobs(jobs),
+    }
+}
+
+/// Compile `jobs` (one code per distinct key, reusing the cache) and fill their slots.
+fn compile_jobs(jobs: Vec<Job>) {
+    let t0 = std::time::Instant::now();
+    let cache = || CACHE.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    let mut fresh: Vec<usize> = Vec::new();
+    {
+        let cache = cache();
+        for (i, j) in jobs.iter().enumerate() {
+            if let Some(k) = cache.get(&j.key) {
+                let _ = j.slot.set(k.clone());
+            } else if !fresh.iter().any(|&f| jobs[f].key == j.key) {
+                fresh.push(i);
+            }
+        }
+    }
+    if fresh.is_empty() {
         return;
     }
-    match assemble(&targets, &chosen) {
+    // Assembled without holding the cache (plans being lowered look into it).
+    let kernels: Vec<&CPointwise> = fresh.iter().map(|&i| &jobs[i].kernel).collect();
+    match assemble(&kernels) {
         Ok((module, entries)) => {
             let module = Arc::new(module);
-            for (&i, entry) in chosen.iter().zip(entries) {
-                targets[i].jit = Some(JitKernel { _module: module.clone(), entry });
+            let mut cache = cache();
+            for (&f, entry) in fresh.iter().zip(entries) {
+                let k = JitKernel { _module: module.clone(), entry };
+                for j in jobs.iter().filter(|j| j.key == jobs[f].key) {
+                    let _ = j.slot.set(k.clone());
+                }
+                if cache.len() < CACHE_CAP {
+                    cache.insert(jobs[f].key.clone(), k);
+                }
             }
         }
         Err(e) => tracing::warn!(error = %e, "JIT compilation failed; the kernels run on the interpreter"),
     }
+    tracing::trace!(kernels = fresh.len(), ms = t0.elapsed().as_secs_f64() * 1e3, "jit compile");
+}
+
+/// Compiled kernels by [`code_key`], shared by every plan of the process.
+static CACHE: OnceLock<std::sync::Mutex<HashMap<Vec<u64>, JitKernel>>> = OnceLock::new();
+/// Most kernels the process-wide cache keeps (their code stays mapped).
+const CACHE_CAP: usize = 4096;
+
+/// Everything the generated code of `p` depends on: its instructions, which loads and
+/// stores there are, and the loads' inner strides.
+fn code_key(p: &CPointwise) -> Vec<u64> {
+    let rank = p.shape.len();
+    let mut k: Vec<u64> = vec![p.body.loads.len() as u64, p.stores.len() as u64];
+    k.extend(p.body.loads.iter().map(|a| a.strides[rank - 1] as u64));
+    k.extend(p.stores.iter().map(|(r, _)| *r as u64));
+    let src = |s: &Src| match s {
+        Src::Reg(r) => *r as u64,
+        Src::Const(c) => (1 << 63) ^ c.to_bits().rotate_left(7),
+    };
+    for ins in &p.body.instrs {
+        match ins {
+            LInstr::Load { load, d } => k.extend([1, *load as u64, *d as u64]),
+            LInstr::Fill { v, d } => k.extend([2, v.to_bits(), *d as u64]),
+            LInstr::Unary { op, a, d } => k.extend([3, *op as u64, *a as u64, *d as u64]),
+            LInstr::Binary { op, a, b, d } => k.extend([4, *op as u64, src(a), src(b), *d as u64]),
+            LInstr::Compare { op, a, b, d } => k.extend([5, *op as u64, src(a), src(b), *d as u64]),
+            LInstr::Where { c, a, b, d } => k.extend([6, *c as u64, *a as u64, *b as u64, *d as u64]),
+            LInstr::Clamp { a, lo, hi, d } => {
+                k.extend([7, *a as u64, *d as u64]);
+                k.extend([lo.map_or(u64::MAX, f64::to_bits), hi.map_or(u64::MAX, f64::to_bits)]);
+            }
+            LInstr::Round { dtype, a, d } => k.extend([8, *dtype as u64, *a as u64, *d as u64]),
+        }
+    }
+    k
 }
 
 /// Why the JIT does not cover `p`, if it does not.
@@ -226,44 +362,34 @@ impl Pool {
     }
 }
 
-fn assemble(targets: &[&mut CPointwise], chosen: &[usize]) -> Result<(Module, Vec<Entry>), String> {
+fn assemble(kernels: &[&CPointwise]) -> Result<(Module, Vec<Entry>), String> {
     let e = |e: IcedError| e.to_string();
     let mut a = CodeAssembler::new(64).map_err(e)?;
     let mut pool = Pool { labels: HashMap::new(), iota: None };
-    let mut labels = Vec::with_capacity(chosen.len());
-    for &i in chosen {
+    let mut labels = Vec::with_capacity(kernels.len());
+    for k in kernels {
         let mut l = a.create_label();
         a.set_label(&mut l).map_err(e)?;
-        kernel(&mut a, &mut pool, targets[i]).map_err(e)?;
+        kernel(&mut a, &mut pool, k).map_err(e)?;
         labels.push(l);
     }
     pool.emit(&mut a).map_err(e)?;
-    // Assemble at address 0 first for the size, then at the mapping's address (the
-    // code is position independent: branches and constants are RIP-relative).
-    let size = a.assemble(0).map_err(e)?.len();
-    let mut map = memmap2::MmapMut::map_anon(size.max(1)).map_err(|err| format!("mapping code: {err}"))?;
-    let ip = map.as_ptr() as u64;
-    let res = a.assemble_options(ip, iced_x86::BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS).map_err(e)?;
+    // The code is position independent (branches and constants are RIP-relative):
+    // assemble it at address 0 and copy it anywhere.
+    let res = a.assemble_options(0, iced_x86::BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS).map_err(e)?;
     let code = &res.inner.code_buffer;
-    if code.len() > map.len() {
-        return Err("code grew between two assemblies".into());
-    }
+    let mut map = memmap2::MmapMut::map_anon(code.len().max(1)).map_err(|err| format!("mapping code: {err}"))?;
     map[..code.len()].copy_from_slice(code);
-    let mut entries = Vec::with_capacity(labels.len());
-    for l in &labels {
-        let at = res.label_ip(l).map_err(e)?;
-        entries.push(at);
-    }
+    let offsets: Vec<usize> =
+        labels.iter().map(|l| res.label_ip(l).map(|o| o as usize)).collect::<Result<_, _>>().map_err(e)?;
     let map = map.make_exec().map_err(|err| format!("making code executable: {err}"))?;
-    if map.as_ptr() as u64 != ip {
-        return Err("the code mapping moved".into());
-    }
-    let entries = entries
+    let base = map.as_ptr() as usize;
+    let entries = offsets
         .into_iter()
-        .map(|at| {
-            // SAFETY: `at` is the address of a kernel entry assembled for this mapping,
-            // which follows the `Entry` calling convention (see `kernel`).
-            unsafe { std::mem::transmute::<usize, Entry>(at as usize) }
+        .map(|off| {
+            // SAFETY: `base + off` is a kernel entry in this executable mapping, which
+            // follows the `Entry` calling convention (see `kernel`).
+            unsafe { std::mem::transmute::<usize, Entry>(base + off) }
         })
         .collect();
     Ok((Module { _map: map }, entries))
@@ -329,6 +455,8 @@ fn kernel(a: &mut CodeAssembler, pool: &mut Pool, p: &CPointwise) -> R<()> {
     a.jz(done)?;
     a.set_label(&mut row)?;
     a.xor(r10d, r10d)?;
+    // Full vectors unmasked, then one masked tail (a body masked on every vector ran
+    // about 35% slower on the bench machine, so long bodies are emitted twice too).
     a.mov(r11, rcx)?;
     a.sub(r11, 16)?;
     a.set_label(&mut vec_loop)?;

@@ -11,6 +11,9 @@ pub(crate) struct JitKernel {
     pub(crate) entry: unsafe extern "C" fn(*const *mut u8, *const isize, usize, usize),
 }
 
+/// Never filled on this target.
+pub(crate) type JitSlot = std::sync::Arc<std::sync::OnceLock<JitKernel>>;
+
 /// Elements per tile (unused here).
 pub(crate) const BLOCK: usize = super::exec::CPU_JIT_BLOCK;
 

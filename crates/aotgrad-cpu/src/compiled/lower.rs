@@ -57,7 +57,7 @@ pub(crate) struct CPointwise {
     pub body: CBody,
     pub stores: Vec<(usize, CAccess)>,
     /// Machine code for the body, when the JIT covers it (see [`super::jit`]).
-    pub jit: Option<super::jit::JitKernel>,
+    pub jit: Option<super::jit::JitSlot>,
 }
 
 /// A lowered reduction (iteration space coalesced, `reduced` per dim).

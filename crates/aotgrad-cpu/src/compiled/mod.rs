@@ -297,7 +297,7 @@ impl CpuCompiledGraph {
         let i = self.fixed.as_ref()?;
         let mut n = (0, 0);
         let mut count = |p: &lower::CPointwise| {
-            n.0 += usize::from(p.jit.is_some());
+            n.0 += usize::from(p.jit.as_ref().is_some_and(|s| s.get().is_some()));
             n.1 += 1;
         };
         for k in &i.lowered.kernels {
@@ -315,6 +315,40 @@ impl CpuCompiledGraph {
             }
         }
         Some(n)
+    }
+
+    /// Wait up to `timeout` for the JIT worker to compile this graph's covered
+    /// kernels (compilation is tiered: until then they run on the interpreter);
+    /// whether they all have code now.
+    pub fn wait_for_jit(&self, timeout: std::time::Duration) -> bool {
+        let Some(i) = self.fixed.as_ref() else { return true };
+        let start = std::time::Instant::now();
+        loop {
+            let mut ready = true;
+            let mut check = |p: &lower::CPointwise| {
+                if let Some(s) = &p.jit {
+                    ready &= s.get().is_some();
+                }
+            };
+            for k in &i.lowered.kernels {
+                match k {
+                    CKernel::Pointwise(p) => check(p),
+                    CKernel::Matmul(m) => m.epilogue.iter().for_each(&mut check),
+                    CKernel::Rows(g) => {
+                        for st in &g.stages {
+                            if let lower::CStage::Elem(p) | lower::CStage::Row(p) = st {
+                                check(p);
+                            }
+                        }
+                    }
+                    CKernel::Reduce(_) | CKernel::Extern(_) => {}
+                }
+            }
+            if ready || start.elapsed() >= timeout {
+                return ready;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
     }
 
     /// What the calls so far allocated.
