@@ -12,9 +12,11 @@ use aotgrad_ir::{Backend, BinaryOp, DType, Graph, Op, Scalar, StaticOracle, Stor
 use aotgrad_trace::Tensor;
 use std::time::Instant;
 
-/// Median wall time of `f` in milliseconds over `runs` runs (after one warm-up run).
+/// Median wall time of `f` in milliseconds over `runs` runs (after one warm-up run,
+/// and after the JIT has compiled what the warm-up run handed it).
 pub fn median_ms(runs: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     f()?;
+    aotgrad_cpu::wait_for_jit_idle(std::time::Duration::from_secs(10));
     let mut v = Vec::with_capacity(runs);
     for _ in 0..runs {
         let t = Instant::now();

@@ -32,7 +32,7 @@ pub mod storage;
 mod tensor;
 
 pub use backend::{InterpretedGraph, ReferenceBackend};
-pub use compiled::{cpu_target, AllocStats, CpuBackend, CpuCompiledGraph};
+pub use compiled::{cpu_target, wait_for_jit_idle, AllocStats, CpuBackend, CpuCompiledGraph};
 pub use storage::{release_recycled, take_recycled, Buffer, CpuTensor, Storage};
 
 use aotgrad_ir::{Graph, Op, ShapeError, SourceLoc, TensorMeta, ValueId};

@@ -143,9 +143,26 @@ struct Job {
     slot: JitSlot,
 }
 
+/// Jobs submitted to the worker and not yet compiled.
+static PENDING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Wait up to `timeout` until the JIT worker has compiled every kernel submitted so
+/// far; whether it has.
+pub(crate) fn wait_idle(timeout: std::time::Duration) -> bool {
+    let start = std::time::Instant::now();
+    while PENDING.load(std::sync::atomic::Ordering::Acquire) > 0 {
+        if start.elapsed() >= timeout {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    true
+}
+
 /// Hand `jobs` to the JIT worker thread (started on first use); without one, compile
 /// them here.
 fn submit(jobs: Vec<Job>) {
+    PENDING.fetch_add(jobs.len(), std::sync::atomic::Ordering::AcqRel);
     static WORKER: OnceLock<Option<std::sync::Mutex<std::sync::mpsc::Sender<Vec<Job>>>>> = OnceLock::new();
     let worker = WORKER.get_or_init(|| {
         let (tx, rx) = std::sync::mpsc::channel::<Vec<Job>>();
@@ -178,6 +195,12 @@ fn submit(jobs: Vec<Job>) {
 
 /// Compile `jobs` (one code per distinct key, reusing the cache) and fill their slots.
 fn compile_jobs(jobs: Vec<Job>) {
+    let n = jobs.len();
+    compile_batch(jobs);
+    PENDING.fetch_sub(n, std::sync::atomic::Ordering::AcqRel);
+}
+
+fn compile_batch(jobs: Vec<Job>) {
     let t0 = std::time::Instant::now();
     let cache = || CACHE.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
     let mut fresh: Vec<usize> = Vec::new();
@@ -384,6 +407,7 @@ fn assemble(kernels: &[&CPointwise]) -> Result<(Module, Vec<Entry>), String> {
         labels.iter().map(|l| res.label_ip(l).map(|o| o as usize)).collect::<Result<_, _>>().map_err(e)?;
     let map = map.make_exec().map_err(|err| format!("making code executable: {err}"))?;
     let base = map.as_ptr() as usize;
+    perf_map(base, &offsets, code.len(), kernels);
     let entries = offsets
         .into_iter()
         .map(|off| {
@@ -393,6 +417,36 @@ fn assemble(kernels: &[&CPointwise]) -> Result<(Module, Vec<Entry>), String> {
         })
         .collect();
     Ok((Module { _map: map }, entries))
+}
+
+/// With `AOTGRAD_JIT_PERF_MAP=1`, name the compiled kernels for `perf` in
+/// `/tmp/perf-PID.map` (what each fuses, e.g. `aotgrad_jit_load_mul_erf_add_store`).
+fn perf_map(base: usize, offsets: &[usize], end: usize, kernels: &[&CPointwise]) {
+    if !std::env::var("AOTGRAD_JIT_PERF_MAP").is_ok_and(|v| v == "1") {
+        return;
+    }
+    use std::io::Write;
+    let path = format!("/tmp/perf-{}.map", std::process::id());
+    let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(&path) else { return };
+    for (i, (off, k)) in offsets.iter().zip(kernels).enumerate() {
+        let next = offsets.get(i + 1).copied().unwrap_or(end);
+        let ops: Vec<String> = k
+            .body
+            .instrs
+            .iter()
+            .map(|ins| match ins {
+                LInstr::Load { .. } => "load".to_string(),
+                LInstr::Fill { .. } => "fill".to_string(),
+                LInstr::Unary { op, .. } => format!("{op:?}").to_lowercase(),
+                LInstr::Binary { op, .. } => format!("{op:?}").to_lowercase(),
+                LInstr::Compare { op, .. } => format!("{op:?}").to_lowercase(),
+                LInstr::Where { .. } => "where".to_string(),
+                LInstr::Clamp { .. } => "clamp".to_string(),
+                LInstr::Round { .. } => "round".to_string(),
+            })
+            .collect();
+        let _ = writeln!(f, "{:x} {:x} aotgrad_jit_{}_store", base + off, next - off, ops.join("_"));
+    }
 }
 
 /// Where access `a`'s current run address is.

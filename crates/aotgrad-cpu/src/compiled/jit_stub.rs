@@ -24,3 +24,8 @@ pub(crate) fn available() -> bool {
 
 /// Nothing to compile on this target.
 pub(crate) fn attach(_kernels: &mut [CKernel], _dtypes: &[DType]) {}
+
+/// Nothing is ever compiled on this target.
+pub(crate) fn wait_idle(_timeout: std::time::Duration) -> bool {
+    true
+}

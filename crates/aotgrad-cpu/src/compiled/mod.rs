@@ -77,6 +77,14 @@ impl CpuBackend {
     }
 }
 
+/// Wait up to `timeout` until the JIT has compiled every pointwise kernel handed to it
+/// so far (compilation is tiered: a graph's first calls may run its kernels on the
+/// interpreter while the `aotgrad-jit` thread compiles them); whether it has. For
+/// benchmarks that time steady-state calls.
+pub fn wait_for_jit_idle(timeout: std::time::Duration) -> bool {
+    jit::wait_idle(timeout)
+}
+
 fn pool_for(threads: usize) -> Result<Option<Arc<rayon::ThreadPool>>, BackendError> {
     static POOLS: OnceLock<Mutex<HashMap<usize, Arc<rayon::ThreadPool>>>> = OnceLock::new();
     if threads <= 1 {
