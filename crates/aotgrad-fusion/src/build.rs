@@ -276,19 +276,24 @@ pub fn plan_graph(g: &Graph) -> Result<KernelPlan, PlanError> {
                 }
             }
         } else if scatter_view(&node.op, &node.meta).is_some() {
-            // A scatter whose base nothing else reads writes into the base's buffer.
+            // A scatter whose base nothing else reads writes into the base's buffer
+            // (a chain of scatters, as a gradient of `unbind`, into one buffer).
             if let Some(k) = ctx.node_of(node.args[0]) {
                 let kargs = ctx.arg_metas(k)?;
-                let computed_here =
-                    pw[k].is_some() || red[k].is_some() || is_matmul(&g.nodes[k].op, &kargs, &g.nodes[k].meta);
-                if root[k] == Root::Node(k)
+                let scatter_base = scatter_view(&g.nodes[k].op, &g.nodes[k].meta).is_some();
+                let computed_here = pw[k].is_some()
+                    || red[k].is_some()
+                    || is_matmul(&g.nodes[k].op, &kargs, &g.nodes[k].meta)
+                    || scatter_base;
+                let owns = root[k] == Root::Node(k) || (scatter_base && scatter_in_place[k]);
+                if owns
                     && computed_here
                     && users[k].len() == 1
                     && !is_output[k]
                     && g.nodes[k].meta == node.meta
                     && is_full_contiguous(&node.meta)
                 {
-                    root[j] = Root::Node(k);
+                    root[j] = root[k];
                     scatter_in_place[j] = true;
                 }
             }

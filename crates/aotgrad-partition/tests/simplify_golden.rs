@@ -170,6 +170,57 @@ fn sum_and_mean_of_an_expand() {
     );
 }
 
+#[test]
+fn sums_of_disjoint_scatters_into_zeros_become_one_buffer() {
+    // The gradient of `unbind(0)` of a [3, 2, 4] tensor: one zero-padded tensor per
+    // part, summed; and of a `split` along dim 1 into [2, 1, 4] and [2, 3, 4] parts.
+    // A scatter into a region another one already wrote (`overlap`) stays a sum.
+    let mut b = B::new();
+    let parts: Vec<_> = (0..3).map(|i| b.input(&format!("g{i}"), &[2, 4], F32)).collect();
+    let zeros = |b: &mut B, shape: &[usize]| {
+        let shape = shape.iter().map(|&s| s.into()).collect();
+        b.op(Op::Full { shape, value: Scalar::Float(0.0), dtype: F32 }, &[])
+    };
+    let mut acc = None;
+    for (i, p) in parts.iter().enumerate().rev() {
+        let z = zeros(&mut b, &[3, 2, 4]);
+        let s = b.op(Op::SelectScatter { dim: 0, index: (i as i64).into() }, &[z, *p]);
+        acc = Some(match acc {
+            None => s,
+            Some(a) => bin(&mut b, BinaryOp::Add, a, s),
+        });
+    }
+    let h0 = b.input("h0", &[2, 1, 4], F32);
+    let h1 = b.input("h1", &[2, 3, 4], F32);
+    let z = zeros(&mut b, &[2, 4, 4]);
+    let s0 = b.op(Op::SliceScatter { dim: 1, start: 0.into(), end: 1.into(), step: 1 }, &[z, h0]);
+    let z = zeros(&mut b, &[2, 4, 4]);
+    let s1 = b.op(Op::SliceScatter { dim: 1, start: 1.into(), end: 4.into(), step: 1 }, &[z, h1]);
+    let split = bin(&mut b, BinaryOp::Add, s0, s1);
+    let z = zeros(&mut b, &[2, 4, 4]);
+    let s2 = b.op(Op::SliceScatter { dim: 1, start: 0.into(), end: 3.into(), step: 1 }, &[z, h1]);
+    let overlap = bin(&mut b, BinaryOp::Add, s0, s2);
+    b.g.outputs = vec![acc.unwrap(), split, overlap];
+    check(
+        &b.g,
+        expect![[r#"
+            graph(%0: f32[2, 4] #0 "g0", %1: f32[2, 4] #1 "g1", %2: f32[2, 4] #2 "g2", %11: f32[2, 1, 4] #11 "h0", %12: f32[2, 3, 4] #12 "h1") {
+              %13: f32[3, 2, 4] #13 = full(shape=[3, 2, 4], value=0.0, dtype=f32)
+              %14: f32[3, 2, 4] #14 = select_scatter(%13, %2, dim=0, index=2)
+              %15: f32[3, 2, 4] #15 = select_scatter(%14, %1, dim=0, index=1)
+              %16: f32[3, 2, 4] #16 = select_scatter(%15, %0, dim=0, index=0)
+              %17: f32[2, 4, 4] #17 = full(shape=[2, 4, 4], value=0.0, dtype=f32)
+              %18: f32[2, 4, 4] #18 = slice_scatter(%17, %11, dim=1, start=0, end=1, step=1)
+              %19: f32[2, 4, 4] #19 = slice_scatter(%17, %12, dim=1, start=1, end=4, step=1)
+              %20: f32[2, 4, 4] #20 = slice_scatter(%19, %11, dim=1, start=0, end=1, step=1)
+              %21: f32[2, 4, 4] #21 = slice_scatter(%17, %12, dim=1, start=0, end=3, step=1)
+              %22: f32[2, 4, 4] #22 = add(%18, %21)
+              return (%16, %20, %22)
+            }
+        "#]],
+    );
+}
+
 /// One expand shared by two sums that could each become `k * sum(x)` and by a mean that
 /// cannot; with `neg_neg`, the mean is also negated twice.
 fn shared_expand(neg_neg: bool) -> Graph {

@@ -14,6 +14,14 @@
 //!   for integer and bool results;
 //! - `x - x -> 0`, `x / x -> 1`: NaN and infinities again.
 //!
+//! Sums of scatters into zeros: `add(x, scatter(zeros, y, region))` where `x` is zero
+//! on `region` (a zero fill, or scatters of other regions of the same dim into one)
+//! is `scatter(x, y, region)`, for `select_scatter` and unit-step `slice_scatter`.
+//! This is the gradient of `unbind` / `chunk` / `split` (a transformer's fused QKV
+//! projection): the sum of one zero-padded tensor per part becomes one buffer that
+//! each part is written into, with no additions. Where the regions meet zeros, the
+//! sign of a zero may change as for `x + 0.0`.
+//!
 //! The sum of an expand is a scaled sum: when every broadcast dim of `expand(x, shape)`
 //! is reduced, `sum(expand(x), D) = k * sum(x, D')` with `k` the product of the
 //! broadcast sizes (concrete only) and `D'` the reduced dims of `x`, and
@@ -36,6 +44,7 @@ pub(crate) static RULES: &[Rule] = &[
     Rule::new("cast-noop", cast_noop),
     Rule::new("cast-roundtrip", cast_roundtrip),
     Rule::new("reduce-of-expand", reduce_of_expand),
+    Rule::new("add-disjoint-scatters", add_disjoint_scatters),
 ];
 
 fn is_one(s: Scalar) -> bool {
@@ -251,6 +260,65 @@ fn reduce_of_expand(eg: &EG, class: Id, node: &ENode, out: &mut Vec<Candidate>) 
             Some(1) => out.push(vec![inner]),
             Some(k) => out.push(vec![Rhs::Node(Op::BinaryScalar(BinaryOp::Mul, Scalar::Int(k)), vec![inner])]),
             None => {}
+        }
+    }
+}
+
+/// The part of one dim a scatter writes: an index, or a unit-step index range.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Region {
+    Index(i64),
+    Range(i64, i64),
+}
+
+impl Region {
+    fn disjoint(self, other: Region) -> bool {
+        let (a0, a1) = self.bounds();
+        let (b0, b1) = other.bounds();
+        a1 <= b0 || b1 <= a0
+    }
+    fn bounds(self) -> (i64, i64) {
+        match self {
+            Region::Index(i) => (i, i + 1),
+            Region::Range(s, e) => (s, e),
+        }
+    }
+}
+
+/// `(base, src, dim, region)` of a scatter with concrete bounds.
+fn scatter_of(op: &Op, args: &[Id]) -> Option<(Id, Id, usize, Region)> {
+    let [base, src] = args else { return None };
+    match op {
+        Op::SelectScatter { dim, index } => Some((*base, *src, *dim, Region::Index(index.as_const()?))),
+        Op::SliceScatter { dim, start, end, step: 1 } => {
+            Some((*base, *src, *dim, Region::Range(start.as_const()?, end.as_const()?)))
+        }
+        _ => None,
+    }
+}
+
+/// Whether class `x` is zero on `region` of dim `dim`: a zero fill, or a scatter of a
+/// disjoint region of that dim into such a class (at most `depth` scatters deep).
+fn zero_on(eg: &EG, x: Id, dim: usize, region: Region, depth: usize) -> bool {
+    if is_fill(eg, x, is_zero) {
+        return true;
+    }
+    depth > 0
+        && ops_of(eg, x).any(|(op, args)| {
+            scatter_of(op, args).is_some_and(|(base, _, d, r)| {
+                d == dim && r.disjoint(region) && zero_on(eg, base, dim, region, depth - 1)
+            })
+        })
+}
+
+fn add_disjoint_scatters(eg: &EG, _class: Id, node: &ENode, out: &mut Vec<Candidate>) {
+    let Some((Op::Binary(BinaryOp::Add), a, b)) = binary(node) else { return };
+    for (x, s) in [(a, b), (b, a)] {
+        for (op, args) in ops_of(eg, s) {
+            let Some((base, src, dim, region)) = scatter_of(op, args) else { continue };
+            if is_fill(eg, base, is_zero) && zero_on(eg, x, dim, region, 8) {
+                out.push(vec![Rhs::Node(op.clone(), vec![Rhs::Class(x), Rhs::Class(src)])]);
+            }
         }
     }
 }
