@@ -27,6 +27,7 @@ fn main() -> anyhow::Result<()> {
             let g = Tensor::full(&[], 1.0, DType::F32)?.expand(&[1024, 256])?;
             Ok(vec![a[0].t()?.matmul(&g)?])
         }),
+        "tiny" => (vec![r(&[16], 0)?], |a| Ok(vec![a[0].mul(2.0)?])),
         "chain4m" => (vec![r(&[4096, 1024], 0)?], |a| {
             Ok(vec![a[0].mul(1.5)?.add(0.25)?.relu()?.sub(0.5)?.abs()?.mul(0.9)?.neg()?])
         }),

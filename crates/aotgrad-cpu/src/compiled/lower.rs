@@ -193,6 +193,9 @@ pub(crate) struct Lowered {
     pub slots: SlotPlan,
     /// f64 scratch elements for reduction accumulators.
     pub scratch: usize,
+    /// Whether some kernel has enough work to split across threads (else a call runs
+    /// on the caller's thread without touching the pool).
+    pub parallel: bool,
 }
 
 fn int(d: &Dim, what: &str) -> Result<usize> {
@@ -509,6 +512,7 @@ pub(crate) fn lower_with(plan: &KernelPlan, jit: bool) -> Result<Lowered> {
     if jit {
         let dtypes: Vec<DType> = plan.buffers.iter().map(|b| b.layout.dtype).collect();
         super::jit::attach(&mut low.kernels, &dtypes);
+        low.parallel = low.kernels.iter().any(splits);
     }
     Ok(low)
 }
@@ -616,7 +620,27 @@ pub(crate) fn lower(plan: &KernelPlan) -> Result<Lowered> {
         });
     }
     let outputs = plan.outputs.iter().map(|o| (o.buf, o.meta.clone())).collect();
-    Ok(Lowered { kernels, loc, out_bufs, input_need, outputs, slots, scratch })
+    let parallel = kernels.iter().any(splits);
+    Ok(Lowered { kernels, loc, out_bufs, input_need, outputs, slots, scratch, parallel })
+}
+
+/// Whether `k` may split across threads: the same thresholds as the executor's
+/// (pointwise kernels and row groups from 32K elements (128K compiled), reductions
+/// from 64K, products
+/// from the `gemm` crate's threading threshold of 48 x 48 x 256).
+fn splits(k: &CKernel) -> bool {
+    match k {
+        // A compiled body splits from 64K elements a task (see `exec::pointwise`).
+        CKernel::Pointwise(p) => p.numel >= if p.jit.is_some() { 128 * 1024 } else { 32 * 1024 },
+        CKernel::Reduce(r) => r.shape.iter().product::<usize>() >= 64 * 1024,
+        CKernel::Rows(g) => g.rows.saturating_mul(g.row_len) >= 32 * 1024,
+        CKernel::Matmul(m) => {
+            m.batch >= 2 && m.n.saturating_mul(m.m) >= 16 * 1024
+                || m.n.saturating_mul(m.m).saturating_mul(m.k) >= 48 * 48 * 256
+                || m.epilogue.as_ref().is_some_and(|e| e.numel >= 32 * 1024)
+        }
+        CKernel::Extern(_) => false,
+    }
 }
 
 /// `r` with every reduced dim that all its loads broadcast (stride 0) iterated once:

@@ -383,9 +383,19 @@ impl CpuCompiledGraph {
         Ok(inst)
     }
 
+    /// Bind a call and run it: on the thread pool when some kernel of its lowered
+    /// plan has enough work to split, else right here (handing a call to the pool and
+    /// back costs tens of microseconds, more than a small graph's whole run).
     fn run_planned(&self, inputs: &[CpuTensor], symbols: &[(SymId, i64)]) -> Result<Vec<CpuTensor>, CpuError> {
         let env = bind_inputs(&self.graph.inputs, inputs, symbols)?;
         let inst = self.instance_for(&env)?;
+        match &self.pool {
+            Some(p) if inst.lowered.parallel => p.install(|| self.run_instance(&inst, inputs)),
+            _ => self.run_instance(&inst, inputs),
+        }
+    }
+
+    fn run_instance(&self, inst: &Instance, inputs: &[CpuTensor]) -> Result<Vec<CpuTensor>, CpuError> {
         let low = &inst.lowered;
         for (i, (t, need)) in inputs.iter().zip(&low.input_need).enumerate() {
             let len = t.storage.len();
@@ -459,7 +469,8 @@ impl CpuCompiledGraph {
         externs: &mut HashMap<usize, Arc<Storage>>,
         n_extern: &mut usize,
     ) -> Result<(), CpuError> {
-        let threads = self.threads;
+        // Off the pool (no kernel splits), every kernel runs single-threaded here.
+        let threads = if low.parallel { self.threads } else { 1 };
         let mut bufs: Vec<Raw> = vec![Raw::NONE; low.loc.len()];
         let raw_of = |b: &mut Buffer| -> Raw {
             macro_rules! r {
@@ -613,12 +624,7 @@ impl CompiledGraph<CpuTensor> for CpuCompiledGraph {
         if self.plan.is_none() {
             return interpret_with_symbols(self.graph.full()?, inputs, symbols).map_err(err);
         }
-        let run = || self.run_planned(inputs, symbols);
-        match &self.pool {
-            Some(p) => p.install(run),
-            None => run(),
-        }
-        .map_err(err)
+        self.run_planned(inputs, symbols).map_err(err)
     }
     fn serialize(&self) -> Vec<u8> {
         let artifact = CpuArtifact {
