@@ -48,7 +48,40 @@ fn rss(key: &str) -> Option<i64> {
     Some(line.split_whitespace().nth(1)?.parse::<i64>().ok()? * 1024)
 }
 
+/// One row of the scaling table: every stage of `layers` deep-MLP compile, timed
+/// once, as `[joint nodes, trace, functionalize, joint, simplify, min-cut, backend]`.
+fn scaling_row(layers: usize) -> Result<Vec<f64>> {
+    let w = deep_mlp(layers)?;
+    let (tt, t) = once_ms(|| trace_stage(&w))?;
+    let (tf, f) = once_ms(|| functionalize_stage(&t))?;
+    let (tj, j) = once_ms(|| joint_stage(&t, &f))?;
+    let (ts, s) = once_ms(|| simplify_stage(&j))?;
+    let (tm, p) = once_ms(|| mincut_stage(&s, 1.0))?;
+    let b = CpuBackend::new(1);
+    let (tb, _) = once_ms(|| {
+        b.compile_graph(&p.forward)?;
+        b.compile_graph(&p.backward)?;
+        Ok(())
+    })?;
+    Ok(vec![j.graph.nodes.len() as f64, tt, tf, tj, ts, tm, tb])
+}
+
+/// [`scaling_row`] in a fresh process (this binary again), so that each size is timed
+/// as a user compiling one program sees it, not on a heap the earlier rows grew.
+fn scaling_row_isolated(layers: usize) -> Result<Vec<f64>> {
+    let exe = std::env::current_exe()?;
+    let out = std::process::Command::new(exe).env("AOTGRAD_REPORT_SCALING_ROW", layers.to_string()).output()?;
+    if !out.status.success() {
+        anyhow::bail!("scaling row {layers}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
 fn main() -> Result<()> {
+    if let Some(layers) = std::env::var("AOTGRAD_REPORT_SCALING_ROW").ok().and_then(|s| s.parse().ok()) {
+        println!("{}", serde_json::to_string(&scaling_row(layers)?)?);
+        return Ok(());
+    }
     let runs: usize = std::env::var("AOTGRAD_BENCH_RUNS").ok().and_then(|s| s.parse().ok()).unwrap_or(15);
     let quick = std::env::var_os("AOTGRAD_BENCH_QUICK").is_some();
     let mut md = String::new();
@@ -165,31 +198,23 @@ fn main() -> Result<()> {
     js.insert("compile".into(), Value::Array(comp));
 
     // 4. Scaling.
-    let _ = writeln!(md, "\n## Compile scaling (deep narrow MLP, one run per size, µs per joint node in brackets)\n");
+    let _ = writeln!(
+        md,
+        "\n## Compile scaling (deep narrow MLP, one run per size in a fresh process, µs per joint node in brackets)\n"
+    );
     let _ =
         writeln!(md, "| layers | joint nodes | trace | functionalize | joint | simplify | min-cut | backend fw+bw |");
     let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
     let mut scale = Vec::new();
     let sizes: &[usize] = if quick { &[4, 40, 400] } else { &[4, 40, 400, 4000, 12000] };
     for &layers in sizes {
-        let w = deep_mlp(layers)?;
-        let (tt, t) = once_ms(|| trace_stage(&w))?;
-        let (tf, f) = once_ms(|| functionalize_stage(&t))?;
-        let (tj, j) = once_ms(|| joint_stage(&t, &f))?;
-        let (ts, s) = once_ms(|| simplify_stage(&j))?;
-        let (tm, p) = once_ms(|| mincut_stage(&s, 1.0))?;
-        let b = CpuBackend::new(1);
-        let (tb, _) = once_ms(|| {
-            b.compile_graph(&p.forward)?;
-            b.compile_graph(&p.backward)?;
-            Ok(())
-        })?;
-        let n = j.graph.nodes.len().max(1) as f64;
+        let row = scaling_row_isolated(layers)?;
+        let [nodes, tt, tf, tj, ts, tm, tb] = row[..] else { anyhow::bail!("scaling row {layers}: {row:?}") };
+        let n = nodes.max(1.0);
         let per = |ms: f64| format!("{ms:.1} ({:.1})", ms * 1e3 / n);
         let _ = writeln!(
             md,
-            "| {layers} | {} | {} | {} | {} | {} | {} | {} |",
-            j.graph.nodes.len(),
+            "| {layers} | {nodes} | {} | {} | {} | {} | {} | {} |",
             per(tt),
             per(tf),
             per(tj),
@@ -197,8 +222,7 @@ fn main() -> Result<()> {
             per(tm),
             per(tb)
         );
-        scale
-            .push(json!({"layers": layers, "joint_nodes": j.graph.nodes.len(), "trace_ms": tt, "functionalize_ms": tf,
+        scale.push(json!({"layers": layers, "joint_nodes": nodes, "trace_ms": tt, "functionalize_ms": tf,
             "joint_ms": tj, "simplify_ms": ts, "mincut_ms": tm, "backend_ms": tb}));
     }
     js.insert("scaling".into(), Value::Array(scale));
