@@ -251,3 +251,58 @@ fn long_runs_many_rows_and_many_operands() {
     let ins: Vec<CpuTensor> = (0..12).map(|i| tensor(&m, 20 + i)).collect();
     same(&g, &ins, "12 operands over [7, 1000]");
 }
+
+/// `op` over `dims` of `x` after a prologue (`x * 2 + 1`, or `exp(x)`), as a graph.
+fn reduce_graph(m: &TensorMeta, op: aotgrad_ir::ReduceOp, dims: &[usize], exp: bool) -> Graph {
+    let mut g = Graph::new();
+    let x = input(&mut g, "x", m.clone());
+    let p = if exp {
+        node(&mut g, Op::Unary(UnaryOp::Exp), &[x])
+    } else {
+        let t = node(&mut g, Op::BinaryScalar(BinaryOp::Mul, Scalar::Float(2.0)), &[x]);
+        node(&mut g, Op::BinaryScalar(BinaryOp::Add, Scalar::Float(1.0)), &[t])
+    };
+    let r = node(&mut g, Op::Reduce { op, dims: dims.to_vec(), keepdim: false }, &[p]);
+    g.outputs = vec![r];
+    g
+}
+
+#[test]
+fn reductions_match_the_interpreter_bit_for_bit() {
+    use aotgrad_ir::ReduceOp;
+    // Rows shorter than a vector, of a vector and a tail, longer than a tile (512)
+    // and not a multiple of 16; sums, means and extremes over the inner dim (row
+    // reductions) and over the outer dim (one accumulator per column); values with
+    // NaNs, infinities and zeros of both signs.
+    for (rows, len) in [(6, 5), (3, 16), (4, 37), (2, 600), (3, 1000)] {
+        let m = common::meta(&[rows, len], &[len, 1], 0, DType::F32);
+        for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Amax, ReduceOp::Amin] {
+            for (dims, what) in [(vec![1], "rows"), (vec![0], "columns")] {
+                for exp in [false, true] {
+                    let g = reduce_graph(&m, op, &dims, exp);
+                    let name = format!("{} over {what} of [{rows}, {len}] (exp prologue: {exp})", op.name());
+                    same(&g, &[tensor(&m, rows as u64 * 31 + len as u64)], &name);
+                }
+            }
+        }
+    }
+    // Without NaNs, so that extremes and sums are numbers whose every bit is compared.
+    let m = common::meta(&[5, 77], &[77, 1], 0, DType::F32);
+    let clean: Vec<f64> = (0..5 * 77).map(|i| ((i as f64) * 0.37).sin() * 10.0).collect();
+    let x = CpuTensor::from_f64(&clean, &[5, 77], DType::F32).unwrap();
+    for op in [ReduceOp::Sum, ReduceOp::Amax, ReduceOp::Amin] {
+        for dims in [vec![1], vec![0]] {
+            same(&reduce_graph(&m, op, &dims, false), std::slice::from_ref(&x), &format!("{} clean", op.name()));
+        }
+    }
+}
+
+#[test]
+fn softmax_and_layer_norm_row_groups_compile_every_stage() {
+    // A row group's reductions and element stages all get code.
+    let g = differential::softmax_graph(37, 100, DType::F32);
+    same(&g, &[tensor(&g.inputs[0].meta, 5)], "softmax over 37 rows of 100");
+    let g = differential::layer_norm_graph(3, 9, 70);
+    let ins: Vec<CpuTensor> = g.inputs.iter().enumerate().map(|(i, x)| tensor(&x.meta, 40 + i as u64)).collect();
+    same(&g, &ins, "layer norm over 27 rows of 70");
+}

@@ -661,14 +661,38 @@ unsafe fn pointwise_range_impl<T: Num>(k: &CPointwise, bufs: &[Raw], e0: usize, 
 /// # Safety
 /// As [`pointwise_range`]; `j` was compiled for `k` (f32 buffers, these inner strides).
 unsafe fn jit_range(k: &CPointwise, j: &super::jit::JitKernel, accs: &[&CAccess], bufs: &[Raw], e0: usize, e1: usize) {
+    // SAFETY: forwarded.
+    unsafe { jit_tiles(super::jit::BLOCK, &k.shape, j, accs, bufs, None, e0, e1) }
+}
+
+/// Call compiled code on every tile of `[e0, e1)` (tiles of up to `blk` elements). With
+/// `acc`, the last access indexes these f64 accumulators instead of its buffer.
+///
+/// # Safety
+/// As [`jit_range`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn jit_tiles(
+    blk: usize,
+    shape: &[usize],
+    j: &super::jit::JitKernel,
+    accs: &[&CAccess],
+    bufs: &[Raw],
+    acc: Option<Raw>,
+    e0: usize,
+    e1: usize,
+) {
     let n = accs.len();
     let mut ptrs = [std::ptr::null_mut::<u8>(); 16];
     let mut outer = [0isize; 16];
-    segments_of(super::jit::BLOCK, &k.shape, accs, e0, e1, |t| {
+    segments_of(blk, shape, accs, e0, e1, |t| {
         for a in 0..n {
+            let (base, size) = match acc {
+                Some(r) if a == n - 1 => (r.ptr, 8),
+                _ => (bufs[accs[a].buf].ptr, 4),
+            };
             // SAFETY: the offset is inside the buffer (bounds checked at lowering).
-            ptrs[a] = unsafe { bufs[accs[a].buf].ptr.add(t.offs[a] * 4) };
-            outer[a] = (t.outer[a] * 4) as isize;
+            ptrs[a] = unsafe { base.add(t.offs[a] * size) };
+            outer[a] = (t.outer[a] * size) as isize;
         }
         // SAFETY: the compiled code reads and writes exactly the tile's elements of
         // these accesses, as the interpreter would.
@@ -933,6 +957,13 @@ pub(crate) unsafe fn rows(g: &CRows, bufs: &[Raw], scratch: &mut [f64], threads:
 unsafe fn reduce_range_impl<T: Num>(k: &CReduce, bufs: &[Raw], acc: Raw, e0: usize, e1: usize) {
     let mut accs: Vec<&CAccess> = k.body.loads.iter().collect();
     accs.push(&k.dst);
+    if let Some(j) = k.jit.as_ref().and_then(|s| s.get()) {
+        // SAFETY: the caller's guarantees; the code was compiled for these accesses,
+        // with the accumulators (f64) as its last one. Same tiles as below, so the
+        // sums are added in the same order.
+        unsafe { jit_tiles(BLK, &k.shape, j, &accs, bufs, Some(acc), e0, e1) };
+        return;
+    }
     let rank = k.shape.len();
     let nl = k.body.loads.len();
     let inner_reduced = k.reduced[rank - 1];
@@ -1096,8 +1127,8 @@ mod simd {
     use std::arch::x86_64::*;
 
     /// # Safety
-    /// AVX-512F is available; `v` is non-empty.
-    #[target_feature(enable = "avx512f")]
+    /// AVX-512F and AVX-512DQ are available; `v` is non-empty.
+    #[target_feature(enable = "avx512f,avx512dq")]
     pub(super) unsafe fn extreme_f32<const MAX: bool>(v: &[f32]) -> f32 {
         let n = v.len();
         let p = v.as_ptr();
@@ -1122,11 +1153,17 @@ mod simd {
         if nan != 0 {
             return f32::NAN;
         }
-        if MAX {
-            _mm512_reduce_max_ps(m)
-        } else {
-            _mm512_reduce_min_ps(m)
-        }
+        // Lanes 0-7 against 8-15, 0-3 against 4-7, 0-1 against 2-3, 0 against 1: one
+        // fixed order (the JIT combines a row the same way, so equal zeros of either
+        // sign come out the same).
+        let (lo, hi) = (_mm512_castps512_ps256(m), _mm512_extractf32x8_ps::<1>(m));
+        let h8 = if MAX { _mm256_max_ps(lo, hi) } else { _mm256_min_ps(lo, hi) };
+        let (lo, hi) = (_mm256_castps256_ps128(h8), _mm256_extractf128_ps::<1>(h8));
+        let h4 = if MAX { _mm_max_ps(lo, hi) } else { _mm_min_ps(lo, hi) };
+        let hi = _mm_movehl_ps(h4, h4);
+        let h2 = if MAX { _mm_max_ps(h4, hi) } else { _mm_min_ps(h4, hi) };
+        let hi = _mm_shuffle_ps::<1>(h2, h2);
+        _mm_cvtss_f32(if MAX { _mm_max_ss(h2, hi) } else { _mm_min_ss(h2, hi) })
     }
 
     /// Transpose an 8x8 f32 tile: `src` row `j` (8 contiguous values, rows `ld_src`
@@ -1197,7 +1234,11 @@ mod simd {
                 }
             }
         }
-        _mm512_reduce_add_pd(_mm512_add_pd(a0, a1))
+        // A0 + A1, then lanes 0-3 + 4-7, 0-1 + 2-3, 0 + 1 (the JIT's order too).
+        let v = _mm512_add_pd(a0, a1);
+        let h = _mm256_add_pd(_mm512_castpd512_pd256(v), _mm512_extractf64x4_pd::<1>(v));
+        let q = _mm_add_pd(_mm256_castpd256_pd128(h), _mm256_extractf128_pd::<1>(h));
+        _mm_cvtsd_f64(_mm_add_sd(q, _mm_unpackhi_pd(q, q)))
     }
 }
 

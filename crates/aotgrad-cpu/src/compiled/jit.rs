@@ -28,9 +28,9 @@
 //! one executable mapping, which lives as long as any of them.
 
 use super::exec::CPU_JIT_BLOCK;
-use super::lower::{CAccess, CKernel, CPointwise, CStage, LInstr, Src};
+use super::lower::{CAccess, CBody, CKernel, CPointwise, CReduce, CStage, LInstr, Src};
 use aotgrad_fusion::Compute;
-use aotgrad_ir::{BinaryOp, CmpOp, DType, UnaryOp};
+use aotgrad_ir::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
 use iced_x86::code_asm::*;
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -83,23 +83,37 @@ pub(crate) fn attach(kernels: &mut [CKernel], dtypes: &[DType]) {
     if !available() {
         return;
     }
-    let mut targets: Vec<&mut CPointwise> = Vec::new();
+    // Every kernel with a body: its code's spec (when covered) and its slot.
+    type Target<'k> = (Result<Spec, &'static str>, &'k mut Option<JitSlot>);
+    let mut targets: Vec<Target<'_>> = Vec::new();
+    fn pw<'k>(p: &'k mut CPointwise, dtypes: &[DType]) -> Target<'k> {
+        let spec = Spec::pointwise(p, dtypes);
+        (spec, &mut p.jit)
+    }
     for k in kernels.iter_mut() {
         match k {
-            CKernel::Pointwise(p) => targets.push(p),
+            CKernel::Pointwise(p) => targets.push(pw(p, dtypes)),
             CKernel::Matmul(m) => {
                 if let Some(e) = &mut m.epilogue {
-                    targets.push(e);
+                    targets.push(pw(e, dtypes));
                 }
             }
             CKernel::Rows(g) => {
                 for st in &mut g.stages {
-                    if let CStage::Elem(p) | CStage::Row(p) = st {
-                        targets.push(p);
+                    match st {
+                        CStage::Elem(p) | CStage::Row(p) => targets.push(pw(p, dtypes)),
+                        CStage::Reduce { k, .. } => {
+                            let spec = Spec::reduce(k, dtypes);
+                            targets.push((spec, &mut k.jit));
+                        }
                     }
                 }
             }
-            CKernel::Reduce(_) | CKernel::Extern(_) => {}
+            CKernel::Reduce(r) => {
+                let spec = Spec::reduce(r, dtypes);
+                targets.push((spec, &mut r.jit));
+            }
+            CKernel::Extern(_) => {}
         }
     }
     // Kernels with the same body, operand count and inner strides have the same code
@@ -109,27 +123,153 @@ pub(crate) fn attach(kernels: &mut [CKernel], dtypes: &[DType]) {
     let mut jobs: Vec<Job> = Vec::new();
     {
         let cache = CACHE.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
-        for p in targets {
-            if covers(p, dtypes).is_err() {
-                continue;
-            }
-            let key = code_key(p);
+        for (spec, field) in targets {
+            let Ok(spec) = spec else { continue };
+            let key = spec.key();
             let slot: JitSlot = Arc::new(OnceLock::new());
             match cache.get(&key) {
                 Some(k) => {
                     let _ = slot.set(k.clone());
                 }
-                None => {
-                    let mut kernel = p.clone();
-                    kernel.jit = None;
-                    jobs.push(Job { key, kernel, slot: slot.clone() });
-                }
+                None => jobs.push(Job { key, spec, slot: slot.clone() }),
             }
-            p.jit = Some(slot);
+            *field = Some(slot);
         }
     }
     if !jobs.is_empty() {
         submit(jobs);
+    }
+}
+
+/// What a kernel's code depends on (not its buffers, offsets or outer strides, which
+/// are arguments): its body, the loads' inner strides, the stored registers, and for a
+/// reduction the op, the reduced register and its accumulator's inner stride.
+#[derive(Clone, Debug)]
+pub(crate) struct Spec {
+    inner_len: usize,
+    body: CBody,
+    load_inner: Vec<usize>,
+    stores: Vec<usize>,
+    reduce: Option<(ReduceOp, usize, usize)>,
+}
+
+impl Spec {
+    fn pointwise(p: &CPointwise, dtypes: &[DType]) -> Result<Spec, &'static str> {
+        let rank = p.shape.len();
+        let inner = |a: &CAccess| a.strides[rank - 1];
+        if p.stores.iter().any(|(_, a)| inner(a) != 1) {
+            return Err("a strided store");
+        }
+        if p.stores.iter().any(|(_, a)| dtypes.get(a.buf) != Some(&DType::F32)) {
+            return Err("a store of another dtype");
+        }
+        let spec = Spec {
+            inner_len: p.shape[rank - 1],
+            body: p.body.clone(),
+            load_inner: p.body.loads.iter().map(inner).collect(),
+            stores: p.stores.iter().map(|(r, _)| *r).collect(),
+            reduce: None,
+        };
+        spec.check(dtypes)?;
+        Ok(spec)
+    }
+
+    fn reduce(r: &CReduce, dtypes: &[DType]) -> Result<Spec, &'static str> {
+        let rank = r.shape.len();
+        let dst_inner = r.dst.strides[rank - 1];
+        let inner_reduced = r.reduced[rank - 1];
+        if !((inner_reduced && dst_inner == 0) || (!inner_reduced && dst_inner == 1)) {
+            return Err("a reduction whose accumulators are strided");
+        }
+        if r.body.nregs > MAX_VALUES - 4 {
+            return Err("too many live values for a reduction");
+        }
+        let spec = Spec {
+            inner_len: r.shape[rank - 1],
+            body: r.body.clone(),
+            load_inner: r.body.loads.iter().map(|a| a.strides[rank - 1]).collect(),
+            stores: Vec::new(),
+            reduce: Some((r.op, r.value, dst_inner)),
+        };
+        spec.check(dtypes)?;
+        Ok(spec)
+    }
+
+    /// Accesses the code takes: loads, then stores or the accumulator.
+    fn accesses(&self) -> usize {
+        self.body.loads.len() + self.stores.len() + usize::from(self.reduce.is_some())
+    }
+
+    /// Everything the generated code depends on, as words.
+    fn key(&self) -> Vec<u64> {
+        let p = self;
+        let mut k: Vec<u64> = vec![p.body.loads.len() as u64, p.stores.len() as u64];
+        k.extend(p.load_inner.iter().map(|s| *s as u64));
+        k.extend(p.stores.iter().map(|r| *r as u64));
+        match p.reduce {
+            Some((op, v, s)) => k.extend([1 + op as u64, v as u64, s as u64]),
+            None => k.push(0),
+        }
+        let src = |s: &Src| match s {
+            Src::Reg(r) => *r as u64,
+            Src::Const(c) => (1 << 63) ^ c.to_bits().rotate_left(7),
+        };
+        for ins in &p.body.instrs {
+            match ins {
+                LInstr::Load { load, d } => k.extend([1, *load as u64, *d as u64]),
+                LInstr::Fill { v, d } => k.extend([2, v.to_bits(), *d as u64]),
+                LInstr::Unary { op, a, d } => k.extend([3, *op as u64, *a as u64, *d as u64]),
+                LInstr::Binary { op, a, b, d } => k.extend([4, *op as u64, src(a), src(b), *d as u64]),
+                LInstr::Compare { op, a, b, d } => k.extend([5, *op as u64, src(a), src(b), *d as u64]),
+                LInstr::Where { c, a, b, d } => k.extend([6, *c as u64, *a as u64, *b as u64, *d as u64]),
+                LInstr::Clamp { a, lo, hi, d } => {
+                    k.extend([7, *a as u64, *d as u64]);
+                    k.extend([lo.map_or(u64::MAX, f64::to_bits), hi.map_or(u64::MAX, f64::to_bits)]);
+                }
+                LInstr::Round { dtype, a, d } => k.extend([8, *dtype as u64, *a as u64, *d as u64]),
+            }
+        }
+        k
+    }
+
+    /// Why the JIT does not cover this body, if it does not.
+    fn check(&self, dtypes: &[DType]) -> Result<(), &'static str> {
+        let p = self;
+        if p.body.compute != Compute::F32 {
+            return Err("f64 body");
+        }
+        if p.body.nregs > MAX_VALUES {
+            return Err("too many live values");
+        }
+        if p.accesses() > MAX_ACCESSES {
+            return Err("too many accesses");
+        }
+        if p.body.loads.iter().any(|a| dtypes.get(a.buf) != Some(&DType::F32)) {
+            return Err("a load of another dtype");
+        }
+        for &s in &p.load_inner {
+            // A gathered load indexes with i32 element offsets.
+            if s > 1 && (p.inner_len.saturating_add(16)).saturating_mul(s) >= (1usize << 31) {
+                return Err("a gather offset beyond i32");
+            }
+        }
+        for ins in &p.body.instrs {
+            match ins {
+                LInstr::Unary {
+                    op: UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Log | UnaryOp::Log1p | UnaryOp::Expm1,
+                    ..
+                } => return Err("a unary function the JIT does not emit"),
+                LInstr::Binary { op: BinaryOp::Pow, b, .. } => match b {
+                    Src::Const(c) if [1.0, 2.0, 3.0, -1.0].contains(c) => {}
+                    _ => return Err("pow with an exponent other than 1, 2, 3, -1"),
+                },
+                LInstr::Round { dtype, .. } if !matches!(dtype, DType::F32 | DType::F16 | DType::Bool) => {
+                    return Err("rounding to bf16 or an integer")
+                }
+                _ => {}
+            }
+        }
+        Ok(())
     }
 }
 
@@ -139,7 +279,7 @@ pub(crate) type JitSlot = Arc<OnceLock<JitKernel>>;
 /// A kernel to compile, and the slot its code goes to.
 struct Job {
     key: Vec<u64>,
-    kernel: CPointwise,
+    spec: Spec,
     slot: JitSlot,
 }
 
@@ -218,7 +358,7 @@ fn compile_batch(jobs: Vec<Job>) {
         return;
     }
     // Assembled without holding the cache (plans being lowered look into it).
-    let kernels: Vec<&CPointwise> = fresh.iter().map(|&i| &jobs[i].kernel).collect();
+    let kernels: Vec<&Spec> = fresh.iter().map(|&i| &jobs[i].spec).collect();
     match assemble(&kernels) {
         Ok((module, entries)) => {
             let module = Arc::new(module);
@@ -238,87 +378,10 @@ fn compile_batch(jobs: Vec<Job>) {
     tracing::trace!(kernels = fresh.len(), ms = t0.elapsed().as_secs_f64() * 1e3, "jit compile");
 }
 
-/// Compiled kernels by [`code_key`], shared by every plan of the process.
+/// Compiled kernels by [`Spec::key`], shared by every plan of the process.
 static CACHE: OnceLock<std::sync::Mutex<HashMap<Vec<u64>, JitKernel>>> = OnceLock::new();
 /// Most kernels the process-wide cache keeps (their code stays mapped).
 const CACHE_CAP: usize = 4096;
-
-/// Everything the generated code of `p` depends on: its instructions, which loads and
-/// stores there are, and the loads' inner strides.
-fn code_key(p: &CPointwise) -> Vec<u64> {
-    let rank = p.shape.len();
-    let mut k: Vec<u64> = vec![p.body.loads.len() as u64, p.stores.len() as u64];
-    k.extend(p.body.loads.iter().map(|a| a.strides[rank - 1] as u64));
-    k.extend(p.stores.iter().map(|(r, _)| *r as u64));
-    let src = |s: &Src| match s {
-        Src::Reg(r) => *r as u64,
-        Src::Const(c) => (1 << 63) ^ c.to_bits().rotate_left(7),
-    };
-    for ins in &p.body.instrs {
-        match ins {
-            LInstr::Load { load, d } => k.extend([1, *load as u64, *d as u64]),
-            LInstr::Fill { v, d } => k.extend([2, v.to_bits(), *d as u64]),
-            LInstr::Unary { op, a, d } => k.extend([3, *op as u64, *a as u64, *d as u64]),
-            LInstr::Binary { op, a, b, d } => k.extend([4, *op as u64, src(a), src(b), *d as u64]),
-            LInstr::Compare { op, a, b, d } => k.extend([5, *op as u64, src(a), src(b), *d as u64]),
-            LInstr::Where { c, a, b, d } => k.extend([6, *c as u64, *a as u64, *b as u64, *d as u64]),
-            LInstr::Clamp { a, lo, hi, d } => {
-                k.extend([7, *a as u64, *d as u64]);
-                k.extend([lo.map_or(u64::MAX, f64::to_bits), hi.map_or(u64::MAX, f64::to_bits)]);
-            }
-            LInstr::Round { dtype, a, d } => k.extend([8, *dtype as u64, *a as u64, *d as u64]),
-        }
-    }
-    k
-}
-
-/// Why the JIT does not cover `p`, if it does not.
-pub(crate) fn covers(p: &CPointwise, dtypes: &[DType]) -> Result<(), &'static str> {
-    if p.body.compute != Compute::F32 {
-        return Err("f64 body");
-    }
-    if p.body.nregs > MAX_VALUES {
-        return Err("too many live values");
-    }
-    let n_acc = p.body.loads.len() + p.stores.len();
-    if n_acc > MAX_ACCESSES {
-        return Err("too many accesses");
-    }
-    let rank = p.shape.len();
-    let inner_len = p.shape[rank - 1];
-    let inner = |a: &CAccess| a.strides[rank - 1];
-    for a in p.body.loads.iter().chain(p.stores.iter().map(|(_, a)| a)) {
-        if dtypes.get(a.buf) != Some(&DType::F32) {
-            return Err("a load or store of another dtype");
-        }
-    }
-    for a in &p.body.loads {
-        let s = inner(a);
-        // A gathered load indexes with i32 element offsets.
-        if s > 1 && (inner_len.saturating_add(16)).saturating_mul(s) >= (1usize << 31) {
-            return Err("a gather offset beyond i32");
-        }
-    }
-    if p.stores.iter().any(|(_, a)| inner(a) != 1) {
-        return Err("a strided store");
-    }
-    for ins in &p.body.instrs {
-        match ins {
-            LInstr::Unary {
-                op: UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Log | UnaryOp::Log1p | UnaryOp::Expm1, ..
-            } => return Err("a unary function the JIT does not emit"),
-            LInstr::Binary { op: BinaryOp::Pow, b, .. } => match b {
-                Src::Const(c) if [1.0, 2.0, 3.0, -1.0].contains(c) => {}
-                _ => return Err("pow with an exponent other than 1, 2, 3, -1"),
-            },
-            LInstr::Round { dtype, .. } if !matches!(dtype, DType::F32 | DType::F16 | DType::Bool) => {
-                return Err("rounding to bf16 or an integer")
-            }
-            _ => {}
-        }
-    }
-    Ok(())
-}
 
 type R<T> = Result<T, IcedError>;
 
@@ -385,9 +448,11 @@ impl Pool {
     }
 }
 
-fn assemble(kernels: &[&CPointwise]) -> Result<(Module, Vec<Entry>), String> {
+fn assemble(kernels: &[&Spec]) -> Result<(Module, Vec<Entry>), String> {
     let e = |e: IcedError| e.to_string();
     let mut a = CodeAssembler::new(64).map_err(e)?;
+    // EVEX wherever an instruction has both encodings: the code uses xmm/ymm 16-31.
+    a.set_prefer_vex(false);
     let mut pool = Pool { labels: HashMap::new(), iota: None };
     let mut labels = Vec::with_capacity(kernels.len());
     for k in kernels {
@@ -421,7 +486,7 @@ fn assemble(kernels: &[&CPointwise]) -> Result<(Module, Vec<Entry>), String> {
 
 /// With `AOTGRAD_JIT_PERF_MAP=1`, name the compiled kernels for `perf` in
 /// `/tmp/perf-PID.map` (what each fuses, e.g. `aotgrad_jit_load_mul_erf_add_store`).
-fn perf_map(base: usize, offsets: &[usize], end: usize, kernels: &[&CPointwise]) {
+fn perf_map(base: usize, offsets: &[usize], end: usize, kernels: &[&Spec]) {
     if !std::env::var("AOTGRAD_JIT_PERF_MAP").is_ok_and(|v| v == "1") {
         return;
     }
@@ -445,7 +510,11 @@ fn perf_map(base: usize, offsets: &[usize], end: usize, kernels: &[&CPointwise])
                 LInstr::Round { .. } => "round".to_string(),
             })
             .collect();
-        let _ = writeln!(f, "{:x} {:x} aotgrad_jit_{}_store", base + off, next - off, ops.join("_"));
+        let last = match k.reduce {
+            Some((op, _, _)) => op.name(),
+            None => "store",
+        };
+        let _ = writeln!(f, "{:x} {:x} aotgrad_jit_{}_{last}", base + off, next - off, ops.join("_"));
     }
 }
 
@@ -476,10 +545,8 @@ fn addr(a: &mut CodeAssembler, acc: usize) -> R<AsmRegister64> {
 }
 
 /// One kernel's code (see the module docs for the calling convention).
-fn kernel(a: &mut CodeAssembler, pool: &mut Pool, p: &CPointwise) -> R<()> {
-    let rank = p.shape.len();
-    let accs: Vec<&CAccess> = p.body.loads.iter().chain(p.stores.iter().map(|(_, a)| a)).collect();
-    let inner: Vec<usize> = accs.iter().map(|x| x.strides[rank - 1]).collect();
+fn kernel(a: &mut CodeAssembler, pool: &mut Pool, p: &Spec) -> R<()> {
+    let n_acc = p.accesses();
     for r in [rbx, rbp, r12, r13, r14, r15] {
         a.push(r)?;
     }
@@ -487,7 +554,7 @@ fn kernel(a: &mut CodeAssembler, pool: &mut Pool, p: &CPointwise) -> R<()> {
     a.mov(qword_ptr(rsp + FRAME_OUTER), rsi)?;
     // Access addresses: spilled ones and those not in rsi / rdi first (rdi is the
     // `ptrs` argument until the last of them is read).
-    for i in (0..accs.len()).rev() {
+    for i in (0..n_acc).rev() {
         match base_of(i) {
             Base::Stack(off) => {
                 a.mov(rax, qword_ptr(rdi + 8 * i as i32))?;
@@ -497,7 +564,7 @@ fn kernel(a: &mut CodeAssembler, pool: &mut Pool, p: &CPointwise) -> R<()> {
             Base::Reg(_) => {}
         }
     }
-    if accs.len() > 8 {
+    if n_acc > 8 {
         a.mov(rdi, qword_ptr(rdi + 64))?;
     }
     let mut row = a.create_label();
@@ -509,6 +576,7 @@ fn kernel(a: &mut CodeAssembler, pool: &mut Pool, p: &CPointwise) -> R<()> {
     a.jz(done)?;
     a.set_label(&mut row)?;
     a.xor(r10d, r10d)?;
+    row_start(a, p)?;
     // Full vectors unmasked, then one masked tail (a body masked on every vector ran
     // about 35% slower on the bench machine, so long bodies are emitted twice too).
     a.mov(r11, rcx)?;
@@ -516,7 +584,7 @@ fn kernel(a: &mut CodeAssembler, pool: &mut Pool, p: &CPointwise) -> R<()> {
     a.set_label(&mut vec_loop)?;
     a.cmp(r10, r11)?;
     a.jg(tail)?;
-    body(a, pool, p, &inner, false)?;
+    body(a, pool, p, false)?;
     a.add(r10, 16)?;
     a.jmp(vec_loop)?;
     a.set_label(&mut tail)?;
@@ -526,10 +594,11 @@ fn kernel(a: &mut CodeAssembler, pool: &mut Pool, p: &CPointwise) -> R<()> {
     a.mov(r9d, -1)?;
     a.bzhi(r9d, r9d, eax)?;
     a.kmovw(k1, r9d)?;
-    body(a, pool, p, &inner, true)?;
+    body(a, pool, p, true)?;
     a.set_label(&mut row_end)?;
+    row_finish(a, pool, p)?;
     a.mov(r9, qword_ptr(rsp + FRAME_OUTER))?;
-    for i in 0..accs.len() {
+    for i in 0..n_acc {
         match base_of(i) {
             Base::Reg(r) => a.add(r, qword_ptr(r9 + 8 * i as i32))?,
             Base::Stack(off) => {
@@ -549,6 +618,206 @@ fn kernel(a: &mut CodeAssembler, pool: &mut Pool, p: &CPointwise) -> R<()> {
     a.ret()
 }
 
+// A reduction's registers: a row's two f64 partial sums (or its running extreme in
+// `RED_M`, with `k5` the lanes that saw a NaN), and scratch for combining them.
+const RED_A0: AsmRegisterZmm = zmm20;
+const RED_A1: AsmRegisterZmm = zmm21;
+const RED_M: AsmRegisterZmm = zmm20;
+const RED_T: AsmRegisterZmm = zmm22;
+const RED_U: AsmRegisterZmm = zmm23;
+
+/// A reduction over the run's row starts afresh (the accumulated row, for a reduced
+/// inner dim, as [`super::exec`]'s `sum_f64` / `extreme` start).
+fn row_start(a: &mut CodeAssembler, p: &Spec) -> R<()> {
+    match p.reduce {
+        Some((ReduceOp::Sum | ReduceOp::Mean, _, 0)) => {
+            a.vxorpd(RED_A0, RED_A0, RED_A0)?;
+            a.vxorpd(RED_A1, RED_A1, RED_A1)
+        }
+        Some((ReduceOp::Amax | ReduceOp::Amin, _, 0)) => a.kxorw(k5, k5, k5),
+        _ => Ok(()),
+    }
+}
+
+/// Accumulate one vector of the reduced value (the lanes of `k1` when `masked`).
+fn accumulate(a: &mut CodeAssembler, pool: &mut Pool, p: &Spec, masked: bool) -> R<()> {
+    let Some((op, value, dst_inner)) = p.reduce else { return Ok(()) };
+    let v = ZMM[value];
+    let acc = addr(a, p.body.loads.len())?;
+    let max = op == ReduceOp::Amax;
+    match (op, dst_inner) {
+        (ReduceOp::Sum | ReduceOp::Mean, 0) => {
+            // As `simd::sum_f32_f64`: lanes 0-7 into A0, 8-15 into A1; a tail adds
+            // zeros for its missing lanes, and to A1 only when it has more than 8.
+            if masked {
+                a.vmovaps(v.k1().z(), v)?;
+            }
+            a.vcvtps2pd(RED_T, ymm_of(value))?;
+            a.vaddpd(RED_A0, RED_A0, RED_T)?;
+            let mut skip = a.create_label();
+            if masked {
+                a.mov(rax, rcx)?;
+                a.sub(rax, r10)?;
+                a.cmp(rax, 8)?;
+                a.jle(skip)?;
+            }
+            a.vextractf32x8(ymm22, v, 1)?;
+            a.vcvtps2pd(RED_T, ymm22)?;
+            a.vaddpd(RED_A1, RED_A1, RED_T)?;
+            if masked {
+                a.set_label(&mut skip)?;
+                a.nop()?;
+            }
+            Ok(())
+        }
+        (ReduceOp::Amax | ReduceOp::Amin, 0) => {
+            // As `simd::extreme_f32`: the row's first value in every lane, then the
+            // lane-wise extreme (a tail keeps the running value in its missing lanes).
+            let mut not_first = a.create_label();
+            a.test(r10, r10)?;
+            a.jnz(not_first)?;
+            a.vbroadcastss(RED_M, xmm_of(value))?;
+            a.set_label(&mut not_first)?;
+            let x = if masked {
+                a.vblendmps(RED_U.k1(), RED_M, v)?;
+                RED_U
+            } else {
+                v
+            };
+            if max {
+                a.vmaxps(RED_M, RED_M, x)?;
+            } else {
+                a.vminps(RED_M, RED_M, x)?;
+            }
+            a.vcmpps(k4, x, x, pred::UNORD_Q)?;
+            a.korw(k5, k5, k4)
+        }
+        (_, _) => {
+            // A kept inner dim: one f64 accumulator per lane, `a + x` (or the extreme
+            // as `combine_extreme`), in element order.
+            a.kshiftrw(k4, k1, 8)?;
+            for half in 0..2 {
+                let src = if half == 0 {
+                    ymm_of(value)
+                } else {
+                    a.vextractf32x8(ymm22, v, 1)?;
+                    ymm22
+                };
+                a.vcvtps2pd(RED_T, src)?;
+                let at = zmmword_ptr(acc + r10 * 8 + 64 * half);
+                match (masked, half) {
+                    (false, _) => a.vmovupd(RED_U, at)?,
+                    (true, 0) => a.vmovupd(RED_U.k1().z(), at)?,
+                    (true, _) => a.vmovupd(RED_U.k4().z(), at)?,
+                }
+                match op {
+                    ReduceOp::Sum | ReduceOp::Mean => a.vaddpd(RED_U, RED_U, RED_T)?,
+                    _ => {
+                        // x wins when x > a (x < a for a minimum) or x is NaN.
+                        let pr = if max { pred::GT_OQ } else { pred::LT_OQ };
+                        a.vcmppd(k6, RED_T, RED_U, pr)?;
+                        a.vcmppd(k7, RED_T, RED_T, pred::UNORD_Q)?;
+                        a.korw(k6, k6, k7)?;
+                        a.vmovapd(RED_U.k6(), RED_T)?;
+                    }
+                }
+                let at = zmmword_ptr(acc + r10 * 8 + 64 * half);
+                match (masked, half) {
+                    (false, _) => a.vmovupd(at, RED_U)?,
+                    (true, 0) => a.vmovupd(at.k1(), RED_U)?,
+                    (true, _) => a.vmovupd(at.k4(), RED_U)?,
+                }
+            }
+            let _ = pool;
+            Ok(())
+        }
+    }
+}
+
+/// Fold a reduced row into its accumulator, as [`super::exec`] does after `sum_f64`
+/// or `extreme` (lanes combined in one fixed order, then `acc + s` or
+/// `combine_extreme(acc, m)`).
+fn row_finish(a: &mut CodeAssembler, pool: &mut Pool, p: &Spec) -> R<()> {
+    let Some((op, _, 0)) = p.reduce else { return Ok(()) };
+    let acc = addr(a, p.body.loads.len())?;
+    match op {
+        ReduceOp::Sum | ReduceOp::Mean => {
+            // v = A0 + A1; then lanes 0-3 + 4-7, 0-1 + 2-3, 0 + 1.
+            a.vaddpd(RED_A0, RED_A0, RED_A1)?;
+            a.vextractf64x4(ymm22, RED_A0, 1)?;
+            a.vaddpd(ymm20, ymm20, ymm22)?;
+            a.vextractf64x2(xmm22, ymm20, 1)?;
+            a.vaddpd(xmm20, xmm20, xmm22)?;
+            a.vunpckhpd(xmm22, xmm20, xmm20)?;
+            a.vaddsd(xmm20, xmm20, xmm22)?;
+            a.vmovsd(xmm22, qword_ptr(acc))?;
+            a.vaddsd(xmm22, xmm22, xmm20)?;
+            a.vmovsd(qword_ptr(acc), xmm22)
+        }
+        _ => {
+            let max = op == ReduceOp::Amax;
+            // Lanes 0-7 against 8-15, 0-3 against 4-7, 0-1 against 2-3, 0 against 1.
+            a.vextractf32x8(ymm22, RED_M, 1)?;
+            if max {
+                a.vmaxps(ymm20, ymm20, ymm22)?;
+            } else {
+                a.vminps(ymm20, ymm20, ymm22)?;
+            }
+            a.vextractf32x4(xmm22, ymm20, 1)?;
+            if max {
+                a.vmaxps(xmm20, xmm20, xmm22)?;
+            } else {
+                a.vminps(xmm20, xmm20, xmm22)?;
+            }
+            a.vmovhlps(xmm22, xmm20, xmm20)?;
+            if max {
+                a.vmaxps(xmm20, xmm20, xmm22)?;
+            } else {
+                a.vminps(xmm20, xmm20, xmm22)?;
+            }
+            a.vshufps(xmm22, xmm20, xmm20, 1)?;
+            if max {
+                a.vmaxss(xmm20, xmm20, xmm22)?;
+            } else {
+                a.vminss(xmm20, xmm20, xmm22)?;
+            }
+            // A NaN seen in any lane makes the row NaN.
+            let mut clean = a.create_label();
+            a.kortestw(k5, k5)?;
+            a.jz(clean)?;
+            let nan = pool.scalar(a, f32::NAN);
+            a.vmovss(xmm20, nan)?;
+            a.set_label(&mut clean)?;
+            a.vcvtss2sd(xmm20, xmm20, xmm20)?;
+            // acc = x when x > acc (x < acc for a minimum) or x is NaN.
+            a.vmovsd(xmm22, qword_ptr(acc))?;
+            let pr = if max { pred::GT_OQ } else { pred::LT_OQ };
+            a.vcmpsd(k6, xmm20, xmm22, pr)?;
+            a.vcmpsd(k7, xmm20, xmm20, pred::UNORD_Q)?;
+            a.korw(k6, k6, k7)?;
+            a.vmovsd_3(xmm22.k6(), xmm22, xmm20)?;
+            a.vmovsd(qword_ptr(acc), xmm22)
+        }
+    }
+}
+
+const YMM: [AsmRegisterYmm; 24] = [
+    ymm0, ymm1, ymm2, ymm3, ymm4, ymm5, ymm6, ymm7, ymm8, ymm9, ymm10, ymm11, ymm12, ymm13, ymm14, ymm15, ymm16, ymm17,
+    ymm18, ymm19, ymm20, ymm21, ymm22, ymm23,
+];
+const XMM: [AsmRegisterXmm; 24] = [
+    xmm0, xmm1, xmm2, xmm3, xmm4, xmm5, xmm6, xmm7, xmm8, xmm9, xmm10, xmm11, xmm12, xmm13, xmm14, xmm15, xmm16, xmm17,
+    xmm18, xmm19, xmm20, xmm21, xmm22, xmm23,
+];
+
+fn ymm_of(r: usize) -> AsmRegisterYmm {
+    YMM[r]
+}
+
+fn xmm_of(r: usize) -> AsmRegisterXmm {
+    XMM[r]
+}
+
 /// An operand of a binary instruction.
 #[derive(Clone, Copy)]
 enum Opnd {
@@ -564,11 +833,11 @@ fn opnd(s: &Src) -> Opnd {
 }
 
 /// The body over one vector of lanes (`masked`: the lanes of `k1`, the run's tail).
-fn body(a: &mut CodeAssembler, pool: &mut Pool, p: &CPointwise, inner: &[usize], masked: bool) -> R<()> {
+fn body(a: &mut CodeAssembler, pool: &mut Pool, p: &Spec, masked: bool) -> R<()> {
     let nl = p.body.loads.len();
     for ins in &p.body.instrs {
         match ins {
-            LInstr::Load { load, d } => load_vec(a, pool, *load, inner[*load], ZMM[*d], masked)?,
+            LInstr::Load { load, d } => load_vec(a, pool, *load, p.load_inner[*load], ZMM[*d], masked)?,
             LInstr::Fill { v, d } => {
                 let m0 = pool.scalar(a, *v as f32);
                 a.vbroadcastss(ZMM[*d], m0)?;
@@ -633,7 +902,7 @@ fn body(a: &mut CodeAssembler, pool: &mut Pool, p: &CPointwise, inner: &[usize],
             },
         }
     }
-    for (s, (reg, _)) in p.stores.iter().enumerate() {
+    for (s, reg) in p.stores.iter().enumerate() {
         let base = addr(a, nl + s)?;
         let at = zmmword_ptr(base + r10 * 4);
         if masked {
@@ -642,7 +911,7 @@ fn body(a: &mut CodeAssembler, pool: &mut Pool, p: &CPointwise, inner: &[usize],
             a.vmovups(at, ZMM[*reg])?;
         }
     }
-    Ok(())
+    accumulate(a, pool, p, masked)
 }
 
 fn load_vec(

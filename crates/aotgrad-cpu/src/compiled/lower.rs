@@ -76,6 +76,8 @@ pub(crate) struct CReduce {
     /// (as the eager kernel does), so `x.expand([2^40, 3]).sum()` reads 3 elements.
     pub copies: f64,
     pub at: (ValueId, Option<SourceLoc>),
+    /// Machine code for the body and its accumulation, when the JIT covers it.
+    pub jit: Option<super::jit::JitSlot>,
 }
 
 /// A lowered (batched) matmul: `out[b] = a[b] @ b[b]`.
@@ -349,6 +351,7 @@ impl Lowering {
             count,
             copies,
             at: (r.value, r.loc.clone()),
+            jit: None,
         })
     }
 

@@ -298,60 +298,47 @@ impl CpuCompiledGraph {
         self.fixed.as_ref().map(|i| (i.lowered.slots.arena_bytes + i.lowered.scratch * 8, i.lowered.slots.output_bytes))
     }
 
-    /// How many of the static plan's pointwise kernels (standalone, epilogues, row
-    /// group stages) run as compiled machine code, of how many (`None` for a dynamic
-    /// or unplanned graph).
-    pub fn jit_kernels(&self) -> Option<(usize, usize)> {
+    /// The JIT slots of the static plan's kernels with a body (pointwise kernels,
+    /// epilogues, reductions, row-group stages), in plan order.
+    fn jit_slots(&self) -> Option<Vec<Option<&jit::JitSlot>>> {
         let i = self.fixed.as_ref()?;
-        let mut n = (0, 0);
-        let mut count = |p: &lower::CPointwise| {
-            n.0 += usize::from(p.jit.as_ref().is_some_and(|s| s.get().is_some()));
-            n.1 += 1;
-        };
+        let mut v = Vec::new();
         for k in &i.lowered.kernels {
             match k {
-                CKernel::Pointwise(p) => count(p),
-                CKernel::Matmul(m) => m.epilogue.iter().for_each(&mut count),
+                CKernel::Pointwise(p) => v.push(p.jit.as_ref()),
+                CKernel::Matmul(m) => v.extend(m.epilogue.iter().map(|e| e.jit.as_ref())),
+                CKernel::Reduce(r) => v.push(r.jit.as_ref()),
                 CKernel::Rows(g) => {
                     for st in &g.stages {
-                        if let lower::CStage::Elem(p) | lower::CStage::Row(p) = st {
-                            count(p);
-                        }
+                        v.push(match st {
+                            lower::CStage::Elem(p) | lower::CStage::Row(p) => p.jit.as_ref(),
+                            lower::CStage::Reduce { k, .. } => k.jit.as_ref(),
+                        });
                     }
                 }
-                CKernel::Reduce(_) | CKernel::Extern(_) => {}
+                CKernel::Extern(_) => {}
             }
         }
-        Some(n)
+        Some(v)
+    }
+
+    /// How many of the static plan's kernels with a body (pointwise kernels,
+    /// epilogues, reductions, row-group stages) run as compiled machine code, of how
+    /// many (`None` for a dynamic or unplanned graph).
+    pub fn jit_kernels(&self) -> Option<(usize, usize)> {
+        let slots = self.jit_slots()?;
+        let compiled = slots.iter().filter(|s| s.is_some_and(|s| s.get().is_some())).count();
+        Some((compiled, slots.len()))
     }
 
     /// Wait up to `timeout` for the JIT worker to compile this graph's covered
     /// kernels (compilation is tiered: until then they run on the interpreter);
     /// whether they all have code now.
     pub fn wait_for_jit(&self, timeout: std::time::Duration) -> bool {
-        let Some(i) = self.fixed.as_ref() else { return true };
+        let Some(slots) = self.jit_slots() else { return true };
         let start = std::time::Instant::now();
         loop {
-            let mut ready = true;
-            let mut check = |p: &lower::CPointwise| {
-                if let Some(s) = &p.jit {
-                    ready &= s.get().is_some();
-                }
-            };
-            for k in &i.lowered.kernels {
-                match k {
-                    CKernel::Pointwise(p) => check(p),
-                    CKernel::Matmul(m) => m.epilogue.iter().for_each(&mut check),
-                    CKernel::Rows(g) => {
-                        for st in &g.stages {
-                            if let lower::CStage::Elem(p) | lower::CStage::Row(p) = st {
-                                check(p);
-                            }
-                        }
-                    }
-                    CKernel::Reduce(_) | CKernel::Extern(_) => {}
-                }
-            }
+            let ready = slots.iter().all(|s| s.is_none_or(|s| s.get().is_some()));
             if ready || start.elapsed() >= timeout {
                 return ready;
             }
