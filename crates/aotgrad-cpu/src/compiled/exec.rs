@@ -865,6 +865,22 @@ fn reduce_init(op: ReduceOp) -> f64 {
     }
 }
 
+/// The one stride between consecutive rows' results, when the row dims nest
+/// row-major (each dim's stride is the next one's stride times its size).
+fn linear_rows(rows: &[(usize, usize)]) -> Option<usize> {
+    let (&(_, last), rest) = rows.split_last()?;
+    let mut want = last;
+    let mut size_after = rows.last().map_or(1, |r| r.0);
+    for &(size, stride) in rest.iter().rev() {
+        want *= size_after;
+        if stride != want && size != 1 {
+            return None;
+        }
+        size_after = size;
+    }
+    Some(last)
+}
+
 /// Offset of row `r`'s result: `rows` are (size, stride) of the row dims.
 #[inline]
 fn row_offset(mut r: usize, rows: &[(usize, usize)], offset: usize) -> usize {
@@ -924,8 +940,15 @@ pub(crate) unsafe fn rows(g: &CRows, bufs: &[Raw], scratch: &mut [f64], threads:
                         CStage::Reduce { k, acc: base, rows, offset } => {
                             let a = acc.as_f64().add(*base);
                             let init = reduce_init(k.op);
+                            // Rows whose results lie at one stride (the common case)
+                            // are addressed without dividing the row index per dim.
+                            let linear = linear_rows(rows);
+                            let at = |r: usize| match linear {
+                                Some(st) => offset + r * st,
+                                None => row_offset(r, rows, *offset),
+                            };
                             for r in b..e {
-                                *a.add(row_offset(r, rows, *offset)) = init;
+                                *a.add(at(r)) = init;
                             }
                             let araw = Raw { ptr: a as *mut u8, dtype: DType::F64 };
                             match k.body.compute {
@@ -933,12 +956,22 @@ pub(crate) unsafe fn rows(g: &CRows, bufs: &[Raw], scratch: &mut [f64], threads:
                                 Compute::F64 => reduce_range::<f64>(k, bufs, araw, lo, hi),
                             }
                             let dst = bufs[k.dst.buf];
-                            let scale = if k.op == ReduceOp::Mean { k.count as f64 } else { 1.0 };
-                            for r in b..e {
-                                let o = row_offset(r, rows, *offset);
-                                let v = *a.add(o);
-                                let v = if k.op == ReduceOp::Mean { v / scale } else { v };
-                                by_dtype!(dst, store_typed, o, 1, &[v][..]);
+                            let mean = k.op == ReduceOp::Mean;
+                            let scale = if mean { k.count as f64 } else { 1.0 };
+                            if dst.dtype == DType::F32 {
+                                let d = dst.ptr as *mut f32;
+                                for r in b..e {
+                                    let o = at(r);
+                                    let v = *a.add(o);
+                                    *d.add(o) = (if mean { v / scale } else { v }) as f32;
+                                }
+                            } else {
+                                for r in b..e {
+                                    let o = at(r);
+                                    let v = *a.add(o);
+                                    let v = if mean { v / scale } else { v };
+                                    by_dtype!(dst, store_typed, o, 1, &[v][..]);
+                                }
                             }
                         }
                     }
