@@ -21,7 +21,7 @@ mod print;
 pub use buffers::{extent, plan_slots, Slot, SlotPlan};
 pub use build::plan_graph;
 pub use plan::*;
-pub use print::print_plan;
+pub use print::{plan_summary, print_plan};
 
 use aotgrad_ir::ValueId;
 use thiserror::Error;

@@ -143,3 +143,61 @@ pub fn print_plan(plan: &KernelPlan, slots: Option<&SlotPlan>) -> String {
     let _ = writeln!(out, "outputs: {}", outs.join(", "));
     out
 }
+
+/// What a body computes, as its ops in order (`copy` when it only moves values,
+/// `fill` when it only writes constants).
+fn ops(b: &Body) -> String {
+    let v: Vec<String> = b
+        .instrs
+        .iter()
+        .filter_map(|ins| match ins {
+            Instr::Load(_) | Instr::Const(_) => None,
+            Instr::Unary(u, _) => Some(u.name().to_string()),
+            Instr::Binary(op, ..) => Some(op.name().to_string()),
+            Instr::Compare(op, ..) => Some(op.name().to_string()),
+            Instr::Where(..) => Some("where".to_string()),
+            Instr::Clamp { .. } => Some("clamp".to_string()),
+            Instr::Round(d, _) => Some(format!("round.{d}")),
+        })
+        .collect();
+    if v.is_empty() && b.loads.is_empty() {
+        "fill".to_string()
+    } else if v.is_empty() {
+        "copy".to_string()
+    } else {
+        v.join(" ")
+    }
+}
+
+fn summary_line(k: &Kernel) -> String {
+    match k {
+        Kernel::Pointwise(p) => {
+            let stores = if p.stores.len() > 1 { format!(", {} stores", p.stores.len()) } else { String::new() };
+            format!("pointwise {} over [{}]{stores}", ops(&p.body), dims(&p.shape))
+        }
+        Kernel::Reduce(r) => {
+            let red: Vec<usize> = (0..r.reduced.len()).filter(|&d| r.reduced[d]).collect();
+            let pro = if r.body.instrs.len() > 1 { format!(" of {}", ops(&r.body)) } else { String::new() };
+            format!("{}{pro} over [{}] reducing {red:?}", r.op.name(), dims(&r.shape))
+        }
+        Kernel::Matmul(m) => {
+            let epi = m.epilogue.as_ref().map(|e| format!(" + epilogue {}", ops(&e.body))).unwrap_or_default();
+            format!("matmul [{}] x [{}]{epi}", dims(&m.a.shape), dims(&m.b.shape))
+        }
+        Kernel::Extern(e) => format!("extern {}", e.op.name()),
+        Kernel::Rows(g) => {
+            let stages: Vec<String> = g.stages.iter().map(summary_line).collect();
+            format!("rows over [{}]: {}", dims(&g.shape), stages.join("; "))
+        }
+    }
+}
+
+/// One line per kernel saying what it fuses (`k3: rows over [8, 128]: amax over ...;
+/// pointwise sub exp ...`), for golden tests of whole models and for logs.
+pub fn plan_summary(plan: &KernelPlan) -> String {
+    let mut out = String::new();
+    for (i, k) in plan.kernels.iter().enumerate() {
+        let _ = writeln!(out, "k{i}: {}", summary_line(k));
+    }
+    out
+}

@@ -288,6 +288,11 @@ impl CpuCompiledGraph {
         Some(print_plan(p, self.fixed.as_ref().map(|i| &i.lowered.slots)))
     }
 
+    /// One line per kernel saying what it fuses ([`aotgrad_fusion::plan_summary`]).
+    pub fn plan_summary(&self) -> Option<String> {
+        self.plan.as_ref().map(aotgrad_fusion::plan_summary)
+    }
+
     /// Peak bytes one call allocates (arena plus outputs) for a static graph.
     pub fn peak_bytes(&self) -> Option<usize> {
         self.fixed.as_ref().map(|i| i.lowered.slots.peak_bytes() + i.lowered.scratch * 8)
