@@ -23,12 +23,7 @@ fn transformer_block_forward_and_backward_plans() {
     let summary = |g: &aotgrad_ir::Graph| {
         let c = CpuBackend::new(1).compile_graph(g).unwrap();
         let plan = c.plan().expect("planned");
-        assert!(
-            plan.kernels.len() * 3 < g.nodes.len(),
-            "{} kernels for {} nodes",
-            plan.kernels.len(),
-            g.nodes.len()
-        );
+        assert!(plan.kernels.len() * 3 < g.nodes.len(), "{} kernels for {} nodes", plan.kernels.len(), g.nodes.len());
         c.plan_summary().unwrap()
     };
     expect![[r#"
