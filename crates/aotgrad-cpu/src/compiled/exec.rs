@@ -1413,12 +1413,14 @@ unsafe fn transpose_to_rows<T: Copy + 'static>(src: *const T, rs: isize, cs: isi
     }
 }
 
-/// Fill rows `[r0, r1)` of product `batch` from its computed row 0 (`same_rows`)
-/// and/or column 0 (`same_cols`).
+/// Fill rows `[r0, r1)` of product `batch` from what was computed: with `same_cols`,
+/// each row's first column holds the row's value and the other columns get it (when
+/// `same_rows` only row 0 was computed, so only row 0, in `r0..r1`, is filled so);
+/// with `same_rows`, rows from 1 copy row 0. Only the filled elements are written,
+/// so tasks over disjoint rows never write what another reads.
 ///
 /// # Safety
-/// As [`gemm_rows`]; row 0 (when `same_rows`) is computed and not written by another
-/// task while this one reads it.
+/// As [`gemm_block`]; with `same_rows`, row 0 is complete before any task copies it.
 unsafe fn replicate<T: Copy>(
     mm: &CMatmul,
     bufs: &[Raw],
@@ -1432,22 +1434,41 @@ unsafe fn replicate<T: Copy>(
     // SAFETY: offsets inside the output (lowering checked its extent).
     unsafe {
         let o = (bufs[ob].ptr as *mut T).offset(ooff as isize + batch as isize * ost[0]);
-        let src = |i: usize, j: usize| {
-            let (si, sj) = (if same_rows { 0 } else { i }, if same_cols { 0 } else { j });
-            si as isize * ost[1] + sj as isize * ost[2]
-        };
-        let dst = |i: usize, j: usize| i as isize * ost[1] + j as isize * ost[2];
-        // Walk the output in its memory order.
-        if ost[1].unsigned_abs() <= ost[2].unsigned_abs() {
-            for j in 0..mm.m {
-                for i in r0..r1 {
-                    *o.offset(dst(i, j)) = *o.offset(src(i, j));
+        let at = |i: usize, j: usize| i as isize * ost[1] + j as isize * ost[2];
+        let col_major = ost[1].unsigned_abs() <= ost[2].unsigned_abs();
+        if same_cols {
+            let rows = if same_rows { 0..usize::from(r0 == 0 && r1 > 0) } else { r0..r1 };
+            // Walk the output in its memory order.
+            if col_major {
+                for j in 1..mm.m {
+                    for i in rows.clone() {
+                        *o.offset(at(i, j)) = *o.offset(at(i, 0));
+                    }
+                }
+            } else {
+                for i in rows {
+                    let v = *o.offset(at(i, 0));
+                    for j in 1..mm.m {
+                        *o.offset(at(i, j)) = v;
+                    }
                 }
             }
-        } else {
-            for i in r0..r1 {
+        }
+        if same_rows {
+            let from = r0.max(1);
+            // Walk the output in its memory order.
+            if col_major {
                 for j in 0..mm.m {
-                    *o.offset(dst(i, j)) = *o.offset(src(i, j));
+                    let v = *o.offset(at(0, j));
+                    for i in from..r1 {
+                        *o.offset(at(i, j)) = v;
+                    }
+                }
+            } else {
+                for i in from..r1 {
+                    for j in 0..mm.m {
+                        *o.offset(at(i, j)) = *o.offset(at(0, j));
+                    }
                 }
             }
         }
@@ -1490,13 +1511,25 @@ pub(crate) unsafe fn matmul(mm: &CMatmul, bufs: &[Raw], threads: usize) {
         });
     };
     let fill = |b: usize| {
-        if same_rows || same_cols {
-            // SAFETY: the computed row / column is complete (the blocks before it ran).
+        let rep = |r0: usize, r1: usize| {
+            // SAFETY: the computed row / column is complete (the blocks before it ran);
+            // tasks write disjoint rows, and row 0 is complete before rows copy it.
             unsafe {
                 match mm.dtype {
-                    DType::F64 => replicate::<f64>(mm, bufs, b, 0, mm.n, same_rows, same_cols),
-                    _ => replicate::<f32>(mm, bufs, b, 0, mm.n, same_rows, same_cols),
+                    DType::F64 => replicate::<f64>(mm, bufs, b, r0, r1, same_rows, same_cols),
+                    _ => replicate::<f32>(mm, bufs, b, r0, r1, same_rows, same_cols),
                 }
+            }
+        };
+        if same_rows || same_cols {
+            if same_rows && same_cols {
+                // Row 0 first (its columns from its first), then the rows copy it.
+                rep(0, 1);
+                let min_rows = (16 * 1024 / mm.m.max(1)).max(1);
+                par_chunks(mm.n - 1, threads, min_rows, |r0, r1| rep(r0 + 1, r1 + 1));
+            } else {
+                let min_rows = (16 * 1024 / mm.m.max(1)).max(1);
+                par_chunks(mm.n, threads, min_rows, rep);
             }
         }
     };

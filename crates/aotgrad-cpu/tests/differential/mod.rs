@@ -250,6 +250,31 @@ pub fn reductions_with_prologues(suite: &Suite) {
             }
         }
     }
+    // Column reductions large enough that tasks split the columns (a bias gradient),
+    // contiguous and transposed.
+    for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Amax] {
+        for shape in [vec![600, 130], vec![4, 150, 131]] {
+            let rank = shape.len();
+            for l in [m(&shape, DType::F32), {
+                let mut t = m(&shape, DType::F32);
+                t.strides.swap(rank - 2, rank - 1);
+                t.strides[rank - 1] = Dim::from(shape[rank - 2]);
+                t.strides[rank - 2] = Dim::from(1usize);
+                if rank == 3 {
+                    t.strides[0] = Dim::from(shape[1] * shape[2]);
+                }
+                t
+            }] {
+                let mut g = Graph::new();
+                let x = input(&mut g, "x", l.clone());
+                let e = node(&mut g, Op::BinaryScalar(BinaryOp::Mul, Scalar::Float(0.5)), &[x]);
+                let dims: Vec<usize> = (0..rank - 1).collect();
+                let r = node(&mut g, Op::Reduce { op, dims, keepdim: false }, &[e]);
+                g.outputs = vec![r];
+                suite.check(&g, &[tensor_for(&l, 0.7, false)], 1e-5);
+            }
+        }
+    }
 }
 
 pub fn softmax_like_row_and_column_chains(suite: &Suite) {
@@ -286,6 +311,44 @@ pub fn matmuls_with_transposed_operands_and_epilogues(suite: &Suite) {
         let ins: Vec<CpuTensor> =
             g.inputs.iter().enumerate().map(|(i, x)| tensor_for(&x.meta, i as f64, false)).collect();
         suite.check(&g, &ins, 1e-5);
+    }
+    // Operands with equal rows or columns (stride 0, as the expanded gradient of a
+    // `sum`): the product's rows or columns are computed once and copied, in place of
+    // the whole product; with an epilogue, a column-major output, batches, and sizes
+    // where the copy splits across threads.
+    for (n, k, mm, batch) in [(6usize, 5usize, 9usize, 1usize), (300, 40, 260, 1), (7, 3, 150, 2)] {
+        for (rows_same, cols_same) in [(true, false), (false, true), (true, true)] {
+            let mut g = Graph::new();
+            let a0 = input(&mut g, "a", m(&[batch, 1, k], DType::F32));
+            let b0 = input(&mut g, "b", m(&[batch, k, 1], DType::F32));
+            let af = input(&mut g, "af", m(&[batch, n, k], DType::F32));
+            let bf = input(&mut g, "bf", m(&[batch, k, mm], DType::F32));
+            let a =
+                if rows_same { node(&mut g, Op::Expand(vec![batch.into(), n.into(), k.into()]), &[a0]) } else { af };
+            let b =
+                if cols_same { node(&mut g, Op::Expand(vec![batch.into(), k.into(), mm.into()]), &[b0]) } else { bf };
+            let (a, b) = if batch == 1 {
+                (
+                    node(&mut g, Op::Select { dim: 0, index: 0.into() }, &[a]),
+                    node(&mut g, Op::Select { dim: 0, index: 0.into() }, &[b]),
+                )
+            } else {
+                (a, b)
+            };
+            let p = node(&mut g, if batch == 1 { Op::Mm } else { Op::Bmm }, &[a, b]);
+            let q = node(&mut g, Op::Unary(UnaryOp::Tanh), &[p]);
+            g.outputs = vec![q];
+            if batch == 1 {
+                // The same product written transposed (its reader only relays it out).
+                let p2 = node(&mut g, Op::Mm, &[a, b]);
+                let p2t = node(&mut g, Op::T, &[p2]);
+                let c = node(&mut g, Op::Clone, &[p2t]);
+                g.outputs.push(c);
+            }
+            let ins: Vec<CpuTensor> =
+                g.inputs.iter().enumerate().map(|(i, x)| tensor_for(&x.meta, i as f64 * 0.3, false)).collect();
+            suite.check(&g, &ins, 1e-5);
+        }
     }
     // bmm on a permuted operand.
     let mut g = Graph::new();
