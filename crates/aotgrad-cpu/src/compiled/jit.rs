@@ -872,19 +872,15 @@ fn body(a: &mut CodeAssembler, pool: &mut Pool, p: &Spec, masked: bool) -> R<()>
             LInstr::Clamp { a: x, lo, hi, d } => {
                 let d = ZMM[*d];
                 a.vmovaps(d, ZMM[*x])?;
-                if let Some(lo) = lo {
-                    let lo = *lo as f32;
-                    let m0 = pool.f(a, lo);
-                    a.vcmpps(k2, d, m0, pred::LT_OQ)?;
-                    let m0 = pool.scalar(a, lo);
-                    a.vbroadcastss(d.k2(), m0)?;
-                }
-                if let Some(hi) = hi {
-                    let hi = *hi as f32;
-                    let m0 = pool.f(a, hi);
-                    a.vcmpps(k2, d, m0, pred::GT_OQ)?;
-                    let m0 = pool.scalar(a, hi);
-                    a.vbroadcastss(d.k2(), m0)?;
+                // Lanes below `lo` (above `hi`) take the bound; NaN compares false.
+                for (bound, pr) in [(lo, pred::LT_OQ), (hi, pred::GT_OQ)] {
+                    if let Some(b) = bound {
+                        let b = *b as f32;
+                        let m0 = pool.f(a, b);
+                        a.vcmpps(k2, d, m0, pr)?;
+                        let m0 = pool.scalar(a, b);
+                        a.vbroadcastss(d.k2(), m0)?;
+                    }
                 }
             }
             LInstr::Round { dtype, a: x, d } => match dtype {
