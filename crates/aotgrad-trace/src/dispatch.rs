@@ -204,7 +204,18 @@ pub(crate) fn dispatch(op: Op, args: &[&Tensor], loc: &SourceLoc) -> Result<Tens
     }
     // Does the result take part in autograd? (dtype checked once the meta is known)
     let grad_inputs = grad && differentiable(&op) && states.iter().any(TState::requires_grad);
+    // Eager autograd records an op whose inputs require grad; an in-place op also when
+    // only its target does (its history moves on even through a constant fill).
+    let record_eager = matches!(mode, Mode::Eager)
+        && grad
+        && states.iter().any(TState::requires_grad)
+        && (differentiable(&op) || aliasing == Aliasing::MutatesData);
+    let before = match (record_eager, aliasing) {
+        (true, Aliasing::MutatesData) => Some(crate::autograd::before_inplace(args, &states)?),
+        _ => None,
+    };
     let metas: Vec<&TensorMeta> = states.iter().map(TState::meta).collect();
+    let recorded_op = record_eager.then(|| op.clone());
     let (repr, out_float) = match mode {
         Mode::Eager => {
             let out = infer(&op, &metas, &mut StaticOracle).map_err(|e| Error::shape(&name, loc, e))?;
@@ -216,7 +227,8 @@ pub(crate) fn dispatch(op: Op, args: &[&Tensor], loc: &SourceLoc) -> Result<Tens
                 })
                 .collect::<Result<_>>()?;
             let res = aotgrad_cpu::execute(&op, &cpu, &out).map_err(|e| Error::kernel(&name, loc, e))?;
-            (Repr::Eager(res), out.dtype.is_float())
+            let float = out.dtype.is_float();
+            (Repr::Eager(res), float)
         }
         Mode::Fake(ctx) => {
             let mut st = ctx.lock();
@@ -250,14 +262,31 @@ pub(crate) fn dispatch(op: Op, args: &[&Tensor], loc: &SourceLoc) -> Result<Tens
         }
     };
     let rg = grad_inputs && out_float;
+    // The eager node of this op (and, for an in-place op on a view, its base's).
+    let (node, base_node) = match recorded_op.filter(|_| out_float) {
+        Some(op) => {
+            let out_meta = match &repr {
+                Repr::Eager(t) => t.meta.clone(),
+                Repr::Fake(f) => f.meta.clone(),
+            };
+            let (n, b) = crate::autograd::record(&op, args, &states, &out_meta, before, loc)?;
+            (Some(n), b)
+        }
+        None => (None, None),
+    };
     match aliasing {
-        Aliasing::Fresh => Ok(Tensor::from_state(TState::new(repr, rg, !rg))),
+        Aliasing::Fresh => {
+            let mut st = TState::new(repr, rg, !rg);
+            st.grad_fn = node.filter(|_| rg);
+            Ok(Tensor::from_state(st))
+        }
         Aliasing::View => {
             let s0 = first()?;
             let base = s0.base.clone().or_else(|| args.first().map(|t| (*t).clone()));
             // Under no-grad, a view of a tensor requiring grad still requires grad (a
             // view of such a view in grad mode inherits it), as in PyTorch.
             let no_grad_view = s0.no_grad_view || (!grad && s0.requires_grad());
+            let grad_fn_base = base.as_ref().and_then(|b| b.snapshot().grad_fn);
             Ok(Tensor::from_state(TState {
                 repr,
                 own_requires_grad: rg,
@@ -267,6 +296,11 @@ pub(crate) fn dispatch(op: Op, args: &[&Tensor], loc: &SourceLoc) -> Result<Tens
                 no_grad_view,
                 // A view of a multi-output view is output 0 of its own op.
                 multi_output_view: s0.multi_output_view.as_ref().map(|_| (backward_name(&name), 0)),
+                grad_fn: node.filter(|_| rg),
+                grad_fn_base,
+                view_loc: loc.clone(),
+                grad: None,
+                retains_grad: false,
             }))
         }
         Aliasing::MutatesData | Aliasing::MutatesMeta => {
@@ -283,8 +317,24 @@ pub(crate) fn dispatch(op: Op, args: &[&Tensor], loc: &SourceLoc) -> Result<Tens
                     st.own_requires_grad = true;
                     st.own_is_leaf = false;
                 }
+                if let Some(n) = &node {
+                    if base_node.is_some() {
+                        // A view written in place: its history is made again from its
+                        // base's new one when next used.
+                        st.grad_fn = None;
+                        st.grad_fn_base = None;
+                    } else {
+                        st.grad_fn = Some(n.clone());
+                        if let Some(b) = &st.base {
+                            st.grad_fn_base = b.snapshot().grad_fn;
+                        }
+                    }
+                }
                 st.base.clone()
             };
+            if let Some((b, n)) = base_node {
+                b.lock().grad_fn = Some(n);
+            }
             // The base of a view mutated with a grad-requiring value now requires grad too.
             if rg {
                 if let Some(b) = base {

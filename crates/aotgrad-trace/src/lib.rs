@@ -8,6 +8,7 @@
 //! - [`trace`](mod@trace): the tracing entry point and its configuration;
 //! - [`shape_env`]: shape symbols, duck sizing and guards;
 //! - [`grad_mode`]: `no_grad` scopes;
+//! - [`autograd`]: eager autograd's record (`grad_fn`, `grad`, `retain_grad`);
 //! - [`decomp`]: composite ops (linear, softmax, ...) and their decompositions;
 //! - [`error`]: the crate's [`Error`].
 #![warn(missing_docs)]
@@ -15,6 +16,7 @@
 // inference under an oracle return it on a cold path. `Error` itself boxes it.
 #![allow(clippy::result_large_err)]
 
+pub mod autograd;
 pub mod decomp;
 mod dispatch;
 pub mod error;

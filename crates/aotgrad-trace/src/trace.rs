@@ -310,6 +310,11 @@ where
                 grad_view: x.grad_view,
                 no_grad_view: x.no_grad_view,
                 multi_output_view: x.multi_output_view.clone(),
+                grad_fn: None,
+                grad_fn_base: None,
+                view_loc: loc.clone(),
+                grad: None,
+                retains_grad: false,
             }));
         }
     }

@@ -24,6 +24,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod autograd;
 pub mod config;
 pub mod error;
 pub mod export;
@@ -35,6 +36,7 @@ pub mod runtime;
 /// The wgpu backend (with the `wgpu` feature).
 #[cfg(feature = "wgpu")]
 pub use aotgrad_wgpu as wgpu;
+pub use autograd::Backward;
 pub use config::{default_backend, AotConfig, Cache};
 pub use error::{Error, Result};
 pub use export::{aot_export_joint_simple, aot_export_module};
@@ -53,7 +55,7 @@ pub use aotgrad_trace as trace;
 /// Everything a typical user needs.
 pub mod prelude {
     pub use crate::nn::{Module, ParamStore, Params};
-    pub use crate::{aot_function, aot_function_args, AotConfig, AotFunction, Arg};
+    pub use crate::{aot_function, aot_function_args, AotConfig, AotFunction, Arg, Backward};
     pub use crate::{aot_module, aot_module_simplified, AotModule};
     pub use aotgrad_ir::{DType, Dim, Scalar};
     pub use aotgrad_trace::{

@@ -32,7 +32,7 @@ pub use data::Element;
 #[derive(Clone)]
 pub struct Tensor(Arc<Inner>);
 
-struct Inner {
+pub(crate) struct Inner {
     state: Mutex<TState>,
 }
 
@@ -59,6 +59,17 @@ pub(crate) struct TState {
     /// backward, without `Backward0`, output index)`; a view of one is output 0 of its
     /// own op. Such a view may not be modified in place while autograd tracks it.
     pub(crate) multi_output_view: Option<(String, usize)>,
+    /// Eager autograd: the node that computed this tensor (PyTorch's `grad_fn`).
+    pub(crate) grad_fn: Option<Arc<crate::autograd::GradNode>>,
+    /// For a view: its base's node when this view's node was made (a base whose
+    /// history moved on since gives the view a new one).
+    pub(crate) grad_fn_base: Option<Arc<crate::autograd::GradNode>>,
+    /// For a view: where it was taken (the line its remade node reports).
+    pub(crate) view_loc: SourceLoc,
+    /// The accumulated gradient (leaves, and tensors that retain theirs).
+    pub(crate) grad: Option<Tensor>,
+    /// Whether this non-leaf keeps its gradient ([`Tensor::retain_grad`]).
+    pub(crate) retains_grad: bool,
 }
 
 /// Eager data or fake metadata.
@@ -88,6 +99,11 @@ impl TState {
             grad_view: false,
             no_grad_view: false,
             multi_output_view: None,
+            grad_fn: None,
+            grad_fn_base: None,
+            view_loc: SourceLoc { file: String::new(), line: 0, col: 0 },
+            grad: None,
+            retains_grad: false,
         }
     }
     /// The base's flags `(requires_grad, is_leaf)` when this is a differentiable view.
@@ -136,6 +152,12 @@ impl TState {
 impl Tensor {
     pub(crate) fn from_state(state: TState) -> Tensor {
         Tensor(Arc::new(Inner { state: Mutex::new(state) }))
+    }
+    pub(crate) fn from_inner(inner: Arc<Inner>) -> Tensor {
+        Tensor(inner)
+    }
+    pub(crate) fn inner(&self) -> &Arc<Inner> {
+        &self.0
     }
     pub(crate) fn lock(&self) -> MutexGuard<'_, TState> {
         self.0.state.lock().unwrap_or_else(|e| e.into_inner())

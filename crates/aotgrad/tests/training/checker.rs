@@ -246,8 +246,88 @@ fn one_call(
             }
         }
     }
+    if let Grads::FiniteDifferences = grads {
+        eager_gradients_agree(f, inputs, &out_grads, &updated_grads, &got)?;
+    }
     mutate_outputs(&eager_in, &eager_out, &comp_in, &comp_out)?;
     Ok((comp_in, out_grads, updated_grads, got))
+}
+
+/// The second oracle: the same `L` differentiated by eager autograd (`backward` on a
+/// fresh eager run in grad mode; arguments that are not leaves retain the gradient of
+/// the value they had when the call began), against the compiled gradients. Arguments
+/// sharing storage with another argument are left to the finite differences, which
+/// measure storage elements (and so is a whole program whose eager backward refuses
+/// a value saved from one such argument and mutated through another).
+fn eager_gradients_agree(
+    f: &UserFn,
+    inputs: &dyn Fn() -> Vec<Arg>,
+    out_grads: &[Tensor],
+    updated: &[(usize, Tensor)],
+    got: &[Option<Tensor>],
+) -> Result<(), String> {
+    use aotgrad::Backward;
+    let args = inputs();
+    let tensors: Vec<Option<&Tensor>> = args.iter().map(Arg::tensor).collect();
+    for t in tensors.iter().flatten() {
+        if t.is_requires_grad() && !t.is_leaf() {
+            t.retain_grad().map_err(|e| format!("retain_grad: {e}"))?;
+        }
+    }
+    let outs = f(&args).map_err(|e| format!("eager run for eager gradients fails: {e}"))?;
+    let mut total: Option<Tensor> = None;
+    let mut add = |term: Tensor| -> Result<(), String> {
+        total = Some(match total.take() {
+            Some(t) => t.add(&term).map_err(|e| e.to_string())?,
+            None => term,
+        });
+        Ok(())
+    };
+    for (o, g) in outs.iter().zip(out_grads) {
+        if o.is_requires_grad() {
+            add(o.mul(g).and_then(|p| p.sum_all()).map_err(|e| e.to_string())?)?;
+        }
+    }
+    for (k, h) in updated {
+        let t = tensor(&args[*k]).map_err(|e| e.to_string())?;
+        if t.is_requires_grad() {
+            add(t.mul(h).and_then(|p| p.sum_all()).map_err(|e| e.to_string())?)?;
+        }
+    }
+    let aliased = tensors
+        .iter()
+        .enumerate()
+        .any(|(k, t)| t.is_some_and(|t| tensors[k + 1..].iter().flatten().any(|u| u.shares_storage_with(t))));
+    if let Some(l) = total.filter(Tensor::is_requires_grad) {
+        match l.backward() {
+            Ok(()) => {}
+            // Arguments viewing one storage share its version counter (as in PyTorch),
+            // so mutating one invalidates values saved from another: eager autograd
+            // refuses such a program, and the finite differences remain the oracle.
+            Err(e) if aliased && e.to_string().contains("modified by an inplace operation") => return Ok(()),
+            Err(e) => return Err(format!("eager backward fails: {e}")),
+        }
+    }
+    for (k, g) in got.iter().enumerate() {
+        let (Some(g), Some(t)) = (g, tensors[k]) else { continue };
+        let shared = tensors.iter().enumerate().any(|(j, u)| j != k && u.is_some_and(|u| u.shares_storage_with(t)));
+        if shared {
+            continue;
+        }
+        let comp = g.to_vec_f64().map_err(|e| e.to_string())?;
+        let eager = match t.grad() {
+            Some(e) => e.to_vec_f64().map_err(|e| e.to_string())?,
+            None => vec![0.0; comp.len()],
+        };
+        for (e, (a, b)) in comp.iter().zip(&eager).enumerate() {
+            if (a - b).abs() > TOL * b.abs().max(1.0) {
+                return Err(format!(
+                    "d L / d arg{k}[{e}] = {a} (compiled) != {b} (eager autograd)\n  compiled: {comp:?}\n  eager: {eager:?}"
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn backward(

@@ -1,0 +1,296 @@
+//! Eager autograd's backward pass: [`Backward::backward`] on an eager tensor fills the
+//! gradients of the leaves it was computed from, as PyTorch's `loss.backward()` does.
+//!
+//! While grad mode is on, eager ops record their history (`aotgrad_trace::autograd`:
+//! each result's [`GradNode`] is a small functional graph with edges to its inputs'
+//! histories). The backward pass walks the nodes from the root in reverse topological
+//! order and, for each, differentiates the node's graph with `aotgrad-autodiff` — the
+//! derivative rules compiled functions use, so eager and compiled gradients come from
+//! one rule set — keeps only what computes the gradients, and runs it on the reference
+//! kernels with the node's saved inputs and its output gradient. Gradients reaching a
+//! node from several uses are summed; leaves accumulate theirs in
+//! [`Tensor::grad`](aotgrad_trace::Tensor::grad) across backward passes.
+//!
+//! PyTorch's errors: a root that does not require grad, an implicit gradient for a
+//! root with more than one element, a saved input modified in place since it was saved
+//! (checked only for inputs the gradient reads), and a second backward through a
+//! history whose saved values the first one freed (`retain_graph` keeps them).
+//!
+//! ```
+//! use aotgrad::prelude::*;
+//!
+//! let w = Tensor::from_f64(&[1.0, 2.0, 3.0], &[3], DType::F32)?.requires_grad(true)?;
+//! let loss = w.mul(&w)?.sum_all()?; // sum(w²)
+//! loss.backward()?;
+//! assert_eq!(w.grad().unwrap().to_vec_f64()?, vec![2.0, 4.0, 6.0]);
+//! # Ok::<(), aotgrad::Error>(())
+//! ```
+
+use crate::error::{Error, Result};
+use aotgrad_autodiff::build_joint;
+use aotgrad_cpu::CpuTensor;
+use aotgrad_ir::infer::infer;
+use aotgrad_ir::{BinaryOp, Graph, Op, SourceLoc, StaticOracle, TensorMeta, ValueId};
+use aotgrad_trace::autograd::{Edge, GradNode};
+use aotgrad_trace::Tensor;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+/// The backward pass on eager tensors (see the [module docs](self)).
+pub trait Backward {
+    /// PyTorch's `t.backward()`: `t` must hold one element; its gradient is 1.
+    fn backward(&self) -> Result<()>;
+    /// PyTorch's `t.backward(gradient, retain_graph)`: `grad` (of `t`'s shape; `None`
+    /// for 1 when `t` holds one element) flows back into the leaves; with
+    /// `retain_graph` the saved values stay for another backward pass.
+    fn backward_with(&self, grad: Option<&Tensor>, retain_graph: bool) -> Result<()>;
+}
+
+impl Backward for Tensor {
+    #[track_caller]
+    fn backward(&self) -> Result<()> {
+        backward_at(self, None, false, &SourceLoc::caller())
+    }
+    #[track_caller]
+    fn backward_with(&self, grad: Option<&Tensor>, retain_graph: bool) -> Result<()> {
+        backward_at(self, grad, retain_graph, &SourceLoc::caller())
+    }
+}
+
+fn autograd_err(loc: &SourceLoc, msg: impl Into<String>) -> Error {
+    Error::Trace(aotgrad_trace::Error::Autograd { op: "backward".into(), loc: loc.clone(), msg: msg.into() })
+}
+
+fn backward_at(root: &Tensor, grad: Option<&Tensor>, retain_graph: bool, loc: &SourceLoc) -> Result<()> {
+    if root.is_fake() {
+        return Err(autograd_err(
+            loc,
+            "backward on a traced (fake) tensor: gradients of a traced function come from its compiled \
+             backward (`AotFunction::forward` returns it)",
+        ));
+    }
+    let edge = root.grad_edge()?;
+    let meta = root.meta();
+    let g0 = match grad {
+        Some(g) => {
+            let g = g.to_cpu()?;
+            if g.meta.shape != meta.shape {
+                return Err(autograd_err(
+                    loc,
+                    format!(
+                        "Mismatch in shape: grad_output has a shape of {} and output has a shape of {}",
+                        g.meta, meta
+                    ),
+                ));
+            }
+            g
+        }
+        None => {
+            if meta.numel().as_const() != Some(1) {
+                return Err(autograd_err(loc, "grad can be implicitly created only for scalar outputs"));
+            }
+            root.ones_like()?.to_cpu()?
+        }
+    };
+    match edge {
+        Edge::None => Err(autograd_err(
+            loc,
+            if root.is_requires_grad() {
+                "this tensor requires grad but has no recorded history (a compiled function's output: use the \
+                 backward its `forward` returned)"
+            } else {
+                "element 0 of tensors does not require grad and does not have a grad_fn"
+            },
+        )),
+        Edge::Leaf(t) => Ok(t.accumulate_grad(&Tensor::from_cpu(g0))?),
+        Edge::Node(n) => run(&n, g0, retain_graph),
+    }
+}
+
+/// The nodes reachable from `root`, each before every node it reads (reverse
+/// postorder of a depth-first walk, without recursion: histories can be long).
+fn topo_order(root: &Arc<GradNode>) -> Vec<Arc<GradNode>> {
+    let key = |n: &Arc<GradNode>| Arc::as_ptr(n) as usize;
+    let mut seen: HashSet<usize> = HashSet::new();
+    let mut post: Vec<Arc<GradNode>> = Vec::new();
+    let mut stack: Vec<(Arc<GradNode>, usize)> = vec![(root.clone(), 0)];
+    seen.insert(key(root));
+    while let Some((n, i)) = stack.pop() {
+        let next = n.edges()[i..].iter().enumerate().find_map(|(k, e)| match e {
+            Edge::Node(m) if !seen.contains(&key(m)) => Some((i + k, m.clone())),
+            _ => None,
+        });
+        match next {
+            Some((k, m)) => {
+                stack.push((n, k + 1));
+                seen.insert(key(&m));
+                stack.push((m, 0));
+            }
+            None => post.push(n),
+        }
+    }
+    post.reverse();
+    post
+}
+
+fn run(root: &Arc<GradNode>, g0: CpuTensor, retain_graph: bool) -> Result<()> {
+    let order = topo_order(root);
+    let key = |n: &Arc<GradNode>| Arc::as_ptr(n) as usize;
+    let mut grads: HashMap<usize, CpuTensor> = HashMap::new();
+    grads.insert(key(root), g0);
+    for node in &order {
+        let Some(g) = grads.remove(&key(node)) else { continue };
+        for t in node.retained() {
+            t.accumulate_retained_grad(&Tensor::from_cpu(g.clone()))?;
+        }
+        let input_grads = vjp(node, &g)?;
+        for (edge, gi) in node.edges().iter().zip(input_grads) {
+            let Some(gi) = gi else { continue };
+            match edge {
+                Edge::None => {}
+                Edge::Leaf(t) => t.accumulate_grad(&Tensor::from_cpu(gi))?,
+                Edge::Node(m) => {
+                    let k = key(m);
+                    let sum = match grads.remove(&k) {
+                        Some(prev) => add(&prev, &gi, node.loc())?,
+                        None => gi,
+                    };
+                    grads.insert(k, sum);
+                }
+            }
+        }
+    }
+    if !retain_graph {
+        for node in &order {
+            node.free_saved();
+        }
+    }
+    Ok(())
+}
+
+/// `a + b` on the reference kernels.
+fn add(a: &CpuTensor, b: &CpuTensor, loc: &SourceLoc) -> Result<CpuTensor> {
+    let op = Op::Binary(BinaryOp::Add);
+    let out = infer(&op, &[&a.meta, &b.meta], &mut StaticOracle)
+        .map_err(|e| autograd_err(loc, format!("summing gradients: {e}")))?;
+    aotgrad_cpu::execute(&op, &[a, b], &out).map_err(|e| autograd_err(loc, format!("summing gradients: {e}")))
+}
+
+/// What a node's backward runs, derived once per node.
+struct Prepared {
+    /// The differentiated graph, kept to what computes the gradients: inputs are the
+    /// node's inputs then the output gradient; outputs the gradients of `grad_inputs`.
+    graph: Graph,
+    /// Which node inputs get a gradient, in output order.
+    grad_inputs: Vec<usize>,
+    /// Which node inputs the gradient reads (only those must be unmodified).
+    reads: Vec<bool>,
+}
+
+fn prepare(node: &GradNode) -> Result<Prepared> {
+    let g = node.graph();
+    let requires: Vec<bool> =
+        node.edges().iter().zip(&g.inputs).map(|(e, i)| !matches!(e, Edge::None) && i.meta.dtype.is_float()).collect();
+    let outputs = vec![true; g.outputs.len()];
+    let joint = build_joint(g, &requires, &outputs)
+        .map_err(|e| autograd_err(node.loc(), format!("{}: no gradient: {e}", node.name())))?;
+    let mut graph = joint.graph.clone();
+    graph.outputs = graph.outputs[joint.num_fw_outputs..].to_vec();
+    prune(&mut graph);
+    let used = used_inputs(&graph);
+    let reads = (0..g.inputs.len()).map(|i| used.contains(&graph.inputs[i].id)).collect();
+    Ok(Prepared { graph, grad_inputs: joint.grad_primals.clone(), reads })
+}
+
+/// Drop the nodes no output needs.
+fn prune(g: &mut Graph) {
+    let mut live: HashSet<ValueId> = g.outputs.iter().copied().collect();
+    let mut keep = vec![false; g.nodes.len()];
+    for (i, n) in g.nodes.iter().enumerate().rev() {
+        if live.contains(&n.out) {
+            keep[i] = true;
+            live.extend(n.args.iter().copied());
+        }
+    }
+    let mut i = 0;
+    g.nodes.retain(|_| {
+        i += 1;
+        keep[i - 1]
+    });
+}
+
+/// The inputs some node or output of `g` reads.
+fn used_inputs(g: &Graph) -> HashSet<ValueId> {
+    let mut used: HashSet<ValueId> = g.outputs.iter().copied().collect();
+    for n in &g.nodes {
+        used.extend(n.args.iter().copied());
+    }
+    used
+}
+
+/// `t` laid out as `want` (same shape and dtype): the graph's inputs are checked
+/// against their recorded layouts.
+fn relayout(t: &CpuTensor, want: &TensorMeta, loc: &SourceLoc) -> Result<CpuTensor> {
+    if t.meta == *want {
+        return Ok(t.clone());
+    }
+    let err = |e: String| autograd_err(loc, format!("laying out a gradient: {e}"));
+    let extent = aotgrad_fusion_extent(want).ok_or_else(|| err(format!("layout {want} is not concrete")))?;
+    let dst = CpuTensor {
+        storage: aotgrad_cpu::Storage::new(aotgrad_cpu::Buffer::zeros(want.dtype, extent)),
+        meta: want.clone(),
+    };
+    aotgrad_cpu::execute(&Op::Copy, &[&dst, t], want).map_err(|e| err(e.to_string()))
+}
+
+/// Elements a concrete layout spans in its storage.
+fn aotgrad_fusion_extent(m: &TensorMeta) -> Option<usize> {
+    let shape = m.concrete_shape()?;
+    let strides = m.concrete_strides()?;
+    let offset = m.concrete_offset()?;
+    if shape.contains(&0) {
+        return Some(offset);
+    }
+    Some(shape.iter().zip(&strides).map(|(s, st)| (s - 1) * st).sum::<usize>() + offset + 1)
+}
+
+/// The gradients of a node's inputs (one per edge; `None` where none flows), given
+/// its output's gradient `g`.
+fn vjp(node: &GradNode, g: &CpuTensor) -> Result<Vec<Option<CpuTensor>>> {
+    let saved = node.saved()?;
+    if node.cache.get().is_none() {
+        let p = prepare(node)?;
+        let _ = node.cache.set(Box::new(p));
+    }
+    let prep = node
+        .cache
+        .get()
+        .and_then(|c| c.downcast_ref::<Prepared>())
+        .ok_or_else(|| Error::Internal("eager autograd: a node's prepared backward is missing".into()))?;
+    for (i, s) in saved.iter().enumerate() {
+        let now = s.value.storage.version();
+        if prep.reads[i] && now != s.version {
+            return Err(autograd_err(
+                node.loc(),
+                format!(
+                    "one of the variables needed for gradient computation has been modified by an inplace \
+                     operation: [{}], input {i} of {}, is at version {now}; expected version {} instead",
+                    s.value.meta,
+                    node.name(),
+                    s.version
+                ),
+            ));
+        }
+    }
+    let n_in = saved.len();
+    let mut inputs: Vec<CpuTensor> = saved.into_iter().map(|s| s.value).collect();
+    let tangent = &prep.graph.inputs[n_in].meta;
+    inputs.push(relayout(g, tangent, node.loc())?);
+    let outs = aotgrad_cpu::interpret(&prep.graph, &inputs)
+        .map_err(|e| autograd_err(node.loc(), format!("{}: {e}", node.name())))?;
+    let mut grads: Vec<Option<CpuTensor>> = vec![None; node.edges().len()];
+    for (k, i) in prep.grad_inputs.iter().enumerate() {
+        grads[*i] = outs.get(k).cloned();
+    }
+    Ok(grads)
+}
