@@ -34,6 +34,10 @@ pub enum Edge {
     Leaf(Tensor),
     /// Into the output of this node.
     Node(Arc<GradNode>),
+    /// Into a tensor that requires grad but whose history eager autograd did not
+    /// record: the output of a compiled function, whose gradients come from the
+    /// backward its `forward` returned. A gradient reaching it is an error.
+    Unrecorded,
 }
 
 /// A value saved for the backward, with its storage version at the time.
@@ -158,7 +162,7 @@ pub(crate) fn edge_of(t: &Tensor, s: &TState) -> Result<Edge> {
     Ok(match &s.grad_fn {
         Some(n) => Edge::Node(n.clone()),
         None if s.is_leaf() => Edge::Leaf(t.clone()),
-        None => Edge::None,
+        None => Edge::Unrecorded,
     })
 }
 
@@ -173,6 +177,7 @@ fn view_of_base(base: &Tensor, b: &TState, v: &TState) -> Result<Arc<GradNode>> 
     let edge = match &b.grad_fn {
         Some(n) => Edge::Node(n.clone()),
         None if b.requires_grad() && b.is_leaf() => Edge::Leaf(base.clone()),
+        None if b.requires_grad() => Edge::Unrecorded,
         None => Edge::None,
     };
     let saved = vec![Saved { value: bt.clone(), version: bt.storage.version() }];

@@ -61,6 +61,10 @@ fn autograd_err(loc: &SourceLoc, msg: impl Into<String>) -> Error {
     Error::Trace(aotgrad_trace::Error::Autograd { op: "backward".into(), loc: loc.clone(), msg: msg.into() })
 }
 
+const UNRECORDED: &str = "the gradient reaches a tensor that requires grad but has no recorded history (a \
+     compiled function's output: its gradients come from the backward its `forward` returned; eager autograd does \
+     not pass through compiled calls)";
+
 fn backward_at(root: &Tensor, grad: Option<&Tensor>, retain_graph: bool, loc: &SourceLoc) -> Result<()> {
     if root.is_fake() {
         return Err(autograd_err(
@@ -93,15 +97,8 @@ fn backward_at(root: &Tensor, grad: Option<&Tensor>, retain_graph: bool, loc: &S
         }
     };
     match edge {
-        Edge::None => Err(autograd_err(
-            loc,
-            if root.is_requires_grad() {
-                "this tensor requires grad but has no recorded history (a compiled function's output: use the \
-                 backward its `forward` returned)"
-            } else {
-                "element 0 of tensors does not require grad and does not have a grad_fn"
-            },
-        )),
+        Edge::None => Err(autograd_err(loc, "element 0 of tensors does not require grad and does not have a grad_fn")),
+        Edge::Unrecorded => Err(autograd_err(loc, UNRECORDED)),
         Edge::Leaf(t) => Ok(t.accumulate_grad(&Tensor::from_cpu(g0))?),
         Edge::Node(n) => run(&n, g0, retain_graph),
     }
@@ -135,6 +132,13 @@ fn topo_order(root: &Arc<GradNode>) -> Vec<Arc<GradNode>> {
 
 fn run(root: &Arc<GradNode>, g0: CpuTensor, retain_graph: bool) -> Result<()> {
     let order = topo_order(root);
+    // Refuse before any leaf accumulates: a float input with no recorded history.
+    for node in &order {
+        let g = node.graph();
+        if node.edges().iter().zip(&g.inputs).any(|(e, i)| matches!(e, Edge::Unrecorded) && i.meta.dtype.is_float()) {
+            return Err(autograd_err(node.loc(), UNRECORDED));
+        }
+    }
     let key = |n: &Arc<GradNode>| Arc::as_ptr(n) as usize;
     let mut grads: HashMap<usize, CpuTensor> = HashMap::new();
     grads.insert(key(root), g0);
@@ -148,6 +152,7 @@ fn run(root: &Arc<GradNode>, g0: CpuTensor, retain_graph: bool) -> Result<()> {
             let Some(gi) = gi else { continue };
             match edge {
                 Edge::None => {}
+                Edge::Unrecorded => return Err(autograd_err(node.loc(), UNRECORDED)),
                 Edge::Leaf(t) => t.accumulate_grad(&Tensor::from_cpu(gi))?,
                 Edge::Node(m) => {
                     let k = key(m);

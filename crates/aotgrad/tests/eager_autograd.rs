@@ -486,3 +486,22 @@ fn every_derivative_rule_through_backward() {
         eager_gradcheck(name, ins, f, k as u64 + 1);
     }
 }
+
+#[test]
+fn eager_backward_through_a_compiled_output_is_refused_before_any_leaf_changes() {
+    // Compiled outputs require grad but carry no eager history: their gradients come
+    // from the backward `forward` returned. Eager autograd says so instead of silently
+    // dropping the gradient, and leaves nothing half-accumulated.
+    let f = aot_function(|a: &[Tensor]| Ok(vec![a[0].mul(&a[0])?]), AotConfig::default().no_cache()).unwrap();
+    let x = leaf(&[1.0, 2.0, 3.0], &[3]);
+    let (outs, _) = f.forward(std::slice::from_ref(&x)).unwrap();
+    assert!(outs[0].is_requires_grad() && !outs[0].is_leaf());
+    let loss = outs[0].sum_all().unwrap().add(&x.sum_all().unwrap()).unwrap();
+    let e = loss.backward().unwrap_err().to_string();
+    assert!(e.contains("compiled function's output"), "{e}");
+    assert!(x.grad().is_none(), "no gradient accumulated before the error");
+    let e = outs[0].backward_with(Some(&outs[0].ones_like().unwrap()), false).unwrap_err().to_string();
+    assert!(e.contains("no recorded history"), "{e}");
+    // Eager ops on compiled outputs still work (metrics, logging).
+    assert_eq!(vals(&outs[0].mul(2.0).unwrap()), vec![2.0, 8.0, 18.0]);
+}
