@@ -94,6 +94,8 @@ pub fn functionalize_stage(t: &Traced) -> Result<Functionalized> {
     let facts = TraceFacts {
         input_requires_grad: &t.input_requires_grad,
         output_requires_grad: &t.output_requires_grad,
+        output_no_grad_view: &t.output_no_grad_view,
+        detach_values: &t.detach_values,
         hidden_mutation: &hidden,
     };
     let mut env = t.shape_env.clone();

@@ -157,3 +157,10 @@ pub fn interpret_with_symbols(
 ) -> Result<Vec<CpuTensor>> {
     interp::interpret_with_symbols(g, inputs, symbols)
 }
+
+/// Fails as [`execute`] does for a view whose concrete layout `meta` reaches past a
+/// storage of `storage_len` elements (the check a fake tensor's view op repeats while
+/// tracing, so compiled and eager refuse the same views).
+pub fn check_view_fits(op: &str, meta: &TensorMeta, storage_len: usize) -> Result<()> {
+    iter::Layout::from_meta(meta)?.check_fits(op, storage_len)
+}

@@ -108,6 +108,11 @@ impl<'o> Builder<'o> {
     /// autograd must not see through it (a detached view, or one taken under no-grad
     /// of a value requiring grad), so the cut applies to it alone.
     pub fn detached_alias(&mut self, x: ValueId, loc: &Option<SourceLoc>) -> Result<ValueId> {
+        self.distinct_alias(x, loc)
+    }
+
+    /// A new `alias` of `x` that no other emission shares (memoized views would).
+    pub fn distinct_alias(&mut self, x: ValueId, loc: &Option<SourceLoc>) -> Result<ValueId> {
         Ok(self.inner.emit(Op::Alias, vec![x], loc.clone())?)
     }
 

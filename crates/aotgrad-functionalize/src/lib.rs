@@ -90,6 +90,12 @@ pub struct TraceFacts<'a> {
     pub input_requires_grad: &'a [bool],
     /// Per traced output: it requires grad.
     pub output_requires_grad: &'a [bool],
+    /// Per traced output: it is a view taken under no-grad of a tensor autograd tracks
+    /// (PyTorch: a leaf that requires grad); empty means none is.
+    pub output_no_grad_view: &'a [bool],
+    /// Traced values made by `detach` (`alias` nodes autograd never sees through, even
+    /// of a storage it does not track yet).
+    pub detach_values: &'a [ValueId],
     /// Per traced node (by the value it defines): autograd does not see it. For a
     /// data mutation: it ran under no-grad, or on a detached alias (a *hidden*
     /// mutation). For any other node: its value does not require grad (computed under

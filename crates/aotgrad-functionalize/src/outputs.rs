@@ -6,7 +6,7 @@
 
 use crate::pass::Pass;
 use crate::{eliminate_dead_code_with, AutogradFacts, FunctionalizeError, Functionalized, Options, Result};
-use aotgrad_ir::{Graph, Op, StorageId, ValueId};
+use aotgrad_ir::{Aliasing, Graph, Op, StorageId, ValueId};
 use aotgrad_meta::{CallingConvention, InputInfo, OutputInfo, OutputKind, ViewAndMutationMeta};
 use std::collections::HashMap;
 
@@ -18,6 +18,14 @@ fn classify(p: &Pass<'_, '_>) -> Result<(Vec<OutputInfo>, Vec<usize>)> {
     let mut first_seen: HashMap<ValueId, usize> = HashMap::new();
     let mut nonalias_of_root: HashMap<usize, usize> = HashMap::new();
     let mut pending: Vec<usize> = Vec::new();
+    // What each aliasing node's result aliases (its first operand), and the inputs.
+    let alias_of: HashMap<ValueId, ValueId> = traced
+        .nodes
+        .iter()
+        .filter(|n| !matches!(n.op.aliasing(), Aliasing::Fresh) && !n.args.is_empty())
+        .map(|n| (n.out, n.args[0]))
+        .collect();
+    let input_index: HashMap<ValueId, usize> = traced.inputs.iter().enumerate().map(|(i, inp)| (inp.id, i)).collect();
     for (j, v) in traced.outputs.iter().enumerate() {
         let t = p.tval(*v)?;
         let meta = traced
@@ -30,7 +38,11 @@ fn classify(p: &Pass<'_, '_>) -> Result<(Vec<OutputInfo>, Vec<usize>)> {
         } else if let Some(i) = t.handle {
             OutputKind::IsInput(i)
         } else if p.roots[t.root].graph_input.is_some() {
-            OutputKind::AliasOfInput(p.roots[t.root].members[0])
+            // The input it was viewed from (several inputs may share the root): the
+            // runtime regenerates it from that one, so its gradient reaches that one.
+            let members = &p.roots[t.root].members;
+            let from = origin(*v, &alias_of, &input_index).filter(|i| members.contains(i));
+            OutputKind::AliasOfInput(from.unwrap_or(members[0]))
         } else if t.chain.is_empty() {
             nonalias_of_root.entry(t.root).or_insert(j);
             OutputKind::NonAlias
@@ -39,7 +51,18 @@ fn classify(p: &Pass<'_, '_>) -> Result<(Vec<OutputInfo>, Vec<usize>)> {
             OutputKind::NonAlias // fixed below
         };
         first_seen.entry(*v).or_insert(j);
-        outputs.push(OutputInfo { kind, meta, requires_grad, grad_cut: t.cut });
+        let no_grad_view = p.facts.output_no_grad_view.get(j).copied().unwrap_or(false);
+        let no_grad_leaf = no_grad_view && t.detached;
+        let own_gradient = t.detached && !t.cut;
+        outputs.push(OutputInfo {
+            kind,
+            meta,
+            requires_grad,
+            grad_cut: t.cut,
+            no_grad_view,
+            no_grad_leaf,
+            own_gradient,
+        });
     }
     let mut base_roots: Vec<usize> = Vec::new();
     let mut base_of_root: HashMap<usize, usize> = HashMap::new();
@@ -60,8 +83,21 @@ fn classify(p: &Pass<'_, '_>) -> Result<(Vec<OutputInfo>, Vec<usize>)> {
     // fresh result of it, by contrast, is computed from the cut alias).
     for o in &mut outputs {
         o.grad_cut &= !matches!(o.kind, OutputKind::NonAlias);
+        o.no_grad_view &= !matches!(o.kind, OutputKind::NonAlias);
+        o.no_grad_leaf &= o.no_grad_view;
+        o.own_gradient &= !matches!(o.kind, OutputKind::NonAlias | OutputKind::SameAs(_));
     }
     Ok((outputs, base_roots))
+}
+
+/// The traced input that value `v` aliases through a chain of views and in-place ops.
+fn origin(mut v: ValueId, alias_of: &HashMap<ValueId, ValueId>, inputs: &HashMap<ValueId, usize>) -> Option<usize> {
+    loop {
+        if let Some(&i) = inputs.get(&v) {
+            return Some(i);
+        }
+        v = *alias_of.get(&v)?;
+    }
 }
 
 pub(crate) fn finish(mut p: Pass<'_, '_>, options: &Options, convention: CallingConvention) -> Result<Functionalized> {

@@ -119,8 +119,8 @@ pub(crate) struct Pass<'a, 'o> {
     pub handle_final: Vec<ValueId>,
     /// Where autograd's view differs from the functional graph's (pre-renumbering ids).
     pub autograd: AutogradFacts,
-    /// Autograd sees some node of the trace (else no view needs detaching: nothing
-    /// computed carries a gradient).
+    /// Autograd sees some node or tracks some input of the trace (else no view needs
+    /// detaching: nothing carries a gradient).
     pub autograd_active: bool,
 }
 
@@ -146,7 +146,15 @@ impl Pass<'_, '_> {
         }
         if t.detached {
             x = self.b.detached_alias(x, loc)?;
-            self.autograd.detached.push(x);
+            if t.cut {
+                self.autograd.detached.push(x);
+            } else {
+                // A detached alias with a history of its own (written with values
+                // autograd sees) keeps it when the storage changes through another
+                // alias, as PyTorch's does: the new values pass their gradient to
+                // the alias's previous value.
+                self.autograd.straight_through.push((x, t.fv));
+            }
         }
         let e = self.vals.get_mut(&v).ok_or_else(|| FunctionalizeError::Internal(format!("{v} vanished")))?;
         e.fv = x;
@@ -302,7 +310,8 @@ impl Pass<'_, '_> {
         let detached = if meta_mutation {
             t0.detached
         } else {
-            self.autograd_active && self.roots[t0.root].grad && self.unseen(node.out)
+            (self.autograd_active && self.roots[t0.root].grad && self.unseen(node.out))
+                || self.facts.detach_values.contains(&node.out)
         };
         let (chain, fv) = if let Op::AsStrided { size, stride, offset } = &inner {
             let root = &self.roots[t0.root];
@@ -339,7 +348,9 @@ impl Pass<'_, '_> {
             fv
         };
         let gen = self.roots[t0.root].gen;
-        let cut = t0.cut || detached;
+        // A metadata mutation keeps its handle's history (cut or not); a detached view
+        // starts a cut one.
+        let cut = if meta_mutation { t0.cut } else { t0.cut || detached };
         self.vals.insert(node.out, TVal { root: t0.root, chain, fv, gen, handle, detached, cut });
         Ok(())
     }
@@ -397,11 +408,28 @@ impl Pass<'_, '_> {
             }
             y
         };
-        let y = self.b.dense_like(y, root_cur, loc)?;
+        let mut y = self.b.dense_like(y, root_cur, loc)?;
         // Through a `detach`ed alias the mutation is hidden from the storage's other
         // views even when the values written require grad (the alias itself then
         // requires grad, as in PyTorch, and keeps the written value's gradient).
         let hidden = self.unseen(node.out) || t0.detached;
+        // Through a `detach`ed alias the storage's new value (straight through to the
+        // old one, for the storage's other views) and the alias's own value (a
+        // constant, or after a write autograd sees, the written value's history) must
+        // be two values: the storage's is an `alias` of the scattered one, the
+        // alias's is its chain replayed from the scattered one.
+        let mut own = None;
+        if t0.detached {
+            let scattered = y;
+            y = self.b.distinct_alias(scattered, loc)?;
+            if !self.unseen(node.out) {
+                let mut x = scattered;
+                for op in t0.chain.ops().iter().filter(|op| !matches!(op, Op::Alias)) {
+                    x = self.b.apply_view(op, x, loc)?;
+                }
+                own = Some(x);
+            }
+        }
         let root = &mut self.roots[t0.root];
         // A mutation autograd does not see, of a storage it tracks: to autograd the
         // storage keeps its identity, so the new value passes its gradient straight
@@ -424,17 +452,25 @@ impl Pass<'_, '_> {
         // value is laid out otherwise, its next read replays its chain from the new
         // root value (which has the root's layout), so the strides match eager's.
         let relaid = self.b.meta(new)?.strides != node.meta.strides;
-        let tv_gen = if (straight && !t0.detached) || relaid { gen.wrapping_sub(1) } else { gen };
+        let tv_gen = if own.is_some() {
+            gen
+        } else if (straight && !t0.detached) || relaid {
+            gen.wrapping_sub(1)
+        } else {
+            gen
+        };
         self.vals.insert(
             node.out,
             TVal {
                 root: t0.root,
                 chain: t0.chain,
-                fv: new,
+                fv: own.unwrap_or(new),
                 gen: tv_gen,
                 handle: t0.handle,
                 detached: t0.detached,
-                cut: t0.cut,
+                // A `detach`ed alias written with a value autograd sees has a history
+                // of its own from here (the written value's): no longer cut.
+                cut: t0.cut && (!t0.detached || self.unseen(node.out)),
             },
         );
         Ok(())
@@ -456,7 +492,13 @@ pub(crate) fn run(
         traced,
         handle_final: traced.inputs.iter().map(|i| i.id).collect(),
         autograd: AutogradFacts::default(),
-        autograd_active: traced.nodes.iter().any(|n| !(facts.hidden_mutation)(n.out)),
+        // Autograd is on in this trace when it sees some node, or tracks some input (a
+        // trace in grad mode whose only nodes are no-grad views still returns views
+        // that pass no gradient).
+        autograd_active: traced.nodes.iter().any(|n| !(facts.hidden_mutation)(n.out))
+            || traced.inputs.iter().enumerate().any(|(i, inp)| {
+                facts.input_requires_grad.get(i).copied().unwrap_or(false) && !(facts.hidden_mutation)(inp.id)
+            }),
     };
     let convention = p.inputs(&groups)?;
     for node in &traced.nodes {

@@ -18,7 +18,13 @@ fn run(text: &str, requires_grad: bool, unseen: &[u32]) -> (String, AutogradFact
     let out_rg = vec![requires_grad; g.outputs.len()];
     let unseen: Vec<u32> = unseen.to_vec();
     let hidden = move |v: ValueId| unseen.contains(&v.0);
-    let facts = TraceFacts { input_requires_grad: &rg, output_requires_grad: &out_rg, hidden_mutation: &hidden };
+    let facts = TraceFacts {
+        input_requires_grad: &rg,
+        output_requires_grad: &out_rg,
+        output_no_grad_view: &[],
+        detach_values: &[],
+        hidden_mutation: &hidden,
+    };
     let fz = functionalize(&g, &facts, &Options::default(), &mut StaticOracle).expect("functionalizes");
     (print_graph(&fz.graph), fz.autograd)
 }

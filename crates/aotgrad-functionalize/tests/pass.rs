@@ -19,7 +19,13 @@ fn run(text: &str, keep: bool) -> Result<String, FunctionalizeError> {
     let no = vec![false; g.inputs.len()];
     let out_no = vec![false; g.outputs.len()];
     let hidden = |_| true;
-    let facts = TraceFacts { input_requires_grad: &no, output_requires_grad: &out_no, hidden_mutation: &hidden };
+    let facts = TraceFacts {
+        input_requires_grad: &no,
+        output_requires_grad: &out_no,
+        output_no_grad_view: &[],
+        detach_values: &[],
+        hidden_mutation: &hidden,
+    };
     let fz = functionalize(&g, &facts, &Options { keep_input_mutations: keep }, &mut StaticOracle)?;
     verify_functional(&fz.graph, keep, &mut StaticOracle).expect("functional graph verifies");
     let mut s = print_graph(&fz.graph);
@@ -318,7 +324,13 @@ fn as_strided_with_overflowing_addresses_is_unsupported() {
     );
     g.nodes[0].loc = Some(SourceLoc { file: "user.rs".into(), line: 7, col: 3 });
     let (no, out_no, hidden) = (vec![false], vec![false], |_| true);
-    let facts = TraceFacts { input_requires_grad: &no, output_requires_grad: &out_no, hidden_mutation: &hidden };
+    let facts = TraceFacts {
+        input_requires_grad: &no,
+        output_requires_grad: &out_no,
+        output_no_grad_view: &[],
+        detach_values: &[],
+        hidden_mutation: &hidden,
+    };
     let err = functionalize(&g, &facts, &Options::default(), &mut StaticOracle).expect_err("overflow is refused");
     assert!(matches!(err, FunctionalizeError::Unsupported { .. }), "{err:?}");
     expect!["user.rs:7:3: as_strided: inputs [0] need a synthetic base covering every storage element the program reaches, but storage addresses overflow the address range (huge sizes, strides or offset)"].assert_eq(&err.to_string());

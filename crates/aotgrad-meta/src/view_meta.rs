@@ -59,6 +59,16 @@ pub struct OutputInfo {
     /// `detach`ed alias): it may require grad, as in PyTorch, but its gradient reaches
     /// none of the values it views.
     pub grad_cut: bool,
+    /// A view taken under no-grad of a tensor autograd tracks, or a view of one: it
+    /// refuses in-place ops in grad mode, as in PyTorch.
+    pub no_grad_view: bool,
+    /// Such a view taken under no-grad itself (not a grad-mode view of one): in
+    /// PyTorch a leaf that requires grad.
+    pub no_grad_leaf: bool,
+    /// An alias with a history of its own: a `detach`ed alias later written in place
+    /// with a value autograd sees. Its gradient flows through its own graph output (it
+    /// gets a tangent), not through the storage it views.
+    pub own_gradient: bool,
 }
 
 /// Everything the runtime wrapper needs to reproduce eager side effects and aliasing.

@@ -22,7 +22,7 @@
 use crate::error::{Error, Result};
 use crate::tensor::{Repr, TState, Tensor};
 use aotgrad_cpu::{CpuTensor, Storage};
-use aotgrad_ir::{Aliasing, Graph, Op, SourceLoc, StaticOracle, StorageId, TensorMeta, ValueId};
+use aotgrad_ir::{Aliasing, Dim, Graph, Op, Scalar, SourceLoc, StaticOracle, StorageId, TensorMeta, ValueId};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 /// Where the gradient of a node input (or of a tensor) goes.
@@ -150,11 +150,14 @@ pub(crate) fn edge_of(t: &Tensor, s: &TState) -> Result<Edge> {
                 (Some(_), None) => true,
                 _ => false,
             };
-            if moved || (s.grad_fn.is_none() && !s.is_leaf()) {
+            let version = crate::dispatch::version_of(&s.repr);
+            let stale = s.grad_fn.is_some() && version != s.grad_fn_version;
+            if moved || stale || (s.grad_fn.is_none() && !s.is_leaf()) {
                 let node = view_of_base(base, &b, s)?;
                 let mut st = t.lock();
                 st.grad_fn = Some(node.clone());
                 st.grad_fn_base = b.grad_fn.clone();
+                st.grad_fn_version = version;
                 return Ok(Edge::Node(node));
             }
         }
@@ -207,6 +210,10 @@ pub(crate) struct Before {
     base: Option<(Tensor, Edge, CpuTensor)>,
     /// A copy of the target's value (not a view).
     old: Option<CpuTensor>,
+    /// Each argument's storage version before the op: an operand saved for the
+    /// backward is saved at this version, so one that shares the target's storage
+    /// (`b.mul_(b)`) is caught as modified, as in PyTorch.
+    versions: Vec<u64>,
 }
 
 /// Before an in-place op on `args[0]` that autograd records: the history it replaces
@@ -218,13 +225,14 @@ pub(crate) fn before_inplace(args: &[&Tensor], states: &[TState]) -> Result<Befo
         Repr::Eager(c) => Ok(c.clone()),
         Repr::Fake(_) => Err(Error::Internal("eager autograd over a fake tensor".into())),
     };
+    let versions = states.iter().map(|st| eager(st).map(|c| c.storage.version())).collect::<Result<Vec<u64>>>()?;
     match &s.base {
         Some(base) => {
             let bs = base.snapshot();
             let bedge = edge_of(base, &bs)?;
-            Ok(Before { target, base: Some((base.clone(), bedge, copy_storage(&eager(&bs)?))), old: None })
+            Ok(Before { target, base: Some((base.clone(), bedge, copy_storage(&eager(&bs)?))), old: None, versions })
         }
-        None => Ok(Before { target, base: None, old: Some(copy_storage(&eager(s)?)) }),
+        None => Ok(Before { target, base: None, old: Some(copy_storage(&eager(s)?)), versions }),
     }
 }
 
@@ -263,7 +271,10 @@ pub(crate) fn record(
         let c = eager(s)?;
         ins.push(c.meta.clone());
         edges.push(edge_of(t, s)?);
-        saved.push(saved_of(c));
+        match before.as_ref().and_then(|b| b.versions.get(i)) {
+            Some(&version) => saved.push(Saved { version, value: c }),
+            None => saved.push(saved_of(c)),
+        }
     }
     let node = |name: String, graph: Graph, edges: Vec<Edge>, saved: Vec<Saved>| {
         Arc::new(GradNode {
@@ -328,15 +339,56 @@ pub(crate) fn record(
                 next += 1;
                 Ok(g.add_node(op, args, m, StorageId(next), None))
             };
+            // The view's geometry is in storage coordinates. A base laid out row-major
+            // from offset 0 is its storage's frame; any other base (a `detach`ed
+            // strided view) is first placed in a flat buffer of its storage's extent
+            // (PyTorch's `empty_strided` of the base), so that gradients, which are
+            // dense, index it the same way.
+            let bm = &bold.meta;
+            let framed = !(bm.is_contiguous() && bm.offset == Dim::Const(0));
+            let (frame, offset) = if framed {
+                let base_off = bm.offset.clone();
+                let rel = offset.sub(&base_off);
+                let ext = |m: &TensorMeta, off: &Dim| {
+                    let m = TensorMeta { offset: off.clone(), ..m.clone() };
+                    m.storage_extent()
+                };
+                let len = match (ext(bm, &Dim::Const(0)), ext(&vm, &rel), rel.as_const()) {
+                    (Some(a), Some(b), Some(r)) if r >= 0 => a.max(b),
+                    _ => {
+                        return Err(Error::autograd(
+                            node_name(op).as_str(),
+                            loc,
+                            format!(
+                                "an in-place op on a view ({vm}) reaching outside its base ({bm}) is not supported"
+                            ),
+                        ))
+                    }
+                };
+                let z = add(
+                    &mut g,
+                    Op::Full { shape: vec![Dim::Const(len as i64)], value: Scalar::Float(0.0), dtype: bm.dtype },
+                    vec![],
+                )?;
+                let put =
+                    Op::AsStridedScatter { size: bm.shape.clone(), stride: bm.strides.clone(), offset: Dim::Const(0) };
+                (add(&mut g, put, vec![z, b0])?, rel)
+            } else {
+                (b0, offset)
+            };
             let v_old = add(
                 &mut g,
                 Op::AsStrided { size: size.clone(), stride: stride.clone(), offset: offset.clone() },
-                vec![b0],
+                vec![frame],
             )?;
             let mut op_args = vec![v_old];
             op_args.extend(rest);
             let v_new = add(&mut g, inner, op_args)?;
-            let b_new = add(&mut g, Op::AsStridedScatter { size, stride, offset }, vec![b0, v_new])?;
+            let mut b_new = add(&mut g, Op::AsStridedScatter { size, stride, offset }, vec![frame, v_new])?;
+            if framed {
+                let take = Op::AsStrided { size: bm.shape.clone(), stride: bm.strides.clone(), offset: Dim::Const(0) };
+                b_new = add(&mut g, take, vec![b_new])?;
+            }
             g.outputs = vec![b_new];
             let mut all_edges = vec![bedge];
             all_edges.extend(edges);
@@ -369,11 +421,17 @@ impl Tensor {
         let current = self.grad();
         let (have, want) = (g.meta(), self.meta());
         if have.shape != want.shape {
-            return Err(Error::autograd(
-                "backward",
-                &loc,
-                format!("gradient of shape {have} does not match its tensor {want}"),
-            ));
+            // A leaf whose shape changed under no_grad after its uses were recorded
+            // (`x.unsqueeze_(0)`): as in PyTorch the gradient is broadcast to the
+            // leaf's shape, or refused when it does not broadcast.
+            let widened = crate::grad_mode::no_grad(|| g.expand_dims(&want.shape)).map_err(|_| {
+                Error::autograd(
+                    "backward",
+                    &loc,
+                    format!("gradient of shape {have} does not broadcast to its tensor {want}"),
+                )
+            })?;
+            return self.add_to_grad(current, &widened);
         }
         self.add_to_grad(current, g)
     }

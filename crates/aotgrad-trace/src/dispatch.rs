@@ -107,7 +107,7 @@ fn check_inplace(op: &str, s0: &TState, any_requires_grad: bool, loc: &SourceLoc
             ),
         ));
     }
-    if s0.no_grad_view {
+    if s0.no_grad_view || (s0.created_no_grad && any_requires_grad) {
         return Err(Error::autograd(
             op,
             loc,
@@ -241,12 +241,25 @@ pub(crate) fn dispatch(op: Op, args: &[&Tensor], loc: &SourceLoc) -> Result<Tens
                 }
             }
             let storage = match aliasing {
-                Aliasing::Fresh => st.fresh_storage(),
+                Aliasing::Fresh => {
+                    let s = st.fresh_storage();
+                    if let Some(n) = out.storage_extent() {
+                        st.storage_len.insert(s, n);
+                    }
+                    s
+                }
                 _ => match &first()?.repr {
                     Repr::Fake(f) => f.storage,
                     Repr::Eager(_) => return Err(Error::Internal(format!("{name}: eager self in fake mode"))),
                 },
             };
+            // A view must fit its storage, as the eager kernel checks (where both are
+            // concrete).
+            if matches!(aliasing, Aliasing::View | Aliasing::MutatesMeta) {
+                if let (Some(&len), true) = (st.storage_len.get(&storage), out.storage_extent().is_some()) {
+                    aotgrad_cpu::check_view_fits(&op.name(), &out, len).map_err(|e| Error::kernel(&name, loc, e))?;
+                }
+            }
             let float = out.dtype.is_float();
             // Whether autograd sees the value (`Traced::value_requires_grad`): a data
             // mutation under no-grad is hidden from it even when the tensor keeps
@@ -287,6 +300,7 @@ pub(crate) fn dispatch(op: Op, args: &[&Tensor], loc: &SourceLoc) -> Result<Tens
             // view of such a view in grad mode inherits it), as in PyTorch.
             let no_grad_view = s0.no_grad_view || (!grad && s0.requires_grad());
             let grad_fn_base = base.as_ref().and_then(|b| b.snapshot().grad_fn);
+            let grad_fn_version = version_of(&repr);
             Ok(Tensor::from_state(TState {
                 repr,
                 own_requires_grad: rg,
@@ -294,10 +308,12 @@ pub(crate) fn dispatch(op: Op, args: &[&Tensor], loc: &SourceLoc) -> Result<Tens
                 base,
                 grad_view: grad && !no_grad_view,
                 no_grad_view,
+                created_no_grad: !grad || s0.created_no_grad,
                 // A view of a multi-output view is output 0 of its own op.
                 multi_output_view: s0.multi_output_view.as_ref().map(|_| (backward_name(&name), 0)),
                 grad_fn: node.filter(|_| rg),
                 grad_fn_base,
+                grad_fn_version,
                 view_loc: loc.clone(),
                 grad: None,
                 retains_grad: false,
@@ -325,6 +341,7 @@ pub(crate) fn dispatch(op: Op, args: &[&Tensor], loc: &SourceLoc) -> Result<Tens
                         st.grad_fn_base = None;
                     } else {
                         st.grad_fn = Some(n.clone());
+                        st.grad_fn_version = version_of(&st.repr);
                         if let Some(b) = &st.base {
                             st.grad_fn_base = b.snapshot().grad_fn;
                         }
@@ -345,6 +362,14 @@ pub(crate) fn dispatch(op: Op, args: &[&Tensor], loc: &SourceLoc) -> Result<Tens
             }
             Ok((*target).clone())
         }
+    }
+}
+
+/// The storage version of an eager tensor (0 for a fake one).
+pub(crate) fn version_of(repr: &Repr) -> u64 {
+    match repr {
+        Repr::Eager(t) => t.storage.version(),
+        Repr::Fake(_) => 0,
     }
 }
 

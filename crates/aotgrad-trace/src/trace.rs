@@ -13,6 +13,7 @@ use crate::tensor::{Fake, Repr, TState, Tensor};
 use aotgrad_cpu::Storage;
 use aotgrad_ir::{contiguous_strides, Graph, Input, Node, Op, SourceLoc, StorageId, TensorMeta, ValueId};
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// How to trace.
@@ -45,6 +46,13 @@ pub struct Traced {
     pub input_requires_grad: Vec<bool>,
     /// Whether each output required grad.
     pub output_requires_grad: Vec<bool>,
+    /// Whether each output is a view taken under no-grad of a tensor autograd tracks
+    /// (PyTorch: a leaf that requires grad, refusing in-place ops in grad mode).
+    pub output_no_grad_view: Vec<bool>,
+    /// The values `detach` made (`alias` nodes that are not views for autograd: a
+    /// write through one with a value requiring grad leaves its storage's other
+    /// tensors alone, as in PyTorch).
+    pub detach_values: Vec<ValueId>,
     /// Whether each value (indexed by `ValueId.0`) required grad when it was produced,
     /// i.e. autograd saw it (a data mutation under no-grad does not count, even of a
     /// tensor that keeps requiring grad).
@@ -79,6 +87,11 @@ pub(crate) struct TraceState {
     next_value: u32,
     next_storage: u32,
     value_requires_grad: Vec<bool>,
+    /// Element counts of fake storages where they are concrete (static inputs, fresh
+    /// results of concrete shape): view ops are checked against them as eager's are.
+    pub(crate) storage_len: HashMap<StorageId, usize>,
+    /// Values made by `detach` (an `alias` that is not a view for autograd).
+    pub(crate) detach_values: Vec<ValueId>,
     /// `(value, storage)` of the `rng_seed` and `rng_base` inputs, once created.
     rng: Option<[(ValueId, StorageId); 2]>,
     rng_ops: u64,
@@ -129,6 +142,8 @@ impl TraceCtx {
                 next_value: 0,
                 next_storage: 0,
                 value_requires_grad: Vec::new(),
+                storage_len: HashMap::new(),
+                detach_values: Vec::new(),
                 rng: None,
                 rng_ops: 0,
             }),
@@ -244,6 +259,9 @@ fn fake_input(
         None => {
             let id = st.fresh_storage();
             storages.push((cpu.storage.clone(), id));
+            if meta.shape.iter().all(|d| d.as_const().is_some()) {
+                st.storage_len.insert(id, cpu.storage.len());
+            }
             id
         }
     };
@@ -309,9 +327,11 @@ where
                 base: x.base.as_ref().map(autograd_base),
                 grad_view: x.grad_view,
                 no_grad_view: x.no_grad_view,
+                created_no_grad: x.created_no_grad,
                 multi_output_view: x.multi_output_view.clone(),
                 grad_fn: None,
                 grad_fn_base: None,
+                grad_fn_version: 0,
                 view_loc: loc.clone(),
                 grad: None,
                 retains_grad: false,
@@ -324,6 +344,7 @@ where
     };
     let mut outputs = Vec::with_capacity(outs.len());
     let mut output_requires_grad = Vec::with_capacity(outs.len());
+    let mut output_no_grad_view = Vec::with_capacity(outs.len());
     for (k, t) in outs.iter().enumerate() {
         let s = t.snapshot();
         match &s.repr {
@@ -337,12 +358,14 @@ where
             }
         }
         output_requires_grad.push(s.requires_grad());
+        output_no_grad_view.push(s.no_grad_view);
     }
     let mut st = ctx.lock();
     st.graph.outputs = outputs;
     let graph = std::mem::take(&mut st.graph);
     let shape_env = std::mem::take(&mut st.shape_env);
     let value_requires_grad = std::mem::take(&mut st.value_requires_grad);
+    let detach_values = std::mem::take(&mut st.detach_values);
     let index_of = |v: ValueId| graph.inputs.iter().position(|i| i.id == v).unwrap_or(usize::MAX);
     let rng =
         st.rng.map(|[(s, _), (b, _)]| RngInputs { seed_input: index_of(s), base_input: index_of(b), ops: st.rng_ops });
@@ -350,5 +373,14 @@ where
         input_requires_grad.extend([false, false]);
     }
     tracing::debug!(nodes = graph.nodes.len(), guards = shape_env.guards().len(), "traced");
-    Ok(Traced { graph, shape_env, input_requires_grad, output_requires_grad, value_requires_grad, rng })
+    Ok(Traced {
+        graph,
+        shape_env,
+        input_requires_grad,
+        output_requires_grad,
+        output_no_grad_view,
+        detach_values,
+        value_requires_grad,
+        rng,
+    })
 }

@@ -99,39 +99,86 @@ fn backward_at(root: &Tensor, grad: Option<&Tensor>, retain_graph: bool, loc: &S
     match edge {
         Edge::None => Err(autograd_err(loc, "element 0 of tensors does not require grad and does not have a grad_fn")),
         Edge::Unrecorded => Err(autograd_err(loc, UNRECORDED)),
-        Edge::Leaf(t) => Ok(t.accumulate_grad(&Tensor::from_cpu(g0))?),
-        Edge::Node(n) => run(&n, g0, retain_graph),
+        edge => run(vec![(edge, g0)], retain_graph),
     }
 }
 
-/// The nodes reachable from `root`, each before every node it reads (reverse
+/// PyTorch's `torch.autograd.backward(tensors, grad_tensors)` from recorded edges: one
+/// backward pass that sends each gradient into its [`Edge`] (what
+/// [`Tensor::grad_edge`](aotgrad_trace::Tensor::grad_edge) returned, possibly before
+/// the tensor was modified in place) and on to the leaves, summing where paths meet.
+/// Edges to nowhere take nothing; a gradient must have its edge's tensor's shape.
+///
+/// This is how gradients computed elsewhere (a compiled function's backward, for its
+/// arguments) continue through the eager history that made their tensors.
+#[track_caller]
+pub fn backward_from_edges(roots: &[(Edge, Tensor)], retain_graph: bool) -> Result<()> {
+    let mut start = Vec::new();
+    for (edge, g) in roots {
+        match edge {
+            Edge::None => {}
+            Edge::Unrecorded => return Err(autograd_err(&SourceLoc::caller(), UNRECORDED)),
+            Edge::Node(n) => {
+                let g = g.to_cpu()?;
+                let graph = n.graph();
+                let want = graph.outputs.first().and_then(|&o| graph.meta_of(o));
+                if let Some(want) = want.filter(|w| w.shape != g.meta.shape) {
+                    return Err(autograd_err(
+                        &SourceLoc::caller(),
+                        format!(
+                            "Mismatch in shape: grad_output has a shape of {} and output has a shape of {want}",
+                            g.meta
+                        ),
+                    ));
+                }
+                start.push((edge.clone(), g));
+            }
+            Edge::Leaf(_) => start.push((edge.clone(), g.to_cpu()?)),
+        }
+    }
+    run(start, retain_graph)
+}
+
+/// The nodes reachable from `roots`, each before every node it reads (reverse
 /// postorder of a depth-first walk, without recursion: histories can be long).
-fn topo_order(root: &Arc<GradNode>) -> Vec<Arc<GradNode>> {
+fn topo_order(roots: &[Arc<GradNode>]) -> Vec<Arc<GradNode>> {
     let key = |n: &Arc<GradNode>| Arc::as_ptr(n) as usize;
     let mut seen: HashSet<usize> = HashSet::new();
     let mut post: Vec<Arc<GradNode>> = Vec::new();
-    let mut stack: Vec<(Arc<GradNode>, usize)> = vec![(root.clone(), 0)];
-    seen.insert(key(root));
-    while let Some((n, i)) = stack.pop() {
-        let next = n.edges()[i..].iter().enumerate().find_map(|(k, e)| match e {
-            Edge::Node(m) if !seen.contains(&key(m)) => Some((i + k, m.clone())),
-            _ => None,
-        });
-        match next {
-            Some((k, m)) => {
-                stack.push((n, k + 1));
-                seen.insert(key(&m));
-                stack.push((m, 0));
+    for root in roots {
+        if !seen.insert(key(root)) {
+            continue;
+        }
+        let mut stack: Vec<(Arc<GradNode>, usize)> = vec![(root.clone(), 0)];
+        while let Some((n, i)) = stack.pop() {
+            let next = n.edges()[i..].iter().enumerate().find_map(|(k, e)| match e {
+                Edge::Node(m) if !seen.contains(&key(m)) => Some((i + k, m.clone())),
+                _ => None,
+            });
+            match next {
+                Some((k, m)) => {
+                    stack.push((n, k + 1));
+                    seen.insert(key(&m));
+                    stack.push((m, 0));
+                }
+                None => post.push(n),
             }
-            None => post.push(n),
         }
     }
     post.reverse();
     post
 }
 
-fn run(root: &Arc<GradNode>, g0: CpuTensor, retain_graph: bool) -> Result<()> {
-    let order = topo_order(root);
+/// One backward pass from gradients entering at `start` (leaf or node edges).
+fn run(start: Vec<(Edge, CpuTensor)>, retain_graph: bool) -> Result<()> {
+    let roots: Vec<Arc<GradNode>> = start
+        .iter()
+        .filter_map(|(e, _)| match e {
+            Edge::Node(n) => Some(n.clone()),
+            _ => None,
+        })
+        .collect();
+    let order = topo_order(&roots);
     // Refuse before any leaf accumulates: a float input with no recorded history.
     for node in &order {
         let g = node.graph();
@@ -141,7 +188,19 @@ fn run(root: &Arc<GradNode>, g0: CpuTensor, retain_graph: bool) -> Result<()> {
     }
     let key = |n: &Arc<GradNode>| Arc::as_ptr(n) as usize;
     let mut grads: HashMap<usize, CpuTensor> = HashMap::new();
-    grads.insert(key(root), g0);
+    for (edge, g) in start {
+        match edge {
+            Edge::Leaf(t) => t.accumulate_grad(&Tensor::from_cpu(g))?,
+            Edge::Node(n) => {
+                let sum = match grads.remove(&key(&n)) {
+                    Some(prev) => add(&prev, &g, n.loc())?,
+                    None => g,
+                };
+                grads.insert(key(&n), sum);
+            }
+            Edge::None | Edge::Unrecorded => {}
+        }
+    }
     for node in &order {
         let Some(g) = grads.remove(&key(node)) else { continue };
         for t in node.retained() {
@@ -235,12 +294,25 @@ fn used_inputs(g: &Graph) -> HashSet<ValueId> {
 
 /// `t` laid out as `want` (same shape and dtype): the graph's inputs are checked
 /// against their recorded layouts.
+///
+/// A gradient of another shape that `want`'s shape broadcasts to (the tensor was
+/// `unsqueeze_`d under no_grad after the node made it) is summed down to `want`'s
+/// shape first, as PyTorch's engine does; any other shape is an invalid gradient.
 fn relayout(t: &CpuTensor, want: &TensorMeta, loc: &SourceLoc) -> Result<CpuTensor> {
     if t.meta == *want {
         return Ok(t.clone());
     }
     let err = |e: String| autograd_err(loc, format!("laying out a gradient: {e}"));
-    let extent = aotgrad_fusion_extent(want).ok_or_else(|| err(format!("layout {want} is not concrete")))?;
+    let summed;
+    let t = if t.meta.shape != want.shape {
+        summed = sum_to(t, want).ok_or_else(|| {
+            autograd_err(loc, format!("invalid gradient: got {} but expected shape compatible with {want}", t.meta))
+        })??;
+        &summed
+    } else {
+        t
+    };
+    let extent = want.storage_extent().ok_or_else(|| err(format!("layout {want} is not concrete")))?;
     let dst = CpuTensor {
         storage: aotgrad_cpu::Storage::new(aotgrad_cpu::Buffer::zeros(want.dtype, extent)),
         meta: want.clone(),
@@ -248,15 +320,30 @@ fn relayout(t: &CpuTensor, want: &TensorMeta, loc: &SourceLoc) -> Result<CpuTens
     aotgrad_cpu::execute(&Op::Copy, &[&dst, t], want).map_err(|e| err(e.to_string()))
 }
 
-/// Elements a concrete layout spans in its storage.
-fn aotgrad_fusion_extent(m: &TensorMeta) -> Option<usize> {
-    let shape = m.concrete_shape()?;
-    let strides = m.concrete_strides()?;
-    let offset = m.concrete_offset()?;
-    if shape.contains(&0) {
-        return Some(offset);
+/// `t` summed down to `want`'s shape when that shape broadcasts to `t`'s (`None`
+/// when it does not).
+fn sum_to(t: &CpuTensor, want: &TensorMeta) -> Option<Result<CpuTensor>> {
+    let (have, goal) = (t.meta.concrete_shape()?, want.concrete_shape()?);
+    let lead = have.len().checked_sub(goal.len())?;
+    if have[lead..].iter().zip(&goal).any(|(h, g)| h != g && *g != 1) {
+        return None;
     }
-    Some(shape.iter().zip(&strides).map(|(s, st)| (s - 1) * st).sum::<usize>() + offset + 1)
+    let run = |x: &CpuTensor, dims: Vec<usize>, keepdim: bool| -> Result<CpuTensor> {
+        let op = Op::Reduce { op: aotgrad_ir::ReduceOp::Sum, dims, keepdim };
+        let out = infer(&op, &[&x.meta], &mut StaticOracle).map_err(|e| Error::Internal(e.to_string()))?;
+        Ok(aotgrad_cpu::execute(&op, &[x], &out)?)
+    };
+    Some((|| {
+        let mut x = t.clone();
+        if lead > 0 {
+            x = run(&x, (0..lead).collect(), false)?;
+        }
+        let ones: Vec<usize> = (0..goal.len()).filter(|&d| goal[d] == 1 && have[lead + d] != 1).collect();
+        if !ones.is_empty() {
+            x = run(&x, ones, true)?;
+        }
+        Ok(x)
+    })())
 }
 
 /// The gradients of a node's inputs (one per edge; `None` where none flows), given

@@ -36,7 +36,7 @@ pub mod runtime;
 /// The wgpu backend (with the `wgpu` feature).
 #[cfg(feature = "wgpu")]
 pub use aotgrad_wgpu as wgpu;
-pub use autograd::Backward;
+pub use autograd::{backward_from_edges, Backward};
 pub use config::{default_backend, AotConfig, Cache};
 pub use error::{Error, Result};
 pub use export::{aot_export_joint_simple, aot_export_module};

@@ -505,3 +505,112 @@ fn eager_backward_through_a_compiled_output_is_refused_before_any_leaf_changes()
     // Eager ops on compiled outputs still work (metrics, logging).
     assert_eq!(vals(&outs[0].mul(2.0).unwrap()), vec![2.0, 8.0, 18.0]);
 }
+
+#[test]
+fn an_operand_sharing_the_written_storage_fails_the_backward() {
+    // PyTorch 2.15: `b = a * 1; b.mul_(b); b.sum().backward()` raises "one of the
+    // variables needed for gradient computation has been modified by an inplace
+    // operation" (the saved `other` is `b` itself); so does an operand viewing the
+    // written tensor's storage.
+    let a = leaf(&[1.0, 2.0, 3.0], &[3]);
+    let b = a.mul(1.0).unwrap();
+    b.mul_(&b).unwrap();
+    let e = b.sum_all().unwrap().backward().unwrap_err().to_string();
+    assert!(e.contains("modified by an inplace operation"), "{e}");
+    let c = a.mul(1.0).unwrap();
+    let v = c.view(&[3, 1]).unwrap();
+    v.mul_(&c.view(&[3, 1]).unwrap()).unwrap();
+    let e = c.sum_all().unwrap().backward().unwrap_err().to_string();
+    assert!(e.contains("modified by an inplace operation"), "{e}");
+    // An operand with a storage of its own is fine.
+    let d = a.mul(1.0).unwrap();
+    d.mul_(&a).unwrap();
+    d.sum_all().unwrap().backward().unwrap();
+    assert_eq!(vals(&a.grad().unwrap()), vec![2.0, 4.0, 6.0]);
+}
+
+#[test]
+fn a_view_unsqueezed_in_place_under_no_grad_sums_its_gradient_back() {
+    // PyTorch 2.15: `x = (l * 1).view(4, 6).as_strided([2, 2], [3, 1], 1)`; under
+    // no_grad `x.unsqueeze_(0)`; `(x * 2).sum().backward()` gives `l.grad` 2 at
+    // positions 1, 2, 4, 5 (the [1, 2, 2] gradient is summed to the node's [2, 2]).
+    let l = leaf(&[0.5; 24], &[24]);
+    let x = l.mul(1.0).unwrap().view(&[4, 6]).unwrap().as_strided(&[2, 2], &[3, 1], 1).unwrap();
+    no_grad(|| x.unsqueeze_(0)).unwrap();
+    assert_eq!(x.sizes().unwrap(), vec![1, 2, 2]);
+    x.mul(2.0).unwrap().sum_all().unwrap().backward().unwrap();
+    let mut want = vec![0.0; 24];
+    for p in [1, 2, 4, 5] {
+        want[p] = 2.0;
+    }
+    assert_eq!(vals(&l.grad().unwrap()), want);
+}
+
+#[test]
+fn a_view_transposed_in_place_under_no_grad_remakes_its_history_from_its_base() {
+    // PyTorch 2.15: `x = (l * 1).view(2, 12)`; under no_grad `x.t_()`; then
+    // `(x * arange(24).view(12, 2)).sum().backward()`: x's history is remade from its
+    // base (AsStridedBackward0), so `l.grad` is the weights read through x's new
+    // layout: [0, 2, 4, ..., 22, 1, 3, ..., 23].
+    let l = leaf(&[0.5; 24], &[24]);
+    let x = l.mul(1.0).unwrap().view(&[2, 12]).unwrap();
+    no_grad(|| x.t_()).unwrap();
+    let w = Tensor::arange(0, 24, 1, DType::F64).unwrap().view(&[12, 2]).unwrap();
+    x.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+    let want: Vec<f64> = (0..12).map(|i| 2.0 * i as f64).chain((0..12).map(|i| 2.0 * i as f64 + 1.0)).collect();
+    assert_eq!(vals(&l.grad().unwrap()), want);
+    // Not a view: the gradient cannot be laid out, as PyTorch refuses ("invalid
+    // gradient ... expected shape compatible with [24]").
+    let y = l.mul(1.0).unwrap();
+    no_grad(|| y.unsqueeze_(0).and_then(|y| y.t_())).unwrap();
+    let e = y.mul(2.0).unwrap().sum_all().unwrap().backward().unwrap_err().to_string();
+    assert!(e.contains("invalid gradient") && e.contains("[24]"), "{e}");
+}
+
+#[test]
+fn a_leaf_reshaped_under_no_grad_gets_its_gradient_broadcast_to_its_new_shape() {
+    // PyTorch 2.15: `y = x * arange(6).view(2, 3)`; under no_grad `x.unsqueeze_(0)`;
+    // `y.sum().backward()` gives `x.grad` of shape [1, 2, 3] = [[[0, 1, 2], [3, 4, 5]]];
+    // with `x.t_()` instead the gradient does not broadcast and backward raises.
+    let w = Tensor::arange(0, 6, 1, DType::F64).unwrap().view(&[2, 3]).unwrap();
+    let x = leaf(&[1.0; 6], &[2, 3]);
+    let y = x.mul(&w).unwrap();
+    no_grad(|| x.unsqueeze_(0)).unwrap();
+    y.sum_all().unwrap().backward().unwrap();
+    let g = x.grad().unwrap();
+    assert_eq!(g.sizes().unwrap(), vec![1, 2, 3]);
+    assert_eq!(vals(&g), vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+    let x = leaf(&[1.0; 6], &[2, 3]);
+    let y = x.mul(&w).unwrap();
+    no_grad(|| x.t_()).unwrap();
+    let e = y.sum_all().unwrap().backward().unwrap_err().to_string();
+    assert!(e.contains("does not broadcast"), "{e}");
+}
+
+/// PyTorch 2.15: a view taken under no_grad of a tensor that does not require grad
+/// (here a `detach`ed one), or a view of that view, may not be modified in place with
+/// an operand requiring grad in grad mode; without such an operand it may.
+#[test]
+fn a_no_grad_view_of_a_tensor_without_grad_refuses_an_in_place_op_with_a_grad_operand() {
+    let y = Tensor::ones(&[3], DType::F64).unwrap().requires_grad(true).unwrap();
+    let x = Tensor::ones(&[3], DType::F64).unwrap();
+    let v = {
+        let _g = NoGradGuard::new();
+        x.slice(0, Some(0), None, 1).unwrap()
+    };
+    let e = v.mul_(&y).unwrap_err().to_string();
+    assert!(
+        e.contains("A view was created in no_grad mode and is being modified inplace with grad mode enabled"),
+        "{e}"
+    );
+    let w = v.slice(0, Some(0), None, 1).unwrap();
+    assert!(w.mul_(&y).unwrap_err().to_string().contains("A view was created in no_grad mode"));
+    v.mul_(2.0).unwrap();
+    assert_eq!(x.to_vec_f64().unwrap(), vec![2.0; 3]);
+    let d = {
+        let _g = NoGradGuard::new();
+        x.detach().unwrap()
+    };
+    d.mul_(&y).unwrap();
+    assert!(d.is_requires_grad());
+}

@@ -6,7 +6,7 @@ use super::wrap;
 use crate::dispatch::dispatch;
 use crate::error::{Error, Result};
 use crate::grad_mode::NoGradGuard;
-use crate::tensor::Tensor;
+use crate::tensor::{Repr, Tensor};
 use aotgrad_ir::infer::{normalize_slice, resolve_expand_shape, resolve_view_shape, squeeze_dims, view_strides};
 use aotgrad_ir::{contiguous_strides, Dim, Op, Scalar, ShapeError, SourceLoc};
 
@@ -310,9 +310,13 @@ impl Tensor {
         };
         {
             let mut st = t.lock();
+            if let Repr::Fake(f) = &st.repr {
+                f.ctx.lock().detach_values.push(f.value);
+            }
             st.base = None;
             st.grad_view = false;
             st.no_grad_view = false;
+            st.created_no_grad = false;
             st.multi_output_view = None;
             st.own_requires_grad = false;
             st.own_is_leaf = true;

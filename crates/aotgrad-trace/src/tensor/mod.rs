@@ -53,6 +53,10 @@ pub(crate) struct TState {
     /// such a view (PyTorch's `CreationMeta::NO_GRAD_MODE`): it requires grad, has
     /// no history autograd follows, and may not be modified in place in grad mode.
     pub(crate) no_grad_view: bool,
+    /// A view created under no-grad (of any tensor), or a view of one (PyTorch's
+    /// `CreationMeta::NO_GRAD_MODE` even where the base does not require grad): an
+    /// in-place op on it with an operand requiring grad, in grad mode, is refused.
+    pub(crate) created_no_grad: bool,
     /// Output `i` of a function returning several views (`split`, `chunk`,
     /// `unbind`) made in grad mode, or a view of one (PyTorch's
     /// `CreationMeta::MULTI_OUTPUT_NODE`): `(the creating op as PyTorch names its
@@ -64,6 +68,10 @@ pub(crate) struct TState {
     /// For a view: its base's node when this view's node was made (a base whose
     /// history moved on since gives the view a new one).
     pub(crate) grad_fn_base: Option<Arc<crate::autograd::GradNode>>,
+    /// The storage version when `grad_fn` was set: a view whose storage changed since
+    /// (an in-place op on it or on what it views, even under no-grad or on metadata
+    /// only) makes its history again from its base's, as PyTorch does.
+    pub(crate) grad_fn_version: u64,
     /// For a view: where it was taken (the line its remade node reports).
     pub(crate) view_loc: SourceLoc,
     /// The accumulated gradient (leaves, and tensors that retain theirs).
@@ -98,9 +106,11 @@ impl TState {
             base: None,
             grad_view: false,
             no_grad_view: false,
+            created_no_grad: false,
             multi_output_view: None,
             grad_fn: None,
             grad_fn_base: None,
+            grad_fn_version: 0,
             view_loc: SourceLoc { file: String::new(), line: 0, col: 0 },
             grad: None,
             retains_grad: false,
@@ -356,7 +366,32 @@ impl Tensor {
     /// call's aliased outputs as views under no-grad and then gives them the autograd
     /// flags the traced function's outputs had (see [`Tensor::mark_differentiable_result`]).
     pub fn clear_no_grad_view(&self) {
-        self.lock().no_grad_view = false;
+        let mut st = self.lock();
+        st.no_grad_view = false;
+        st.created_no_grad = false;
+    }
+    /// Make this tensor a `detach`ed alias: it keeps sharing storage but is not a view
+    /// for autograd (no base): for a runtime regenerating a traced output that was one.
+    pub fn mark_detached_alias(&self) {
+        let mut st = self.lock();
+        st.base = None;
+        st.grad_view = false;
+        st.no_grad_view = false;
+        st.created_no_grad = false;
+        st.multi_output_view = None;
+    }
+    /// Make this view one taken under no-grad, or (`leaf` false) a grad-mode view of
+    /// one: it requires grad, refuses in-place ops in grad mode, and when taken under
+    /// no-grad itself is a leaf passing no gradient, as in PyTorch. For a runtime
+    /// regenerating a traced output that was such a view.
+    pub fn mark_no_grad_view(&self, leaf: bool) {
+        let mut st = self.lock();
+        if st.base.is_some() {
+            st.no_grad_view = true;
+            if leaf {
+                st.grad_view = false;
+            }
+        }
     }
 
     /// Mark this tensor as the result of a differentiable computation: it requires grad

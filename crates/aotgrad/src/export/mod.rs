@@ -201,6 +201,8 @@ where
     let facts = TraceFacts {
         input_requires_grad: &traced.input_requires_grad,
         output_requires_grad: &traced.output_requires_grad,
+        output_no_grad_view: &traced.output_no_grad_view,
+        detach_values: &traced.detach_values,
         hidden_mutation: &hidden,
     };
     let mut env = traced.shape_env.clone();

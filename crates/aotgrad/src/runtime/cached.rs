@@ -211,8 +211,13 @@ pub(crate) fn cache_key(config: &AotConfig, sig: &CallSig, traced: &Traced, back
     b.add(
         "trace facts",
         format!(
-            "{:?} {:?} {:?} {:?}",
-            traced.input_requires_grad, traced.output_requires_grad, traced.value_requires_grad, traced.rng
+            "{:?} {:?} {:?} {:?} {:?} {:?}",
+            traced.input_requires_grad,
+            traced.output_requires_grad,
+            traced.output_no_grad_view,
+            traced.detach_values,
+            traced.value_requires_grad,
+            traced.rng
         )
         .as_bytes(),
     );

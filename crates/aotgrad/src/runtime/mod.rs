@@ -581,6 +581,8 @@ impl AotFunction {
         let facts = TraceFacts {
             input_requires_grad: &traced.input_requires_grad,
             output_requires_grad: &traced.output_requires_grad,
+            output_no_grad_view: &traced.output_no_grad_view,
+            detach_values: &traced.detach_values,
             hidden_mutation: &hidden,
         };
         // The training path returns every new input value (it gets a gradient): keeping

@@ -163,7 +163,7 @@ fn write_through_a_select_of_a_repeating_as_strided_view() {
         input 1: mutates_data, hidden_from_autograd
         output 0: non_alias f32[2]
         output 1: non_alias f32[4, 6]
-        output 2: alias_of_input 0 f32[2] strides=[0] offset=1
+        output 2: alias_of_input 1 f32[2] strides=[0] offset=1
         mutated graph inputs: [0]
         convention: [view of base 0, view of base 0]
         synthetic base: graph input 0 = storage[0..24] for traced inputs [0, 1]

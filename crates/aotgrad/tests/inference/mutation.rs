@@ -328,8 +328,9 @@ fn mutation_of_a_detached_alias() {
         graph(%0: f32[2, 2] #0 "arg0") {
           %1: f32[2, 2] #0 = alias(%0)
           %2: f32[2, 2] #1 = add(%1, 1)
-          %3: f32[2, 2] #2 = mul(%2, 2)
-          return (%2, %3)
+          %3: f32[2, 2] #1 = alias(%2)
+          %4: f32[2, 2] #2 = mul(%3, 2)
+          return (%3, %4)
         }
         input 0: mutates_data, hidden_from_autograd, requires_grad
         output 0: non_alias f32[2, 2]

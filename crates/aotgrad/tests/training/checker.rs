@@ -27,6 +27,7 @@ use aotgrad::cpu::CpuTensor;
 use aotgrad::ir::text::print_graph;
 use aotgrad::ir::{Graph, TensorMeta};
 use aotgrad::runtime::PendingBackward;
+use aotgrad::trace::autograd::Edge;
 use aotgrad::trace::{DType, NoGradGuard, Tensor};
 use aotgrad::{aot_function_args, AotConfig, AotFunction, Arg};
 use std::sync::Arc;
@@ -86,6 +87,9 @@ pub fn nonleaf(shape: &[usize], seed: u64) -> Tensor {
 pub enum Grads {
     /// Against central finite differences.
     FiniteDifferences,
+    /// Against eager autograd only: for programs whose gradients are not the
+    /// function's derivative (values made under no_grad or detached feed the result).
+    EagerAutograd,
     /// Not here: the test checks [`Trained::grads`] itself (e.g. hidden mutations,
     /// where autograd's view differs from the function's mathematics).
     ByTheTest,
@@ -169,6 +173,13 @@ fn one_call(
         before.iter().map(|a| a.tensor().map(state).transpose()).collect::<Result<_, _>>()?;
     let requires_grad: Vec<bool> = before.iter().map(|a| a.tensor().is_some_and(Tensor::is_requires_grad)).collect();
     let eager_out = f(&eager_in).map_err(|e| format!("eager fails: {e}"))?;
+    // Where each argument's gradient continues in eager autograd, taken before the
+    // call may change the arguments.
+    let comp_edges: Vec<Edge> = comp_in
+        .iter()
+        .map(|a| a.tensor().map_or(Ok(Edge::None), |t| t.grad_edge()))
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
     let (comp_out, pending) = compiled.forward_args(&comp_in).map_err(|e| format!("compiled forward fails: {e}"))?;
     compare_worlds("", &same_state, &eager_in, &eager_out, &comp_in, &comp_out)?;
     // Gradients: random for every output (ignored for those that do not require grad).
@@ -246,34 +257,45 @@ fn one_call(
             }
         }
     }
-    if let Grads::FiniteDifferences = grads {
-        eager_gradients_agree(f, inputs, &out_grads, &updated_grads, &got)?;
+    if let Grads::FiniteDifferences | Grads::EagerAutograd = grads {
+        eager_gradients_agree(f, inputs, &out_grads, &updated_grads, &got, &comp_edges)?;
     }
     mutate_outputs(&eager_in, &eager_out, &comp_in, &comp_out)?;
     Ok((comp_in, out_grads, updated_grads, got))
 }
 
-/// The second oracle: the same `L` differentiated by eager autograd (`backward` on a
-/// fresh eager run in grad mode; arguments that are not leaves retain the gradient of
-/// the value they had when the call began), against the compiled gradients. Arguments
-/// sharing storage with another argument are left to the finite differences, which
-/// measure storage elements (and so is a whole program whose eager backward refuses
-/// a value saved from one such argument and mutated through another).
+/// The second oracle: eager autograd. `L` is differentiated by `backward()` on a fresh
+/// eager run in grad mode, down to the leaves the arguments were made from; the
+/// compiled gradients of the arguments continue through the arguments' own eager
+/// history (recorded before the call) to the same leaves, as they would in PyTorch,
+/// and the leaves' gradients must agree. Programs with arguments that share storage
+/// are left to the finite differences: the compiled path gives each such argument the
+/// gradient of the storage elements it views (issue 8, item 3), which would count
+/// twice in the chain.
 fn eager_gradients_agree(
     f: &UserFn,
     inputs: &dyn Fn() -> Vec<Arg>,
     out_grads: &[Tensor],
     updated: &[(usize, Tensor)],
     got: &[Option<Tensor>],
+    comp_edges: &[Edge],
 ) -> Result<(), String> {
     use aotgrad::Backward;
     let args = inputs();
     let tensors: Vec<Option<&Tensor>> = args.iter().map(Arg::tensor).collect();
-    for t in tensors.iter().flatten() {
-        if t.is_requires_grad() && !t.is_leaf() {
-            t.retain_grad().map_err(|e| format!("retain_grad: {e}"))?;
-        }
+    let aliased = tensors
+        .iter()
+        .enumerate()
+        .any(|(k, t)| t.is_some_and(|t| tensors[k + 1..].iter().flatten().any(|u| u.shares_storage_with(t))));
+    if aliased {
+        return Ok(());
     }
+    let edges: Vec<Edge> = tensors
+        .iter()
+        .map(|t| t.map_or(Ok(Edge::None), |t| t.grad_edge()))
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let eager_leaves = leaves_of(&edges);
     let outs = f(&args).map_err(|e| format!("eager run for eager gradients fails: {e}"))?;
     let mut total: Option<Tensor> = None;
     let mut add = |term: Tensor| -> Result<(), String> {
@@ -294,40 +316,83 @@ fn eager_gradients_agree(
             add(t.mul(h).and_then(|p| p.sum_all()).map_err(|e| e.to_string())?)?;
         }
     }
-    let aliased = tensors
-        .iter()
-        .enumerate()
-        .any(|(k, t)| t.is_some_and(|t| tensors[k + 1..].iter().flatten().any(|u| u.shares_storage_with(t))));
     if let Some(l) = total.filter(Tensor::is_requires_grad) {
-        match l.backward() {
-            Ok(()) => {}
-            // Arguments viewing one storage share its version counter (as in PyTorch),
-            // so mutating one invalidates values saved from another: eager autograd
-            // refuses such a program, and the finite differences remain the oracle.
-            Err(e) if aliased && e.to_string().contains("modified by an inplace operation") => return Ok(()),
-            Err(e) => return Err(format!("eager backward fails: {e}")),
-        }
+        l.backward().map_err(|e| format!("eager backward fails: {e}"))?;
     }
-    for (k, g) in got.iter().enumerate() {
-        let (Some(g), Some(t)) = (g, tensors[k]) else { continue };
-        let shared = tensors.iter().enumerate().any(|(j, u)| j != k && u.is_some_and(|u| u.shares_storage_with(t)));
-        if shared {
+    let comp_leaves = leaves_of(comp_edges);
+    // A leaf argument whose metadata the call changed in place (`t_()` under no_grad)
+    // has its gradient in its new layout in eager, and in its layout at the call in
+    // the compiled backward: such leaves are left to the finite differences.
+    let mut reshaped: Vec<Tensor> = Vec::new();
+    let roots: Vec<(Edge, Tensor)> = comp_edges
+        .iter()
+        .zip(got)
+        .filter_map(|(e, g)| {
+            let g = g.as_ref()?;
+            if let Edge::Leaf(t) = e {
+                if t.shape() != g.shape() {
+                    reshaped.push(t.clone());
+                    return None;
+                }
+            }
+            Some((e.clone(), g.clone()))
+        })
+        .collect();
+    aotgrad::autograd::backward_from_edges(&roots, false)
+        .map_err(|e| format!("compiled gradients through the arguments' history fail: {e}"))?;
+    if comp_leaves.len() != eager_leaves.len() {
+        return Err(format!(
+            "{} leaves behind the compiled arguments, {} behind eager's",
+            comp_leaves.len(),
+            eager_leaves.len()
+        ));
+    }
+    for (i, (c, e)) in comp_leaves.iter().zip(&eager_leaves).enumerate() {
+        if reshaped.iter().any(|r| r.same_object(c)) {
             continue;
         }
-        let comp = g.to_vec_f64().map_err(|e| e.to_string())?;
-        let eager = match t.grad() {
-            Some(e) => e.to_vec_f64().map_err(|e| e.to_string())?,
-            None => vec![0.0; comp.len()],
+        let n = c.to_vec_f64().map_err(|e| e.to_string())?.len();
+        let vals = |t: &Tensor| -> Result<Vec<f64>, String> {
+            match t.grad() {
+                Some(g) => g.to_vec_f64().map_err(|e| e.to_string()),
+                None => Ok(vec![0.0; n]),
+            }
         };
-        for (e, (a, b)) in comp.iter().zip(&eager).enumerate() {
+        let (comp, eager) = (vals(c)?, vals(e)?);
+        for (k, (a, b)) in comp.iter().zip(&eager).enumerate() {
             if (a - b).abs() > TOL * b.abs().max(1.0) {
                 return Err(format!(
-                    "d L / d arg{k}[{e}] = {a} (compiled) != {b} (eager autograd)\n  compiled: {comp:?}\n  eager: {eager:?}"
+                    "d L / d leaf{i}[{k}] = {a} (compiled, through the arguments' history) != {b} (eager autograd)\n  \
+                     compiled: {comp:?}\n  eager: {eager:?}"
                 ));
             }
         }
     }
     Ok(())
+}
+
+/// The distinct leaves behind `edges`, in depth-first order (the same order in two
+/// worlds built alike).
+fn leaves_of(edges: &[Edge]) -> Vec<Tensor> {
+    let mut seen = std::collections::HashSet::new();
+    let mut leaves: Vec<Tensor> = Vec::new();
+    let mut stack: Vec<Edge> = edges.iter().rev().cloned().collect();
+    while let Some(e) = stack.pop() {
+        match e {
+            Edge::Leaf(t) => {
+                if !leaves.iter().any(|l| l.same_object(&t)) {
+                    leaves.push(t);
+                }
+            }
+            Edge::Node(n) => {
+                if seen.insert(Arc::as_ptr(&n) as usize) {
+                    stack.extend(n.edges().iter().rev().cloned());
+                }
+            }
+            Edge::None | Edge::Unrecorded => {}
+        }
+    }
+    leaves
 }
 
 fn backward(
@@ -580,4 +645,66 @@ where
 pub fn scalar_fd(f: UserFn, args: &[Arg], k: usize) -> Vec<f64> {
     let loss = |a: &[Arg]| loss_of(&f, a, &[Some(vec![1.0])], &[]);
     finite_differences(args, k, &loss).expect("finite differences")
+}
+
+/// What [`try_check`] found when the contract held.
+pub enum Outcome {
+    /// Both worlds ran; everything agreed, gradients included.
+    Agree,
+    /// Eager refused the call, and so did the compiled function (a user error naming
+    /// the op eager names).
+    BothRefuse,
+    /// Everything agreed, but eager autograd refuses the backward where the compiled
+    /// backward computes, as PyTorch's eager and compiled paths differ: a saved value
+    /// modified in place (`b.mul_(b)`, listed in issue 8), or a tensor (a leaf
+    /// included) whose shape a metadata op changed under no_grad. Counted rather than
+    /// failed.
+    EagerBackwardRefuses,
+}
+
+/// [`check`] without panicking and without the cache round trip, for generated
+/// programs: a call eager refuses must be refused by the compiled function too.
+pub fn try_check(f: UserFn, inputs: &dyn Fn() -> Vec<Arg>, config: AotConfig, grads: Grads) -> Result<Outcome, String> {
+    let ff = f.clone();
+    let compiled = aot_function_args(move |a: &[Arg]| ff(a), config).map_err(|e| e.to_string())?;
+    if let Err(eager) = f(&inputs()) {
+        return match compiled.forward_args(&inputs()) {
+            Ok(_) => Err(format!("eager refuses the call ({eager}), the compiled function runs it")),
+            Err(comp) => {
+                let text = comp.to_string();
+                if matches!(comp, aotgrad::Error::Internal(_)) || text.contains("internal error") {
+                    return Err(format!(
+                        "eager refuses the call ({eager}), the compiled function fails with a bug: {text}"
+                    ));
+                }
+                if let Some(op) = match &eager {
+                    aotgrad::Error::Trace(t) => t.op(),
+                    _ => None,
+                } {
+                    if !text.contains(op) {
+                        return Err(format!(
+                            "eager refuses the call in `{op}` ({eager}), the compiled function elsewhere: {text}"
+                        ));
+                    }
+                }
+                Ok(Outcome::BothRefuse)
+            }
+        };
+    }
+    let mut outcome = Outcome::Agree;
+    for call in 0..2u64 {
+        match one_call(&compiled, &f, inputs, &grads, 100 * call + 7) {
+            Ok(_) => {}
+            Err(e)
+                if e.starts_with("eager backward fails")
+                    && ["modified by an inplace operation", "invalid gradient", "does not broadcast"]
+                        .iter()
+                        .any(|m| e.contains(m)) =>
+            {
+                outcome = Outcome::EagerBackwardRefuses;
+            }
+            Err(e) => return Err(format!("call {call}: {e}\n{}", graphs_text(&compiled))),
+        }
+    }
+    Ok(outcome)
 }

@@ -14,5 +14,6 @@ mod mutation;
 mod nograd;
 mod parity;
 mod partition;
+mod random;
 #[path = "../shared/worlds.rs"]
 mod worlds;

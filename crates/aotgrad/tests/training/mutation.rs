@@ -336,21 +336,21 @@ fn mutation_through_a_detached_alias_is_hidden() {
     expect![[r#"
         forward:
         graph(%0: f64[3] #0 "arg0") {
-          %6: f64[3] #5 = add(%0, 1)
-          %7: f64[3] #6 = mul(%6, %6)
-          return (%6, %7, %0)
+          %7: f64[3] #5 = add(%0, 1)
+          %8: f64[3] #6 = mul(%7, %7)
+          return (%7, %8, %0)
         }
         backward:
-        graph(%0: f64[3] #0 "arg0", %4: f64[3] #3 "tangent0", %5: f64[3] #4 "tangent1") {
-          %6: f64[3] #5 = add(%0, 1)
-          %8: f64[3] #7 = mul(%5, %6)
-          %9: f64[3] #8 = add(%4, %8)
-          %10: f64[3] #9 = add(%9, %8)
-          return (%10)
+        graph(%0: f64[3] #0 "arg0", %5: f64[3] #3 "tangent0", %6: f64[3] #4 "tangent1") {
+          %7: f64[3] #5 = add(%0, 1)
+          %9: f64[3] #7 = mul(%6, %7)
+          %10: f64[3] #8 = add(%5, %9)
+          %11: f64[3] #9 = add(%10, %9)
+          return (%11)
         }
         saved 1 value, 24 bytes (0 activation bytes):
           %0 "arg0": f64[3] (24 bytes)
-        recomputed 1 op, 3 FLOPs: %6 (add)"#]]
+        recomputed 1 op, 3 FLOPs: %7 (add)"#]]
     .assert_eq(&c.text);
     let x_new = vals(tensor(&c.inputs[0]).expect("tensor"));
     let (g, got) = (vals(&c.out_grads[0]), vals(c.grads[0].as_ref().expect("gradient")));

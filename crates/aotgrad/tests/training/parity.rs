@@ -217,3 +217,105 @@ fn detach_in_place_and_requires_grad_in_place_are_spelled_as_in_pytorch() {
     assert!(w.is_requires_grad() && w.is_leaf());
     assert!(w.requires_grad_(false).is_ok() && !w.is_requires_grad());
 }
+
+#[test]
+fn a_detached_alias_mutated_with_a_grad_value_passes_its_gradient_to_that_value() {
+    // PyTorch 2.15: `y = a * 2; z = a * 3; d = y.detach(); d.mul_(z)`: d requires grad
+    // (MulBackward0, not a leaf); `(y.sum() + d.sum()).backward()` gives `a.grad`
+    // [2.6, 3.2, 3.8] (2 through y, 3 * y through z), and `d.sum()` alone
+    // [0.6, 1.2, 1.8].
+    let (vals, rg, g) = run(
+        |a| {
+            let x = tensor(&a[0])?;
+            let (y, z) = (x.mul(2.0)?, x.mul(3.0)?);
+            let d = y.detach()?;
+            d.mul_(&z)?;
+            Ok(vec![y, d])
+        },
+        vec![leaf(&[0.1, 0.2, 0.3], &[3]).into()],
+    );
+    for v in &vals {
+        for (v, w) in v.iter().zip([0.06, 0.24, 0.54]) {
+            assert!((v - w).abs() < 1e-12, "{vals:?}");
+        }
+    }
+    assert_eq!(rg, vec![true, true]);
+    let g = g[0].clone().expect("a gradient");
+    for (v, w) in g.iter().zip([2.6, 3.2, 3.8]) {
+        assert!((v - w).abs() < 1e-12, "{g:?}");
+    }
+}
+
+#[test]
+fn a_detached_alias_written_under_and_out_of_autograd_keeps_both_histories() {
+    // PyTorch 2.15 (f64): `l = arange(24) / 10 - 1` (requires grad);
+    // `x0 = (l * 1).view(4, 6).t()`; `v1 = x0.sin()`; `v2 = v1.detach()`;
+    // `v2.add_(0.5)` (no gradient); `v2.mul_(0.1 * x0.transpose(0, 1)[1:].sum())`;
+    // with `w = arange(24).view(6, 4) / 7`, `L = (v1 * w).sum() + (v2 * w * w).sum()`:
+    // v1 keeps sin's history (its storage was written only through the alias), v2's
+    // gradient reaches x0 only through the sum. `l.grad` below.
+    let want = [
+        0.0, 0.355206, 0.796236, 1.311158, 1.886481, 2.507379, 7.295275, 7.846078, 8.42378, 9.01156, 9.592266,
+        10.148707, 7.443714, 7.982555, 8.479496, 8.91886, 9.285986, 9.567484, 7.462283, 7.785305, 8.012741, 8.135686,
+        8.147237, 8.042619,
+    ];
+    let prog = |a: &[Arg]| -> aotgrad::Result<Vec<Tensor>> {
+        let x0 = tensor(&a[0])?;
+        let v1 = x0.sin()?;
+        let v2 = v1.detach()?;
+        v2.add_(0.5)?;
+        let s = x0.transpose(0, 1)?.slice(0, Some(1), None, 1)?.sum_all()?.mul(0.1)?;
+        v2.mul_(&s)?;
+        Ok(vec![v1, v2])
+    };
+    let w = Tensor::arange(0, 24, 1, DType::F64).unwrap().view(&[6, 4]).unwrap().div(7.0).unwrap();
+    let l = Tensor::arange(0, 24, 1, DType::F64).unwrap().div(10.0).unwrap().sub(1.0).unwrap();
+    let l = l.requires_grad(true).unwrap();
+    let x0 = l.mul(1.0).unwrap().view(&[4, 6]).unwrap().t().unwrap();
+    let edge = x0.grad_edge().unwrap();
+    let f = aot_function_args(prog, AotConfig::default()).expect("compile");
+    let (_, pending) = f.forward_args(&[x0.into()]).expect("forward");
+    let g = pending.backward(&[w.clone(), w.mul(&w).unwrap()]).expect("backward");
+    // The argument's gradient continues through its eager history to `l`.
+    aotgrad::backward_from_edges(&[(edge, g[0].clone().expect("a gradient"))], false).unwrap();
+    let got = l.grad().unwrap().to_vec_f64().unwrap();
+    for (a, b) in got.iter().zip(want) {
+        assert!((a - b).abs() < 1e-6, "{got:?}");
+    }
+}
+
+#[test]
+fn a_detached_alias_keeps_its_own_history_when_its_storage_is_written_through_another_alias() {
+    // PyTorch 2.15 (f64): `l0[i] = (7i mod 11) / 10 - 0.4`, `l1[i] = (5i mod 13) / 10 - 0.6`
+    // (both require grad); `v0 = (l1 * 1).view(2, 12)`, `v1 = (l0 * 1).view(-1)`;
+    // `v0.t_(); v2 = v0.detach(); v2.mul_(0.1 * v1.sum()); v0.tanh_()`. v2's data is
+    // now tanh'd but its history is still `MulBackward0` of its values before: with
+    // `L = v1.sum() + (v2 * arange(24).view(12, 2)).sum()`, every `l0.grad` is 2.31
+    // (1 + 0.1 * sum(w * v2 before tanh_)), and l1 gets no gradient.
+    let prog = |a: &[Arg]| -> aotgrad::Result<Vec<Tensor>> {
+        let (v0, v1) = (tensor(&a[0])?, tensor(&a[1])?);
+        v0.t_()?;
+        let v2 = v0.detach()?;
+        v2.mul_(&v1.sum_all()?.mul(0.1)?)?;
+        v0.tanh_()?;
+        Ok(vec![v1.clone(), v2])
+    };
+    let vals = |k: usize, m: usize, c: f64| -> Vec<f64> { (0..24).map(|i| ((i * k) % m) as f64 / 10.0 - c).collect() };
+    let l0 = Tensor::from_f64(&vals(7, 11, 0.4), &[24], DType::F64).unwrap().requires_grad(true).unwrap();
+    let l1 = Tensor::from_f64(&vals(5, 13, 0.6), &[24], DType::F64).unwrap().requires_grad(true).unwrap();
+    let v0 = l1.mul(1.0).unwrap().view(&[2, 12]).unwrap();
+    let v1 = l0.mul(1.0).unwrap().view(&[-1]).unwrap();
+    let edges = [v0.grad_edge().unwrap(), v1.grad_edge().unwrap()];
+    let f = aot_function_args(prog, AotConfig::default().no_cache()).expect("compile");
+    let (outs, pending) = f.forward_args(&[v0.into(), v1.into()]).expect("forward");
+    assert!(outs[1].is_requires_grad());
+    let w = Tensor::arange(0, 24, 1, DType::F64).unwrap().view(&[12, 2]).unwrap();
+    let ones = Tensor::ones(&[24], DType::F64).unwrap();
+    let g = pending.backward(&[ones, w]).expect("backward");
+    let roots: Vec<_> = edges.into_iter().zip(g).filter_map(|(e, g)| Some((e, g?))).collect();
+    aotgrad::backward_from_edges(&roots, false).unwrap();
+    for v in l0.grad().unwrap().to_vec_f64().unwrap() {
+        assert!((v - 2.31).abs() < 1e-9, "{v}");
+    }
+    assert!(l1.grad().is_none_or(|g| g.to_vec_f64().unwrap().iter().all(|v| *v == 0.0)));
+}

@@ -160,6 +160,11 @@ impl PendingBackward {
             while let OutputKind::SameAs(k) = meta.outputs[o].kind {
                 o = k;
             }
+            if meta.outputs[o].own_gradient {
+                // An alias with its own history: through its own graph output.
+                add(&mut acc_out[o], g)?;
+                continue;
+            }
             match &meta.outputs[o].kind {
                 OutputKind::NonAlias => add(&mut acc_out[o], g)?,
                 OutputKind::AliasOfOutput(k) => {

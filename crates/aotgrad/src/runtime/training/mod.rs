@@ -105,7 +105,7 @@ pub(crate) fn compile_training(
         has_tangent.push((requires_grad[g] || !hidden) && float(&fz.graph.inputs[g].meta));
     }
     for o in &meta.outputs {
-        has_tangent.push(o.kind == OutputKind::NonAlias && o.requires_grad && float(&o.meta));
+        has_tangent.push((o.kind == OutputKind::NonAlias || o.own_gradient) && o.requires_grad && float(&o.meta));
     }
     for b in 0..meta.num_intermediate_bases {
         let v = fz.graph.outputs[meta.intermediate_base_index(b)];
@@ -215,15 +215,27 @@ pub(crate) fn run_forward(
 
 /// Autograd flags after a compiled forward, as eager leaves them: every output that
 /// requires grad is a non-leaf requiring grad (an output that *is* an input keeps the
-/// input's flags), and so is every input whose data the call changed with a value
+/// input's flags; a view taken under no-grad is a leaf that requires grad, as in
+/// PyTorch), and so is every input whose data the call changed with a value
 /// that requires grad (a mutation autograd sees), and the base of such an input when
 /// it is a view.
 pub(crate) fn mark_grad_flags(entry: &Entry, args: &[Arg], results: &[Tensor]) -> Result<()> {
     let meta = &entry.m().meta;
     for (t, info) in results.iter().zip(&meta.outputs) {
         let fresh = !matches!(info.kind, OutputKind::IsInput(_) | OutputKind::SameAs(_));
+        if info.own_gradient {
+            // A `detach`ed alias with a history of its own: not a view for autograd.
+            t.mark_detached_alias();
+        }
         if info.requires_grad && fresh && info.meta.dtype.is_float() {
-            t.mark_differentiable_result()?;
+            if !info.no_grad_leaf {
+                t.mark_differentiable_result()?;
+            }
+            if info.no_grad_view {
+                // A view taken under no-grad is a leaf requiring grad; a grad-mode
+                // view of one is a non-leaf; both refuse in-place ops in grad mode.
+                t.mark_no_grad_view(info.no_grad_leaf);
+            }
         }
     }
     for (k, info) in meta.inputs.iter().enumerate().take(entry.m().traced_args.len()) {
