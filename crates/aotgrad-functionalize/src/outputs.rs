@@ -53,16 +53,15 @@ fn classify(p: &Pass<'_, '_>) -> Result<(Vec<OutputInfo>, Vec<usize>)> {
         first_seen.entry(*v).or_insert(j);
         let no_grad_view = p.facts.output_no_grad_view.get(j).copied().unwrap_or(false);
         let no_grad_leaf = no_grad_view && t.detached;
-        let own_gradient = t.detached && !t.cut;
-        outputs.push(OutputInfo {
-            kind,
-            meta,
-            requires_grad,
-            grad_cut: t.cut,
-            no_grad_view,
-            no_grad_leaf,
-            own_gradient,
-        });
+        // A `detach`ed alias's family passes its own gradient once written with one.
+        let (grad_cut, own_gradient) = match t.family {
+            Some(k) => {
+                let cut = t.cut || !p.families[k].grad;
+                (cut, !cut)
+            }
+            None => (t.cut, false),
+        };
+        outputs.push(OutputInfo { kind, meta, requires_grad, grad_cut, no_grad_view, no_grad_leaf, own_gradient });
     }
     let mut base_roots: Vec<usize> = Vec::new();
     let mut base_of_root: HashMap<usize, usize> = HashMap::new();

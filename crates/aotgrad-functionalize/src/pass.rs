@@ -105,14 +105,36 @@ pub(crate) struct TVal {
     /// functional value of it is a fresh `alias` listed in [`crate::AutogradFacts::detached`].
     pub detached: bool,
     /// This value or a view it was taken from is `detached`: autograd reaches nothing
-    /// through it.
+    /// through it. (In a [`Family`], both describe views under no-grad inside it.)
     pub cut: bool,
+    /// The `detach`ed alias this value is (or views): see [`Family`]. `None`: the
+    /// storage's own autograd identity.
+    pub family: Option<usize>,
+}
+
+/// The tensors made from one `detach` (the detached alias and its views): to autograd
+/// a new tensor sharing the storage, as in PyTorch. A write through one of them is
+/// hidden from the storage's other tensors and changes this family's history alone; a
+/// write through another alias changes the family's data but not its history (the new
+/// data passes its gradient straight to the family's previous value).
+pub(crate) struct Family {
+    /// The root whose storage the family shares.
+    pub root: usize,
+    /// The storage as this family sees it (the root's shape and layout): the root's
+    /// data, with this family's history.
+    pub cur: ValueId,
+    /// The root's `gen` when `cur` was last brought up to date.
+    pub gen: u32,
+    /// A write autograd sees went through the family: its tensors require grad.
+    pub grad: bool,
 }
 
 pub(crate) struct Pass<'a, 'o> {
     pub b: Builder<'o>,
     pub roots: Vec<Root>,
     pub vals: HashMap<ValueId, TVal>,
+    /// The `detach`ed aliases (indexed by [`TVal::family`]).
+    pub families: Vec<Family>,
     pub facts: &'a TraceFacts<'a>,
     pub traced: &'a Graph,
     /// Per traced input: the traced value its handle ends at (metadata mutations move it).
@@ -137,6 +159,23 @@ impl Pass<'_, '_> {
         if t.gen == root.gen {
             return Ok(t.fv);
         }
+        if let Some(k) = t.family {
+            // A member of a `detach`ed alias's family replays from the family's view of
+            // the storage (a view taken under no-grad inside it stays cut).
+            let mut x = self.family_fresh(k, loc)?;
+            for op in t.chain.ops() {
+                x = self.b.apply_view(op, x, loc)?;
+            }
+            if t.cut {
+                x = self.b.detached_alias(x, loc)?;
+                self.autograd.detached.push(x);
+            }
+            let gen = self.roots[t.root].gen;
+            let e = self.vals.get_mut(&v).ok_or_else(|| FunctionalizeError::Internal(format!("{v} vanished")))?;
+            e.fv = x;
+            e.gen = gen;
+            return Ok(x);
+        }
         let (mut x, gen) = (root.cur, root.gen);
         // A detached value ends in a fresh `alias`: its own last op when that is one.
         let own_alias = t.detached && matches!(t.chain.last(), Some(Op::Alias));
@@ -144,21 +183,40 @@ impl Pass<'_, '_> {
         for op in &ops[..ops.len() - usize::from(own_alias)] {
             x = self.b.apply_view(op, x, loc)?;
         }
-        if t.detached {
+        // A value cut from autograd (detached, or a view of one: its chain from the
+        // root does not say so) stays cut when replayed.
+        if t.cut {
             x = self.b.detached_alias(x, loc)?;
-            if t.cut {
-                self.autograd.detached.push(x);
-            } else {
-                // A detached alias with a history of its own (written with values
-                // autograd sees) keeps it when the storage changes through another
-                // alias, as PyTorch's does: the new values pass their gradient to
-                // the alias's previous value.
-                self.autograd.straight_through.push((x, t.fv));
-            }
+            self.autograd.detached.push(x);
         }
         let e = self.vals.get_mut(&v).ok_or_else(|| FunctionalizeError::Internal(format!("{v} vanished")))?;
         e.fv = x;
         e.gen = gen;
+        Ok(x)
+    }
+
+    /// Family `k`'s view of its storage as of now: after a write through another alias,
+    /// the root's new data, passing its gradient to the family's previous value (or
+    /// none, while the family has no history).
+    fn family_fresh(&mut self, k: usize, loc: &Option<SourceLoc>) -> Result<ValueId> {
+        let (r, gen, cur, grad) = {
+            let f = &self.families[k];
+            (f.root, f.gen, f.cur, f.grad)
+        };
+        let root = &self.roots[r];
+        if gen == root.gen {
+            return Ok(cur);
+        }
+        let (root_cur, root_gen) = (root.cur, root.gen);
+        let x = self.b.distinct_alias(root_cur, loc)?;
+        if grad {
+            self.autograd.straight_through.push((x, cur));
+        } else {
+            self.autograd.detached.push(x);
+        }
+        let f = &mut self.families[k];
+        f.cur = x;
+        f.gen = root_gen;
         Ok(x)
     }
 
@@ -225,6 +283,7 @@ impl Pass<'_, '_> {
                         handle: Some(i),
                         detached: false,
                         cut: false,
+                        family: None,
                     },
                 );
                 convention.args.push(ArgSlot::Input(gidx));
@@ -259,6 +318,7 @@ impl Pass<'_, '_> {
                     handle: Some(i),
                     detached: false,
                     cut: false,
+                    family: None,
                 },
             );
             convention.args.push(ArgSlot::ViewOfBase { base: base_idx });
@@ -282,7 +342,16 @@ impl Pass<'_, '_> {
                 let r = self.new_root(v, &node.meta, None, vec![], grad);
                 self.vals.insert(
                     node.out,
-                    TVal { root: r, chain: Chain::default(), fv: v, gen: 0, handle: None, detached: false, cut: false },
+                    TVal {
+                        root: r,
+                        chain: Chain::default(),
+                        fv: v,
+                        gen: 0,
+                        handle: None,
+                        detached: false,
+                        cut: false,
+                        family: None,
+                    },
                 );
                 Ok(())
             }
@@ -310,8 +379,11 @@ impl Pass<'_, '_> {
         let detached = if meta_mutation {
             t0.detached
         } else {
-            (self.autograd_active && self.roots[t0.root].grad && self.unseen(node.out))
-                || self.facts.detach_values.contains(&node.out)
+            let tracked = match t0.family {
+                Some(k) => self.families[k].grad,
+                None => self.roots[t0.root].grad,
+            };
+            (self.autograd_active && tracked && self.unseen(node.out)) || self.facts.detach_values.contains(&node.out)
         };
         let (chain, fv) = if let Op::AsStrided { size, stride, offset } = &inner {
             let root = &self.roots[t0.root];
@@ -323,9 +395,19 @@ impl Pass<'_, '_> {
             }
             let rel = offset.sub(&root.offset);
             let op = Op::AsStrided { size: size.clone(), stride: stride.clone(), offset: rel };
-            // as_strided reads the storage as of now: the root's current value.
+            // as_strided reads the storage as of now: the root's current value (as the
+            // view's family sees it).
             let cur = root.cur;
-            let fv = self.b.apply_view(&op, cur, loc)?;
+            let cur = match t0.family {
+                Some(k) => self.family_fresh(k, loc)?,
+                None => cur,
+            };
+            let mut fv = self.b.apply_view(&op, cur, loc)?;
+            if t0.cut {
+                // It restarts from the root, but views what a cut value views: cut too.
+                fv = self.b.detached_alias(fv, loc)?;
+                self.autograd.detached.push(fv);
+            }
             (Chain::default().push(op), fv)
         } else {
             let x = self.fresh(node.args[0], loc)?;
@@ -350,25 +432,33 @@ impl Pass<'_, '_> {
         let gen = self.roots[t0.root].gen;
         // A metadata mutation keeps its handle's history (cut or not); a detached view
         // starts a cut one.
-        let cut = if meta_mutation { t0.cut } else { t0.cut || detached };
-        self.vals.insert(node.out, TVal { root: t0.root, chain, fv, gen, handle, detached, cut });
+        let mut cut = if meta_mutation { t0.cut } else { t0.cut || detached };
+        let mut detached = detached;
+        // A `detach` starts a family, seeing the storage as its tensor's family did; in
+        // it, `detached` and `cut` describe views taken under no-grad inside the family
+        // (the family as a whole passes a gradient once written with one).
+        let family = if !meta_mutation && self.facts.detach_values.contains(&node.out) {
+            detached = false;
+            cut = false;
+            let origin = match t0.family {
+                Some(k) => self.family_fresh(k, loc)?,
+                None => self.roots[t0.root].cur,
+            };
+            let cur = self.b.distinct_alias(origin, loc)?;
+            self.autograd.detached.push(cur);
+            self.families.push(Family { root: t0.root, cur, gen, grad: false });
+            Some(self.families.len() - 1)
+        } else {
+            t0.family
+        };
+        self.vals.insert(node.out, TVal { root: t0.root, chain, fv, gen, handle, detached, cut, family });
         Ok(())
     }
 
-    /// A data mutation: compute the new value out of place, scatter it back into the
-    /// root through the inverse of the target's chain, make the result the root's value.
-    fn write(&mut self, node: &Node) -> Result<()> {
+    /// The storage value `into` (the root's shape and layout) with the target `t0`
+    /// replaced by `new`: scattered back through the inverse of its chain.
+    fn scatter_into(&mut self, node: &Node, t0: &TVal, into: ValueId, new: ValueId) -> Result<ValueId> {
         let loc = &node.loc;
-        let Op::InPlace(inner) = &node.op else {
-            return Err(FunctionalizeError::Internal(format!("{} mutates data but is not InPlace", node.op.name())));
-        };
-        let args = node.args.iter().map(|a| self.fresh(*a, loc)).collect::<Result<Vec<_>>>()?;
-        let mut new = self.b.emit((**inner).clone(), args, loc)?;
-        if self.b.meta(new)?.dtype != node.meta.dtype {
-            new = self.b.emit(Op::Cast(node.meta.dtype), vec![new], loc)?;
-        }
-        let t0 = self.tval(node.args[0])?;
-        let root_cur = self.roots[t0.root].cur;
         let chain_ops = t0.chain.ops();
         let y = if chain_ops.iter().any(|op| matches!(op, Op::Expand(_) | Op::AsStrided { .. })) {
             // `expand` has no structured inverse, and either op can repeat elements in
@@ -394,10 +484,10 @@ impl Pass<'_, '_> {
                 stride: target.strides.clone(),
                 offset: target.offset.sub(&root.offset),
             };
-            self.b.emit(op, vec![root_cur, new], loc)?
+            self.b.emit(op, vec![into, new], loc)?
         } else {
-            // Values along the chain, from the root's current value.
-            let mut xs = vec![root_cur];
+            // Values along the chain, from the storage value.
+            let mut xs = vec![into];
             for op in chain_ops.iter().take(chain_ops.len().saturating_sub(1)) {
                 let last = xs[xs.len() - 1];
                 xs.push(self.b.apply_view(op, last, loc)?);
@@ -408,27 +498,41 @@ impl Pass<'_, '_> {
             }
             y
         };
-        let mut y = self.b.dense_like(y, root_cur, loc)?;
-        // Through a `detach`ed alias the mutation is hidden from the storage's other
-        // views even when the values written require grad (the alias itself then
-        // requires grad, as in PyTorch, and keeps the written value's gradient).
-        let hidden = self.unseen(node.out) || t0.detached;
-        // Through a `detach`ed alias the storage's new value (straight through to the
-        // old one, for the storage's other views) and the alias's own value (a
-        // constant, or after a write autograd sees, the written value's history) must
-        // be two values: the storage's is an `alias` of the scattered one, the
-        // alias's is its chain replayed from the scattered one.
-        let mut own = None;
-        if t0.detached {
-            let scattered = y;
-            y = self.b.distinct_alias(scattered, loc)?;
-            if !self.unseen(node.out) {
-                let mut x = scattered;
-                for op in t0.chain.ops().iter().filter(|op| !matches!(op, Op::Alias)) {
-                    x = self.b.apply_view(op, x, loc)?;
-                }
-                own = Some(x);
+        self.b.dense_like(y, into, loc)
+    }
+
+    /// A data mutation: compute the new value out of place, scatter it back into the
+    /// root through the inverse of the target's chain, make the result the root's value.
+    fn write(&mut self, node: &Node) -> Result<()> {
+        let loc = &node.loc;
+        let Op::InPlace(inner) = &node.op else {
+            return Err(FunctionalizeError::Internal(format!("{} mutates data but is not InPlace", node.op.name())));
+        };
+        let args = node.args.iter().map(|a| self.fresh(*a, loc)).collect::<Result<Vec<_>>>()?;
+        let mut new = self.b.emit((**inner).clone(), args, loc)?;
+        if self.b.meta(new)?.dtype != node.meta.dtype {
+            new = self.b.emit(Op::Cast(node.meta.dtype), vec![new], loc)?;
+        }
+        let t0 = self.tval(node.args[0])?;
+        let root_cur = self.roots[t0.root].cur;
+        // Through a `detach`ed alias's family the write changes that family's history
+        // (computed here from the family's view of the storage).
+        let family_new = match t0.family {
+            Some(k) => {
+                let fc = self.family_fresh(k, loc)?;
+                Some((k, self.scatter_into(node, &t0, fc, new)?))
             }
+            None => None,
+        };
+        let mut y = self.scatter_into(node, &t0, root_cur, new)?;
+        // Through a `detach`ed alias, or a view under no-grad, the mutation is hidden
+        // from the storage's other tensors even when the values written require grad
+        // (the family then requires grad, as in PyTorch, and keeps their gradient).
+        let hidden = self.unseen(node.out) || t0.detached || t0.family.is_some();
+        if hidden && (t0.detached || t0.family.is_some()) {
+            // The storage's new value must be a value of its own: the family's (or a
+            // fresh result of the alias) may carry a gradient the storage's does not.
+            y = self.b.distinct_alias(y, loc)?;
         }
         let root = &mut self.roots[t0.root];
         // A mutation autograd does not see, of a storage it tracks: to autograd the
@@ -445,15 +549,27 @@ impl Pass<'_, '_> {
         root.mutated = true;
         root.all_hidden &= hidden;
         let gen = root.gen;
+        if let Some((k, fy)) = family_new {
+            let seen = !self.unseen(node.out);
+            let f = &mut self.families[k];
+            f.cur = fy;
+            f.gen = gen;
+            f.grad |= seen;
+        }
         if let Some(i) = t0.handle {
             self.handle_final[i] = node.out;
         }
         // The written tensor keeps its own layout in eager; when the out-of-place
         // value is laid out otherwise, its next read replays its chain from the new
-        // root value (which has the root's layout), so the strides match eager's.
+        // root value (which has the root's layout), so the strides match eager's. A
+        // family member's value is the one written (it carries the family's history).
         let relaid = self.b.meta(new)?.strides != node.meta.strides;
-        let tv_gen = if own.is_some() {
-            gen
+        let tv_gen = if family_new.is_some() {
+            if relaid {
+                gen.wrapping_sub(1)
+            } else {
+                gen
+            }
         } else if (straight && !t0.detached) || relaid {
             gen.wrapping_sub(1)
         } else {
@@ -464,13 +580,12 @@ impl Pass<'_, '_> {
             TVal {
                 root: t0.root,
                 chain: t0.chain,
-                fv: own.unwrap_or(new),
+                fv: new,
                 gen: tv_gen,
                 handle: t0.handle,
                 detached: t0.detached,
-                // A `detach`ed alias written with a value autograd sees has a history
-                // of its own from here (the written value's): no longer cut.
-                cut: t0.cut && (!t0.detached || self.unseen(node.out)),
+                cut: t0.cut,
+                family: t0.family,
             },
         );
         Ok(())
@@ -488,6 +603,7 @@ pub(crate) fn run(
         b: Builder::new(oracle),
         roots: Vec::new(),
         vals: HashMap::new(),
+        families: Vec::new(),
         facts,
         traced,
         handle_final: traced.inputs.iter().map(|i| i.id).collect(),

@@ -55,6 +55,10 @@ pub struct GradNode {
     graph: Graph,
     edges: Vec<Edge>,
     saved: Mutex<Option<Vec<Saved>>>,
+    /// The result's storage and version, for ops whose PyTorch derivative reads their
+    /// result (`tanh`, `exp`, `softmax`, ...): this node computes from its inputs, but
+    /// an in-place change of the result must still fail the backward as in PyTorch.
+    result: Option<Saved>,
     loc: SourceLoc,
     /// Tensors whose gradient is this node's output gradient and that retain it.
     retained: Mutex<Vec<Weak<crate::tensor::Inner>>>,
@@ -79,6 +83,11 @@ impl GradNode {
     /// The user's source line of the op.
     pub fn loc(&self) -> &SourceLoc {
         &self.loc
+    }
+    /// For an op whose PyTorch derivative reads its result: that result as saved
+    /// (compare its storage's version now with the one saved).
+    pub fn saved_result(&self) -> Option<&Saved> {
+        self.result.as_ref()
     }
     /// The saved input values; an error once they were freed by a backward pass that
     /// did not retain the graph.
@@ -189,10 +198,32 @@ fn view_of_base(base: &Tensor, b: &TState, v: &TState) -> Result<Arc<GradNode>> 
         graph,
         edges: vec![edge],
         saved: Mutex::new(Some(saved)),
+        result: None,
         loc: v.view_loc.clone(),
         retained: Mutex::new(Vec::new()),
         cache: OnceLock::new(),
     }))
+}
+
+/// Ops whose derivative PyTorch computes from their result (so it saves the result).
+fn saves_result(op: &Op) -> bool {
+    use aotgrad_ir::{CompositeOp, UnaryOp};
+    match op {
+        Op::Unary(u) => {
+            matches!(
+                u,
+                UnaryOp::Exp
+                    | UnaryOp::Sqrt
+                    | UnaryOp::Rsqrt
+                    | UnaryOp::Tanh
+                    | UnaryOp::Sigmoid
+                    | UnaryOp::Relu
+                    | UnaryOp::Reciprocal
+            )
+        }
+        Op::Composite(c) => matches!(c, CompositeOp::Softmax { .. } | CompositeOp::LogSoftmax { .. }),
+        _ => false,
+    }
 }
 
 /// A deep copy of an eager tensor's whole storage, with the same metadata (the value
@@ -248,6 +279,7 @@ pub(crate) fn record(
     args: &[&Tensor],
     states: &[TState],
     out: &TensorMeta,
+    result: Option<&CpuTensor>,
     before: Option<Before>,
     loc: &SourceLoc,
 ) -> Result<Recorded> {
@@ -276,12 +308,14 @@ pub(crate) fn record(
             None => saved.push(saved_of(c)),
         }
     }
+    let result = result.filter(|_| saves_result(&inner)).map(|c| saved_of(c.clone()));
     let node = |name: String, graph: Graph, edges: Vec<Edge>, saved: Vec<Saved>| {
         Arc::new(GradNode {
             name,
             graph,
             edges,
             saved: Mutex::new(Some(saved)),
+            result: result.clone(),
             loc: loc.clone(),
             retained: Mutex::new(Vec::new()),
             cache: OnceLock::new(),

@@ -282,7 +282,11 @@ pub(crate) fn dispatch(op: Op, args: &[&Tensor], loc: &SourceLoc) -> Result<Tens
                 Repr::Eager(t) => t.meta.clone(),
                 Repr::Fake(f) => f.meta.clone(),
             };
-            let (n, b) = crate::autograd::record(&op, args, &states, &out_meta, before, loc)?;
+            let result = match (&repr, aliasing) {
+                (Repr::Eager(c), Aliasing::Fresh) => Some(c),
+                _ => None,
+            };
+            let (n, b) = crate::autograd::record(&op, args, &states, &out_meta, result, before, loc)?;
             (Some(n), b)
         }
         None => (None, None),

@@ -374,6 +374,21 @@ fn vjp(node: &GradNode, g: &CpuTensor) -> Result<Vec<Option<CpuTensor>>> {
             ));
         }
     }
+    if let Some(r) = node.saved_result() {
+        let now = r.value.storage.version();
+        if now != r.version {
+            return Err(autograd_err(
+                node.loc(),
+                format!(
+                    "one of the variables needed for gradient computation has been modified by an inplace \
+                     operation: [{}], which is output 0 of {}, is at version {now}; expected version {} instead",
+                    r.value.meta,
+                    node.name().strip_suffix("Backward0").unwrap_or(node.name()),
+                    r.version
+                ),
+            ));
+        }
+    }
     let n_in = saved.len();
     let mut inputs: Vec<CpuTensor> = saved.into_iter().map(|s| s.value).collect();
     let tangent = &prep.graph.inputs[n_in].meta;

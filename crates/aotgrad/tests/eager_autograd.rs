@@ -614,3 +614,35 @@ fn a_no_grad_view_of_a_tensor_without_grad_refuses_an_in_place_op_with_a_grad_op
     d.mul_(&y).unwrap();
     assert!(d.is_requires_grad());
 }
+
+/// PyTorch 2.15: `tanh`, `exp`, `sigmoid`, `relu`... save their result, so
+/// changing it in place (even only its metadata, under no_grad) fails the backward:
+/// "... [torch.DoubleTensor [2, 2]], which is output 0 of Tanh, is at version 1;
+/// expected version 0 instead". `sin` saves its input, which nothing changed.
+#[test]
+fn changing_a_saved_result_in_place_fails_the_backward_as_in_pytorch() {
+    type Unary = fn(&Tensor) -> aotgrad::trace::Result<Tensor>;
+    let cases: [(&str, Unary); 4] =
+        [("Tanh", |x| x.tanh()), ("Exp", |x| x.exp()), ("Sigmoid", |x| x.sigmoid()), ("Relu", |x| x.relu())];
+    for (name, f) in cases {
+        let x = Tensor::from_f64(&[0.1, 0.2, 0.3, 0.4], &[2, 2], DType::F64).unwrap().requires_grad(true).unwrap();
+        let y = f(&x).unwrap();
+        {
+            let _g = NoGradGuard::new();
+            y.t_().unwrap();
+        }
+        let e = y.select(0, 0).unwrap().sum_all().unwrap().backward().expect_err(name).to_string();
+        assert!(
+            e.contains(&format!("which is output 0 of {name}, is at version 1; expected version 0 instead")),
+            "{e}"
+        );
+    }
+    let x = Tensor::from_f64(&[0.1, 0.2, 0.3, 0.4], &[2, 2], DType::F64).unwrap().requires_grad(true).unwrap();
+    let y = x.sin().unwrap();
+    {
+        let _g = NoGradGuard::new();
+        y.t_().unwrap();
+    }
+    y.select(0, 0).unwrap().sum_all().unwrap().backward().unwrap();
+    assert!(x.grad().is_some());
+}

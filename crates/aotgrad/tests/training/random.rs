@@ -279,7 +279,7 @@ fn random_training_programs_agree_with_eager_autograd_and_finite_differences() {
     let first: u64 = std::env::var("TRAIN_PROGRAMS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
     let (mut agree, mut refuse, mut eager_backward) = (0, 0, 0);
     // Programs that once found a bug (each fixed at its mechanism), run every time.
-    const FOUND: [u64; 6] = [10607, 12523, 16090, 16524, 17702, 32615];
+    const FOUND: [u64; 9] = [10607, 12523, 16090, 16524, 17702, 32615, 35345, 36331, 46215];
     for seed in (first..first + n).chain(FOUND) {
         let p = Arc::new(generate(seed));
         let pp = p.clone();
