@@ -96,6 +96,7 @@ pub fn functionalize_stage(t: &Traced) -> Result<Functionalized> {
         output_requires_grad: &t.output_requires_grad,
         output_no_grad_view: &t.output_no_grad_view,
         detach_values: &t.detach_values,
+        input_tracked_from: &t.input_tracked_from,
         hidden_mutation: &hidden,
     };
     let mut env = t.shape_env.clone();

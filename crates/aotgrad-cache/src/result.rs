@@ -73,6 +73,9 @@ pub struct ResultMeta {
     pub detached: Vec<ValueId>,
     /// `(new, previous)` storage values around mutations hidden from autograd.
     pub straight_through: Vec<(ValueId, ValueId)>,
+    /// Traced inputs the function made require grad (`requires_grad_()`): after each
+    /// call the caller's tensor requires grad, as in eager.
+    pub made_requires_grad: Vec<usize>,
     /// The training path's metadata (`None`: an inference result).
     pub training: Option<TrainingMeta>,
     /// The backend that compiled the artifacts ([`Backend::name`]).

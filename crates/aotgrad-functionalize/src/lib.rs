@@ -96,6 +96,9 @@ pub struct TraceFacts<'a> {
     /// Traced values made by `detach` (`alias` nodes autograd never sees through, even
     /// of a storage it does not track yet).
     pub detach_values: &'a [ValueId],
+    /// Per traced input that the function made require grad (`requires_grad_()`):
+    /// how many traced nodes came before; those saw it as a constant. Empty: none.
+    pub input_tracked_from: &'a [Option<usize>],
     /// Per traced node (by the value it defines): autograd does not see it. For a
     /// data mutation: it ran under no-grad, or on a detached alias (a *hidden*
     /// mutation). For any other node: its value does not require grad (computed under

@@ -617,8 +617,46 @@ pub(crate) fn run(
             }),
     };
     let convention = p.inputs(&groups)?;
-    for node in &traced.nodes {
+    // Inputs the function makes require grad part way: constant to autograd until then.
+    let mut switches: Vec<(usize, usize, ValueId)> = Vec::new();
+    for (i, from) in facts.input_tracked_from.iter().enumerate() {
+        let (Some(n), Some(inp)) = (from, traced.inputs.get(i)) else { continue };
+        let r = p.tval(inp.id)?.root;
+        if switches.iter().any(|s| s.1 == r) {
+            continue;
+        }
+        let orig = p.roots[r].cur;
+        let d = p.b.detached_alias(orig, &None)?;
+        p.autograd.detached.push(d);
+        let root = &mut p.roots[r];
+        root.cur = d;
+        root.gen += 1;
+        root.grad = false;
+        switches.push((*n, r, orig));
+    }
+    let track = |p: &mut Pass<'_, '_>, r: usize, orig: ValueId| -> Result<()> {
+        // From here autograd sees the input: its current value passes its gradient to
+        // the graph input.
+        let x = p.b.distinct_alias(p.roots[r].cur, &None)?;
+        p.autograd.straight_through.push((x, orig));
+        let root = &mut p.roots[r];
+        root.cur = x;
+        root.gen += 1;
+        root.grad = true;
+        Ok(())
+    };
+    for (k, node) in traced.nodes.iter().enumerate() {
+        for &(n, r, orig) in &switches {
+            if n == k {
+                track(&mut p, r, orig)?;
+            }
+        }
         p.node(node)?;
+    }
+    for &(n, r, orig) in &switches {
+        if n >= traced.nodes.len() {
+            track(&mut p, r, orig)?;
+        }
     }
     outputs::finish(p, options, convention)
 }

@@ -23,6 +23,7 @@ fn run(text: &str, requires_grad: bool, unseen: &[u32]) -> (String, AutogradFact
         output_requires_grad: &out_rg,
         output_no_grad_view: &[],
         detach_values: &[],
+        input_tracked_from: &[],
         hidden_mutation: &hidden,
     };
     let fz = functionalize(&g, &facts, &Options::default(), &mut StaticOracle).expect("functionalizes");

@@ -24,6 +24,7 @@ fn run(text: &str, keep: bool) -> Result<String, FunctionalizeError> {
         output_requires_grad: &out_no,
         output_no_grad_view: &[],
         detach_values: &[],
+        input_tracked_from: &[],
         hidden_mutation: &hidden,
     };
     let fz = functionalize(&g, &facts, &Options { keep_input_mutations: keep }, &mut StaticOracle)?;
@@ -329,6 +330,7 @@ fn as_strided_with_overflowing_addresses_is_unsupported() {
         output_requires_grad: &out_no,
         output_no_grad_view: &[],
         detach_values: &[],
+        input_tracked_from: &[],
         hidden_mutation: &hidden,
     };
     let err = functionalize(&g, &facts, &Options::default(), &mut StaticOracle).expect_err("overflow is refused");

@@ -44,6 +44,13 @@ pub struct Traced {
     pub shape_env: ShapeEnv,
     /// Whether each input required grad.
     pub input_requires_grad: Vec<bool>,
+    /// Per traced input: the function made it require grad (`requires_grad_()` on an
+    /// argument that did not): it counts in `input_requires_grad`, and after the call
+    /// the caller's tensor must require grad too, as in eager.
+    pub input_made_requires_grad: Vec<bool>,
+    /// Per traced input made to require grad: how many traced nodes came before
+    /// (those saw it as a constant, as eager autograd did).
+    pub input_tracked_from: Vec<Option<usize>>,
     /// Whether each output required grad.
     pub output_requires_grad: Vec<bool>,
     /// Whether each output is a view taken under no-grad of a tensor autograd tracks
@@ -92,6 +99,9 @@ pub(crate) struct TraceState {
     pub(crate) storage_len: HashMap<StorageId, usize>,
     /// Values made by `detach` (an `alias` that is not a view for autograd).
     pub(crate) detach_values: Vec<ValueId>,
+    /// `(input value, node count)`: `requires_grad_()` made an input that did not
+    /// require grad require it once that many nodes were traced.
+    pub(crate) tracked_from: Vec<(ValueId, usize)>,
     /// `(value, storage)` of the `rng_seed` and `rng_base` inputs, once created.
     rng: Option<[(ValueId, StorageId); 2]>,
     rng_ops: u64,
@@ -144,6 +154,7 @@ impl TraceCtx {
                 value_requires_grad: Vec::new(),
                 storage_len: HashMap::new(),
                 detach_values: Vec::new(),
+                tracked_from: Vec::new(),
                 rng: None,
                 rng_ops: 0,
             }),
@@ -155,6 +166,28 @@ impl TraceCtx {
     pub(crate) fn set_value_requires_grad(&self, v: ValueId, requires_grad: bool) {
         if let Some(slot) = self.lock().value_requires_grad.get_mut(v.0 as usize) {
             *slot = requires_grad;
+        }
+    }
+
+    /// `requires_grad_()` made the tensor with value `v` (storage `storage`) require
+    /// grad: when it is an input (or the current value of one), note how many nodes
+    /// came before, and that autograd sees the input from here.
+    pub(crate) fn note_tracked_from(&self, v: ValueId, storage: StorageId) {
+        let mut st = self.lock();
+        let input = st
+            .graph
+            .inputs
+            .iter()
+            .find(|i| i.id == v)
+            .or_else(|| st.graph.inputs.iter().find(|i| i.storage == storage));
+        if let Some(id) = input.map(|i| i.id) {
+            let n = st.graph.nodes.len();
+            if !st.tracked_from.iter().any(|(x, _)| *x == id) {
+                st.tracked_from.push((id, n));
+            }
+            if let Some(slot) = st.value_requires_grad.get_mut(id.0 as usize) {
+                *slot = true;
+            }
         }
     }
 }
@@ -342,6 +375,31 @@ where
         let _active = ActiveGuard::enter(ctx.clone());
         f(&fakes)?
     };
+    // `requires_grad_()` on an argument inside the function: from then on autograd
+    // tracks it (what ran before stays constant to it, as in eager).
+    let mut input_made_requires_grad = vec![false; fakes.len()];
+    let tracked: Vec<ValueId> = ctx.lock().tracked_from.iter().map(|(v, _)| *v).collect();
+    for (i, x) in fakes.iter().enumerate() {
+        let now = x.snapshot().requires_grad();
+        let id = match &x.snapshot().repr {
+            Repr::Fake(f) => ctx.lock().graph.inputs.get(i).map(|inp| inp.id).unwrap_or(f.value),
+            Repr::Eager(_) => continue,
+        };
+        if now && !input_requires_grad[i] && tracked.contains(&id) {
+            input_made_requires_grad[i] = true;
+            input_requires_grad[i] = true;
+        } else if !now && input_requires_grad[i] {
+            return Err(Error::invalid(
+                "requires_grad_",
+                &loc,
+                format!(
+                    "argument {i} requires grad and the function turned that off (requires_grad_(false) or \
+                     detach_()); a compiled function cannot stop tracking an argument part way: do it before \
+                     the call, or use detach() inside"
+                ),
+            ));
+        }
+    }
     let mut outputs = Vec::with_capacity(outs.len());
     let mut output_requires_grad = Vec::with_capacity(outs.len());
     let mut output_no_grad_view = Vec::with_capacity(outs.len());
@@ -366,17 +424,27 @@ where
     let shape_env = std::mem::take(&mut st.shape_env);
     let value_requires_grad = std::mem::take(&mut st.value_requires_grad);
     let detach_values = std::mem::take(&mut st.detach_values);
+    let input_tracked_from: Vec<Option<usize>> = (0..graph.inputs.len())
+        .map(|i| {
+            let id = graph.inputs[i].id;
+            let made = input_made_requires_grad.get(i).copied().unwrap_or(false);
+            made.then(|| st.tracked_from.iter().find(|(v, _)| *v == id).map_or(0, |(_, n)| *n))
+        })
+        .collect();
     let index_of = |v: ValueId| graph.inputs.iter().position(|i| i.id == v).unwrap_or(usize::MAX);
     let rng =
         st.rng.map(|[(s, _), (b, _)]| RngInputs { seed_input: index_of(s), base_input: index_of(b), ops: st.rng_ops });
     if rng.is_some() {
         input_requires_grad.extend([false, false]);
+        input_made_requires_grad.extend([false, false]);
     }
     tracing::debug!(nodes = graph.nodes.len(), guards = shape_env.guards().len(), "traced");
     Ok(Traced {
         graph,
         shape_env,
         input_requires_grad,
+        input_made_requires_grad,
+        input_tracked_from,
         output_requires_grad,
         output_no_grad_view,
         detach_values,

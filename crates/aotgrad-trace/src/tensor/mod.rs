@@ -356,9 +356,13 @@ impl Tensor {
                  outside of autograd",
             ));
         }
+        let was = st.requires_grad();
         st.own_requires_grad = requires_grad;
         if let Repr::Fake(f) = &st.repr {
             f.ctx.set_value_requires_grad(f.value, st.requires_grad());
+            if requires_grad && !was {
+                f.ctx.note_tracked_from(f.value, f.storage);
+            }
         }
         Ok(())
     }

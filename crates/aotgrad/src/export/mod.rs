@@ -203,6 +203,7 @@ where
         output_requires_grad: &traced.output_requires_grad,
         output_no_grad_view: &traced.output_no_grad_view,
         detach_values: &traced.detach_values,
+        input_tracked_from: &traced.input_tracked_from,
         hidden_mutation: &hidden,
     };
     let mut env = traced.shape_env.clone();

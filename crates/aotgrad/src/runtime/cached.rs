@@ -211,8 +211,9 @@ pub(crate) fn cache_key(config: &AotConfig, sig: &CallSig, traced: &Traced, back
     b.add(
         "trace facts",
         format!(
-            "{:?} {:?} {:?} {:?} {:?} {:?}",
+            "{:?} {:?} {:?} {:?} {:?} {:?} {:?}",
             traced.input_requires_grad,
+            traced.input_made_requires_grad,
             traced.output_requires_grad,
             traced.output_no_grad_view,
             traced.detach_values,

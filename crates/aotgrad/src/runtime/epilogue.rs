@@ -72,6 +72,10 @@ pub(crate) fn apply(
             t.as_strided_(&size, &stride, offset)?;
         }
     }
+    // 2b. `requires_grad_()` inside the function reaches the caller's tensor
+    for &k in &entry.m().made_requires_grad {
+        traced_input(entry, args, k)?.set_requires_grad(true)?;
+    }
     // 3. outputs: those that alias another output come second, since the output
     //    they view may come later in the list.
     let mut results: Vec<Option<Tensor>> = vec![None; meta.outputs.len()];

@@ -583,6 +583,7 @@ impl AotFunction {
             output_requires_grad: &traced.output_requires_grad,
             output_no_grad_view: &traced.output_no_grad_view,
             detach_values: &traced.detach_values,
+            input_tracked_from: &traced.input_tracked_from,
             hidden_mutation: &hidden,
         };
         // The training path returns every new input value (it gets a gradient): keeping
@@ -634,6 +635,9 @@ impl AotFunction {
             graph_output_metas,
             detached: fz.autograd.detached.clone(),
             straight_through: fz.autograd.straight_through.clone(),
+            made_requires_grad: (0..traced.input_made_requires_grad.len())
+                .filter(|&k| traced.input_made_requires_grad[k])
+                .collect(),
             training,
             backend: backend.name().to_string(),
             backend_identity: backend.cache_identity().unwrap_or_default(),

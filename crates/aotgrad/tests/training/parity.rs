@@ -319,3 +319,81 @@ fn a_detached_alias_keeps_its_own_history_when_its_storage_is_written_through_an
     }
     assert!(l1.grad().is_none_or(|g| g.to_vec_f64().unwrap().iter().all(|v| *v == 0.0)));
 }
+
+#[test]
+fn requires_grad_inside_a_compiled_function_reaches_the_callers_tensor() {
+    // PyTorch 2.15 (f64): `x = [[1, 2], [3, 4]]` (no grad), `y = [[.5, .25], [2, 1]]`
+    // (requires grad); `f(x, y) = (a + x * x, x.t())` with `a = x * y` computed before
+    // `x.requires_grad_()`: both outputs require grad (non-leaves), `x` requires grad
+    // and stays a leaf; with `L = o0.sum() + (o1 * [[1, 10], [100, 1000]]).sum()`,
+    // `x.grad = [[3, 104], [16, 1008]]` (2x, plus the transposed weights; nothing
+    // through `a`) and `y.grad = x`.
+    let prog = |a: &[Arg]| -> aotgrad::Result<Vec<Tensor>> {
+        let (x, y) = (tensor(&a[0])?, tensor(&a[1])?);
+        let before = x.mul(y)?;
+        x.requires_grad_(true)?;
+        Ok(vec![before.add(&x.mul(x)?)?, x.t()?])
+    };
+    let f = aot_function_args(prog, AotConfig::default().no_cache()).expect("compile");
+    let x = Tensor::from_f64(&[1.0, 2.0, 3.0, 4.0], &[2, 2], DType::F64).unwrap();
+    let y = Tensor::from_f64(&[0.5, 0.25, 2.0, 1.0], &[2, 2], DType::F64).unwrap().requires_grad(true).unwrap();
+    let (outs, pending) = f.forward_args(&[x.clone().into(), y.into()]).expect("forward");
+    assert!(x.is_requires_grad() && x.is_leaf());
+    assert!(outs.iter().all(|o| o.is_requires_grad() && !o.is_leaf()));
+    let w = Tensor::from_f64(&[1.0, 10.0, 100.0, 1000.0], &[2, 2], DType::F64).unwrap();
+    let g = pending.backward(&[Tensor::ones(&[2, 2], DType::F64).unwrap(), w]).expect("backward");
+    let vals = |k: usize| g[k].as_ref().expect("a gradient").to_vec_f64().unwrap();
+    assert_eq!(vals(0), vec![3.0, 104.0, 16.0, 1008.0]);
+    assert_eq!(vals(1), vec![1.0, 2.0, 3.0, 4.0]);
+
+    // A view argument of a tensor without grad: `v = d.t()`; `g(v) = (v * 2, v[0])`
+    // after `v.requires_grad_()`: `v` is a leaf requiring grad, `d` does not require
+    // grad, and `v.grad = [[3, 3], [2, 2]]` for `L = o0.sum() + o1.sum()`.
+    let prog = |a: &[Arg]| -> aotgrad::Result<Vec<Tensor>> {
+        let v = tensor(&a[0])?;
+        v.requires_grad_(true)?;
+        Ok(vec![v.mul(2.0)?, v.select(0, 0)?])
+    };
+    let f = aot_function_args(prog, AotConfig::default().no_cache()).expect("compile");
+    let d = Tensor::from_f64(&[1.0, 2.0, 3.0, 4.0], &[2, 2], DType::F64).unwrap();
+    let v = d.t().unwrap();
+    let (outs, pending) = f.forward_args(&[v.clone().into()]).expect("forward");
+    assert!(v.is_requires_grad() && v.is_leaf() && !d.is_requires_grad());
+    assert!(outs.iter().all(|o| o.is_requires_grad() && !o.is_leaf()));
+    let g = pending.backward(&[Tensor::ones(&[2, 2], DType::F64).unwrap(), Tensor::ones(&[2], DType::F64).unwrap()]);
+    let g = g.expect("backward")[0].clone().expect("a gradient").to_vec_f64().unwrap();
+    assert_eq!(g, vec![3.0, 3.0, 2.0, 2.0]);
+
+    // Turning tracking off part way is refused with a clear error.
+    let f = aot_function_args(
+        |a: &[Arg]| -> aotgrad::Result<Vec<Tensor>> {
+            let x = tensor(&a[0])?;
+            x.requires_grad_(false)?;
+            Ok(vec![x.mul(2.0)?])
+        },
+        AotConfig::default().no_cache(),
+    )
+    .expect("compile");
+    let x = Tensor::ones(&[2], DType::F64).unwrap().requires_grad(true).unwrap();
+    let e = f.call(&[x]).unwrap_err().to_string();
+    assert!(e.contains("requires_grad_(false)"), "{e}");
+}
+
+#[test]
+fn returned_views_of_inputs_without_grad_are_leaves_that_do_not_require_grad() {
+    // PyTorch 2.15: `h(z, w) = (z.t(), z[0], z * w)` with only `w` requiring grad:
+    // flags `(False, True), (False, True), (True, False)` (requires_grad, is_leaf).
+    let f = aot_function_args(
+        |a: &[Arg]| -> aotgrad::Result<Vec<Tensor>> {
+            let (z, w) = (tensor(&a[0])?, tensor(&a[1])?);
+            Ok(vec![z.t()?, z.select(0, 0)?, z.mul(w)?])
+        },
+        AotConfig::default().no_cache(),
+    )
+    .expect("compile");
+    let z = Tensor::ones(&[2, 3], DType::F64).unwrap();
+    let w = Tensor::ones(&[3], DType::F64).unwrap().requires_grad(true).unwrap();
+    let (outs, _) = f.forward_args(&[z.into(), w.into()]).expect("forward");
+    let flags: Vec<(bool, bool)> = outs.iter().map(|o| (o.is_requires_grad(), o.is_leaf())).collect();
+    assert_eq!(flags, vec![(false, true), (false, true), (true, false)]);
+}
