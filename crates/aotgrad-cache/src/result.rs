@@ -42,6 +42,18 @@ pub struct TrainingMeta {
     pub partition: PartitionReport,
 }
 
+/// One output of a compiled function, in the order the user's function returns them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OutputSlot {
+    /// The next tensor output (of those the graphs and the epilogue produce).
+    Tensor,
+    /// An integer: a constant, or a size over the trace's shape symbols (evaluated with
+    /// each call's bindings).
+    Int(aotgrad_ir::Dim),
+    /// Nothing (`None` in Python).
+    None,
+}
+
 /// The plain runtime metadata of a result: how to call the compiled graphs and replay
 /// their side effects (no closures, nothing that needs the user's function).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -73,6 +85,8 @@ pub struct ResultMeta {
     pub detached: Vec<ValueId>,
     /// `(new, previous)` storage values around mutations hidden from autograd.
     pub straight_through: Vec<(ValueId, ValueId)>,
+    /// The user's outputs in order: tensors and plain values (ints, `None`).
+    pub output_layout: Vec<OutputSlot>,
     /// Traced inputs the function made require grad (`requires_grad_()`): after each
     /// call the caller's tensor requires grad, as in eager.
     pub made_requires_grad: Vec<usize>,

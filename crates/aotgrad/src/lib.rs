@@ -42,7 +42,10 @@ pub use error::{Error, Result};
 pub use export::{aot_export_joint_simple, aot_export_module};
 pub use logging::init_logging;
 pub use module::{aot_module, aot_module_simplified, AotModule, ModuleBackward, ModuleGrads};
-pub use runtime::{aot_function, aot_function_args, AotFunction, Arg, CacheStats, CompileReport, EntrySource};
+pub use runtime::{
+    aot_function, aot_function_args, aot_function_outs, AotFunction, Arg, CacheStats, CompileReport, EntrySource,
+    Output,
+};
 
 pub use aotgrad_autodiff as autodiff;
 pub use aotgrad_cache as cache;
@@ -55,7 +58,9 @@ pub use aotgrad_trace as trace;
 /// Everything a typical user needs.
 pub mod prelude {
     pub use crate::nn::{Module, ParamStore, Params};
-    pub use crate::{aot_function, aot_function_args, AotConfig, AotFunction, Arg, Backward};
+    pub use crate::{
+        aot_function, aot_function_args, aot_function_outs, AotConfig, AotFunction, Arg, Backward, Output,
+    };
     pub use crate::{aot_module, aot_module_simplified, AotModule};
     pub use aotgrad_ir::{DType, Dim, Scalar};
     pub use aotgrad_trace::{

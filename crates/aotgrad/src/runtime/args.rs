@@ -62,6 +62,62 @@ impl From<bool> for Arg {
     }
 }
 
+/// One output of a function compiled with [`crate::aot_function_outs`]: a tensor or a
+/// plain value, as PyTorch's `aot_function` returns ints (sizes included) and `None`.
+#[derive(Clone, Debug)]
+pub enum Output {
+    /// A tensor.
+    Tensor(Tensor),
+    /// An integer. Inside a traced function a size may be symbolic (`x.shape()[0]`
+    /// with a dynamic dim): the compiled function returns its value for each call.
+    Int(Dim),
+    /// Nothing (`None` in Python).
+    None,
+}
+
+impl Output {
+    /// The tensor, if this output is one.
+    pub fn tensor(&self) -> Option<&Tensor> {
+        match self {
+            Output::Tensor(t) => Some(t),
+            _ => None,
+        }
+    }
+    /// The integer, if this output is one with a known value (always, for the outputs
+    /// of a compiled call).
+    pub fn int(&self) -> Option<i64> {
+        match self {
+            Output::Int(d) => d.as_const(),
+            _ => None,
+        }
+    }
+    /// Whether this output is `None`.
+    pub fn is_none(&self) -> bool {
+        matches!(self, Output::None)
+    }
+}
+
+impl From<Tensor> for Output {
+    fn from(t: Tensor) -> Self {
+        Output::Tensor(t)
+    }
+}
+impl From<&Tensor> for Output {
+    fn from(t: &Tensor) -> Self {
+        Output::Tensor(t.clone())
+    }
+}
+impl From<i64> for Output {
+    fn from(v: i64) -> Self {
+        Output::Int(Dim::Const(v))
+    }
+}
+impl From<Dim> for Output {
+    fn from(d: Dim) -> Self {
+        Output::Int(d)
+    }
+}
+
 /// The autograd state of a tensor argument that a trace under grad mode depends on
 /// (see [`Leafness`]).
 fn leafness_of(t: &Tensor) -> Leafness {

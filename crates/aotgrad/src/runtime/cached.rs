@@ -5,7 +5,7 @@
 use super::{result_bindings, AotFunction, Arg, CallSig, Entry};
 use crate::config::AotConfig;
 use crate::error::{Error, Result};
-use aotgrad_cache::{AotResult, Cache, CacheKey, KeyBuilder};
+use aotgrad_cache::{AotResult, Cache, CacheKey, KeyBuilder, OutputSlot};
 use aotgrad_cpu::CpuTensor;
 use aotgrad_trace::Traced;
 use std::path::Path;
@@ -66,7 +66,13 @@ impl CacheState {
     }
 
     /// The key of a traced call, or `None` when there is no cache or it is bypassed.
-    pub(crate) fn key_for(&self, config: &AotConfig, sig: &CallSig, traced: &Traced) -> Option<CacheKey> {
+    pub(crate) fn key_for(
+        &self,
+        config: &AotConfig,
+        sig: &CallSig,
+        traced: &Traced,
+        layout: &[OutputSlot],
+    ) -> Option<CacheKey> {
         self.cache.as_ref()?;
         let Some(identity) = config.backend.cache_identity() else {
             let why = format!(
@@ -81,7 +87,7 @@ impl CacheState {
             return None;
         };
         let t = std::time::Instant::now();
-        let key = cache_key(config, sig, traced, &identity);
+        let key = cache_key(config, sig, traced, layout, &identity);
         self.stats.lock().unwrap_or_else(|e| e.into_inner()).key_seconds += t.elapsed().as_secs_f64();
         Some(key)
     }
@@ -204,7 +210,13 @@ impl CacheState {
 /// the autograd facts of the trace, each config field that changes compilation, the
 /// backend's identity, and the versions. Guards are not part of it: entries under one
 /// key are told apart by their guards, checked against each call.
-pub(crate) fn cache_key(config: &AotConfig, sig: &CallSig, traced: &Traced, backend_identity: &str) -> CacheKey {
+pub(crate) fn cache_key(
+    config: &AotConfig,
+    sig: &CallSig,
+    traced: &Traced,
+    layout: &[OutputSlot],
+    backend_identity: &str,
+) -> CacheKey {
     let mut b = KeyBuilder::new();
     b.add_with("graph", |h| hash_canonical_graph(&traced.graph, h));
     b.add("call signature", format!("{sig:?}").as_bytes());
@@ -222,6 +234,7 @@ pub(crate) fn cache_key(config: &AotConfig, sig: &CallSig, traced: &Traced, back
         )
         .as_bytes(),
     );
+    b.add("output layout", format!("{layout:?}").as_bytes());
     b.add("decompositions", format!("{:?}", config.decomps).as_bytes());
     b.add("dynamic", format!("{:?} duck {}", config.dynamic, config.duck_shape).as_bytes());
     b.add("keep_inference_input_mutations", format!("{}", config.keep_inference_input_mutations).as_bytes());

@@ -21,16 +21,16 @@ mod training;
 
 pub use cached::{CacheStats, EntrySource};
 
-pub use args::Arg;
+pub use args::{Arg, Output};
 pub use training::{Partitioner, PendingBackward};
 
 use crate::config::AotConfig;
 use crate::error::{Error, Result};
-use aotgrad_cache::{AotResult, Artifact, GraphDumps, GraphKind, ResultMeta, RngSlots, TrainingMeta};
+use aotgrad_cache::{AotResult, Artifact, GraphDumps, GraphKind, OutputSlot, ResultMeta, RngSlots, TrainingMeta};
 pub(crate) use aotgrad_cache::{ArgSig, CallSig};
 use aotgrad_cpu::CpuTensor;
 use aotgrad_functionalize::{functionalize, AutogradFacts, Functionalized, Options, TraceFacts};
-use aotgrad_ir::{CompiledGraph, Graph, SymId, TensorMeta, ValueId};
+use aotgrad_ir::{CompiledGraph, Dim, Graph, SymId, TensorMeta, ValueId};
 use aotgrad_meta::ArgSlot;
 use aotgrad_trace::{trace, ShapeEnv, Tensor, TraceConfig, Traced};
 use args::bind;
@@ -38,7 +38,7 @@ pub(crate) use args::{alias_classes, call_sig};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-type UserFn = dyn Fn(&[Arg]) -> crate::Result<Vec<Tensor>> + Send + Sync;
+type UserFn = dyn Fn(&[Arg]) -> crate::Result<Vec<Output>> + Send + Sync;
 
 /// A function compiled ahead of time; call it like the original.
 pub struct AotFunction {
@@ -248,6 +248,34 @@ pub fn aot_function_args<F>(f: F, config: AotConfig) -> Result<AotFunction>
 where
     F: Fn(&[Arg]) -> crate::Result<Vec<Tensor>> + Send + Sync + 'static,
 {
+    aot_function_outs(move |a: &[Arg]| Ok(f(a)?.into_iter().map(Output::Tensor).collect()), config)
+}
+
+/// Compile a function that may also return plain values ([`Output`]): integers
+/// (sizes of its tensors included, which follow each call's shapes under dynamic
+/// dims) and `None`, as PyTorch's `aot_function` does. Call it with
+/// [`AotFunction::call_outs`] or [`AotFunction::forward_outs`] (the other call methods
+/// return its tensor outputs only).
+///
+/// ```
+/// use aotgrad::prelude::*;
+///
+/// let f = aot_function_outs(
+///     |a: &[Arg]| {
+///         let x = a[0].tensor().expect("a tensor");
+///         Ok(vec![Output::Tensor(x.mul(2.0)?), Output::Int(x.shape()[0].clone()), Output::None])
+///     },
+///     AotConfig { dynamic: vec![(0, 0)], ..AotConfig::default() },
+/// )?;
+/// let out = f.call_outs(&[Arg::Tensor(Tensor::ones(&[5, 2], DType::F32)?)])?;
+/// assert_eq!(out[1].int(), Some(5));
+/// assert!(out[2].is_none());
+/// # Ok::<(), aotgrad::Error>(())
+/// ```
+pub fn aot_function_outs<F>(f: F, config: AotConfig) -> Result<AotFunction>
+where
+    F: Fn(&[Arg]) -> crate::Result<Vec<Output>> + Send + Sync + 'static,
+{
     let cache = cached::CacheState::new(config.cache.clone());
     Ok(AotFunction {
         f: Some(Arc::new(f)),
@@ -291,6 +319,54 @@ impl AotFunction {
             return Ok(self.run_training(&entry, args, env)?.0);
         }
         epilogue::run(&self.config.name, &entry, args, &env)
+    }
+
+    /// Call a function compiled with [`aot_function_outs`]: its tensor and plain
+    /// outputs in order (sizes evaluated for this call).
+    pub fn call_outs(&self, args: &[Arg]) -> Result<Vec<Output>> {
+        let (entry, env) = self.entry_for(args)?;
+        let tensors = if entry.training.is_some() {
+            self.run_training(&entry, args, env.clone())?.0
+        } else {
+            epilogue::run(&self.config.name, &entry, args, &env)?
+        };
+        self.assemble(&entry, &env, tensors)
+    }
+
+    /// [`AotFunction::forward_args`] for a function compiled with [`aot_function_outs`]:
+    /// the outputs in order; the backward takes one gradient per *tensor* output.
+    pub fn forward_outs(&self, args: &[Arg]) -> Result<(Vec<Output>, PendingBackward)> {
+        let (entry, env) = self.entry_for(args)?;
+        if entry.training.is_none() {
+            return Err(self.call_error(
+                "forward needs grad mode on and at least one argument that requires grad; use `call_outs`".into(),
+            ));
+        }
+        let (tensors, pending) = self.run_training(&entry, args, env.clone())?;
+        Ok((self.assemble(&entry, &env, tensors)?, pending))
+    }
+
+    /// The user's outputs in order: the call's tensors where the layout has them,
+    /// integers evaluated with the call's bindings.
+    fn assemble(&self, entry: &Entry, env: &Bindings, tensors: Vec<Tensor>) -> Result<Vec<Output>> {
+        let mut tensors = tensors.into_iter();
+        let lookup = |s: SymId| env.get(&s).copied();
+        entry
+            .m()
+            .output_layout
+            .iter()
+            .map(|slot| match slot {
+                OutputSlot::Tensor => tensors
+                    .next()
+                    .map(Output::Tensor)
+                    .ok_or_else(|| Error::Internal("fewer tensor outputs than the output layout names".into())),
+                OutputSlot::Int(d) => d
+                    .eval(&lookup)
+                    .map(|v| Output::Int(Dim::Const(v)))
+                    .ok_or_else(|| Error::Internal(format!("output size {d} has unbound symbols"))),
+                OutputSlot::None => Ok(Output::None),
+            })
+            .collect()
     }
 
     /// Run the compiled forward of the training path; the returned
@@ -491,7 +567,7 @@ impl AotFunction {
         let mut timer = StageTimer::new();
         let call = self.trace_call(&f, &sig, args)?;
         timer.stage("trace");
-        let key = self.cache.key_for(&self.config, &sig, &call.traced);
+        let key = self.cache.key_for(&self.config, &sig, &call.traced, &call.layout);
         if let Some(key) = &key {
             if let Some(entry) = self.cache.load(&self.config, key, args)? {
                 return Ok(entry);
@@ -551,6 +627,8 @@ impl AotFunction {
         let f = f.clone();
         let consts: Vec<Arg> = args.to_vec();
         let slots = slot_of_arg.clone();
+        let layout_cell: Arc<Mutex<Vec<OutputSlot>>> = Arc::new(Mutex::new(Vec::new()));
+        let layout_out = layout_cell.clone();
         let traced = trace(
             move |fakes: &[Tensor]| {
                 let call: Vec<Arg> = consts
@@ -561,19 +639,34 @@ impl AotFunction {
                         None => a.clone(),
                     })
                     .collect();
-                f(&call).map_err(aotgrad_trace::Error::from)
+                let outs = f(&call).map_err(aotgrad_trace::Error::from)?;
+                let mut layout = layout_out.lock().unwrap_or_else(|e| e.into_inner());
+                layout.clear();
+                let mut tensors = Vec::with_capacity(outs.len());
+                for o in outs {
+                    match o {
+                        Output::Tensor(t) => {
+                            layout.push(OutputSlot::Tensor);
+                            tensors.push(t);
+                        }
+                        Output::Int(d) => layout.push(OutputSlot::Int(d)),
+                        Output::None => layout.push(OutputSlot::None),
+                    }
+                }
+                Ok(tensors)
             },
             &examples,
             &tc,
         )?;
+        let layout = std::mem::take(&mut *layout_cell.lock().unwrap_or_else(|e| e.into_inner()));
         tracing::debug!(target: "aotgrad::trace", "traced graph:\n{}", aotgrad_ir::text::print_graph(&traced.graph));
-        Ok(TracedCall { traced, traced_args, slot_of_arg })
+        Ok(TracedCall { traced, traced_args, slot_of_arg, layout })
     }
 
     /// Functionalize and compile a traced call into a fresh [`AotResult`].
     fn compile_traced(&self, sig: CallSig, call: TracedCall, mut timer: StageTimer) -> Result<AotResult<CpuTensor>> {
         let _span = tracing::debug_span!("aot_compile", name = %self.config.name).entered();
-        let TracedCall { traced, traced_args, slot_of_arg } = call;
+        let TracedCall { traced, traced_args, slot_of_arg, layout } = call;
         let value_rg = traced.value_requires_grad.clone();
         // Autograd sees nothing of a trace run under no-grad (inputs included).
         let grad_on = sig.grad_enabled;
@@ -635,6 +728,7 @@ impl AotFunction {
             graph_output_metas,
             detached: fz.autograd.detached.clone(),
             straight_through: fz.autograd.straight_through.clone(),
+            output_layout: layout,
             made_requires_grad: (0..traced.input_made_requires_grad.len())
                 .filter(|&k| traced.input_made_requires_grad[k])
                 .collect(),
@@ -661,6 +755,8 @@ pub(crate) struct TracedCall {
     /// The traced input of each user argument (`None` for non-tensors; an argument
     /// passed twice maps to one traced input).
     slot_of_arg: Vec<Option<usize>>,
+    /// The user's outputs in order (tensors and plain values).
+    layout: Vec<OutputSlot>,
 }
 
 /// Bind the entry's symbols from the call's tensors and check its guards.
