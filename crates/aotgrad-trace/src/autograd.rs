@@ -305,6 +305,10 @@ pub(crate) fn record(
         edges.push(edge_of(t, s)?);
         match before.as_ref().and_then(|b| b.versions.get(i)) {
             Some(&version) => saved.push(Saved { version, value: c }),
+            // PyTorch saves the result of these ops, not the input, so changing the
+            // input in place later is no error: this node keeps a private copy of the
+            // input (its derivative reads it), and checks the result's version.
+            None if !data_inplace && saves_result(&inner) => saved.push(saved_of(copy_storage(&c))),
             None => saved.push(saved_of(c)),
         }
     }

@@ -240,13 +240,15 @@ fn one_call(
             .map_err(|e| e.to_string())?;
         let loss = |args: &[Arg]| loss_of(f, args, &weights, &h);
         for (k, g) in got.iter().enumerate() {
-            let Some(g) = g else { continue };
-            let g = g.to_vec_f64().map_err(|e| e.to_string())?;
+            if g.is_none() {
+                continue;
+            }
             let fd = finite_differences(&before, k, &loss)?;
             // Gradients follow tensors: an argument naming a storage element several
-            // times (an `expand`) gets a gradient per element, and perturbing the
-            // element measures their sum.
-            let g = summed_over_repeats(tensor(&before[k]).map_err(|e| e.to_string())?, &g);
+            // times (an `expand`) gets a gradient per element, and arguments sharing
+            // a storage each get their own contributions; perturbing a storage element
+            // measures the sum over every argument element naming it.
+            let g = summed_over_aliases(&before, &got, k)?;
             for (e, (a, b)) in g.iter().zip(&fd).enumerate() {
                 if (a - b).abs() > TOL * b.abs().max(1.0) {
                     return Err(format!(
@@ -268,10 +270,10 @@ fn one_call(
 /// eager run in grad mode, down to the leaves the arguments were made from; the
 /// compiled gradients of the arguments continue through the arguments' own eager
 /// history (recorded before the call) to the same leaves, as they would in PyTorch,
-/// and the leaves' gradients must agree. Programs with arguments that share storage
-/// are left to the finite differences: the compiled path gives each such argument the
-/// gradient of the storage elements it views (issue 8, item 3), which would count
-/// twice in the chain.
+/// and the leaves' gradients must agree. Arguments sharing a storage each carry their
+/// own contributions (or, merged into a synthetic base, each storage element's once),
+/// so the chain counts every contribution once; the same tensor object passed twice
+/// is one root.
 fn eager_gradients_agree(
     f: &UserFn,
     inputs: &dyn Fn() -> Vec<Arg>,
@@ -283,13 +285,6 @@ fn eager_gradients_agree(
     use aotgrad::Backward;
     let args = inputs();
     let tensors: Vec<Option<&Tensor>> = args.iter().map(Arg::tensor).collect();
-    let aliased = tensors
-        .iter()
-        .enumerate()
-        .any(|(k, t)| t.is_some_and(|t| tensors[k + 1..].iter().flatten().any(|u| u.shares_storage_with(t))));
-    if aliased {
-        return Ok(());
-    }
     let edges: Vec<Edge> = tensors
         .iter()
         .map(|t| t.map_or(Ok(Edge::None), |t| t.grad_edge()))
@@ -324,11 +319,20 @@ fn eager_gradients_agree(
     // has its gradient in its new layout in eager, and in its layout at the call in
     // the compiled backward: such leaves are left to the finite differences.
     let mut reshaped: Vec<Tensor> = Vec::new();
+    let same_edge = |a: &Edge, b: &Edge| match (a, b) {
+        (Edge::Leaf(x), Edge::Leaf(y)) => x.same_object(y),
+        (Edge::Node(x), Edge::Node(y)) => Arc::ptr_eq(x, y),
+        _ => false,
+    };
     let roots: Vec<(Edge, Tensor)> = comp_edges
         .iter()
+        .enumerate()
         .zip(got)
-        .filter_map(|(e, g)| {
+        .filter_map(|((k, e), g)| {
             let g = g.as_ref()?;
+            if comp_edges[..k].iter().any(|d| same_edge(d, e)) {
+                return None;
+            }
             if let Edge::Leaf(t) = e {
                 if t.shape() != g.shape() {
                     reshaped.push(t.clone());
@@ -505,24 +509,42 @@ fn finite_differences(
 /// `g`, a gradient per element of `t`, with each element's entry replaced by the sum
 /// over the elements of `t` at the same storage position (unchanged when `t` names
 /// every element once).
-fn summed_over_repeats(t: &Tensor, g: &[f64]) -> Vec<f64> {
+/// Argument `k`'s gradient as finite differences over its storage see it: for each
+/// of its elements, the sum of the gradients of every element of every argument (each
+/// tensor object once) that names the same storage element.
+fn summed_over_aliases(args: &[Arg], got: &[Option<Tensor>], k: usize) -> Result<Vec<f64>, String> {
+    let t = tensor(&args[k]).map_err(|e| e.to_string())?;
+    let mut image: std::collections::HashMap<usize, f64> = std::collections::HashMap::new();
+    let mut seen: Vec<Tensor> = Vec::new();
+    for (j, g) in got.iter().enumerate() {
+        let (Some(g), Some(u)) = (g, args[j].tensor()) else { continue };
+        if !u.shares_storage_with(t) || seen.iter().any(|s| s.same_object(u)) {
+            continue;
+        }
+        seen.push(u.clone());
+        for (p, v) in element_positions(u).into_iter().zip(g.to_vec_f64().map_err(|e| e.to_string())?) {
+            *image.entry(p).or_insert(0.0) += v;
+        }
+    }
+    Ok(element_positions(t).iter().map(|p| image.get(p).copied().unwrap_or(0.0)).collect())
+}
+
+/// The storage position of each element of `t`, row-major.
+fn element_positions(t: &Tensor) -> Vec<usize> {
     let m = t.meta();
     let (shape, strides) = (m.concrete_shape().unwrap_or_default(), m.concrete_strides().unwrap_or_default());
-    let pos: Vec<usize> = (0..g.len())
+    let offset = m.concrete_offset().unwrap_or(0);
+    let n: usize = shape.iter().product();
+    (0..n)
         .map(|e| {
-            let (mut rest, mut p) = (e, 0);
+            let (mut rest, mut p) = (e, offset);
             for d in (0..shape.len()).rev() {
                 p += (rest % shape[d]) * strides[d];
                 rest /= shape[d];
             }
             p
         })
-        .collect();
-    let mut sum: std::collections::HashMap<usize, f64> = std::collections::HashMap::new();
-    for (p, v) in pos.iter().zip(g) {
-        *sum.entry(*p).or_insert(0.0) += v;
-    }
-    pos.iter().map(|p| sum[p]).collect()
+        .collect()
 }
 
 /// The observable state of one tensor.

@@ -62,9 +62,12 @@ fn synthetic_base() {
         saved 1 value, 48 bytes (0 activation bytes):
           %0 "base0": f64[6] (48 bytes)
         recomputed 6 ops, 12 FLOPs: %8 (as_strided), %9 (mul), %10 (as_strided_scatter), %11 (view), %17 (full), %22 (full)"#]].assert_eq(&c.text);
-    // Both arguments view the same six elements: the same gradient for both.
+    // Both arguments view the same six elements, merged into a synthetic base: each
+    // element's gradient goes to the first argument viewing it, so the caller's
+    // autograd, which sums the two where they meet, counts it once.
     let (g0, g1) = (vals(c.grads[0].as_ref().expect("grad")), vals(c.grads[1].as_ref().expect("grad")));
-    assert_eq!(g0, g1);
+    assert!(g0.iter().any(|v| *v != 0.0));
+    assert!(g1.iter().all(|v| *v == 0.0), "{g1:?}");
     // Both changed: each got a gradient for its new value.
     assert_eq!(c.updated_grads.iter().map(|(k, _)| *k).collect::<Vec<_>>(), vec![0, 1]);
 }

@@ -397,3 +397,38 @@ fn returned_views_of_inputs_without_grad_are_leaves_that_do_not_require_grad() {
     let flags: Vec<(bool, bool)> = outs.iter().map(|o| (o.is_requires_grad(), o.is_leaf())).collect();
     assert_eq!(flags, vec![(false, true), (false, true), (true, false)]);
 }
+
+#[test]
+fn arguments_viewing_one_another_get_their_own_gradients() {
+    // PyTorch 2.15: `L = ones(2, 3)` (requires grad), `B = L * 1`, `a = B[0]`, `b = B`,
+    // both retaining their gradients; `(a * 2).sum() + (b * 3).sum()` gives `a.grad =
+    // [2, 2, 2]`, `b.grad = L.grad = [[5, 5, 5], [3, 3, 3]]` (a's gradient reaches b
+    // through a's view). Compiled, each argument's gradient holds the contributions
+    // through it alone (2 for `a`, 3 for `b`): continued through the arguments' own
+    // history, every `.grad` and retained gradient is PyTorch's.
+    let f = aot_function_args(
+        |a: &[Arg]| -> aotgrad::Result<Vec<Tensor>> {
+            let (x, y) = (tensor(&a[0])?, tensor(&a[1])?);
+            Ok(vec![x.mul(2.0)?.sum_all()?.add(&y.mul(3.0)?.sum_all()?)?])
+        },
+        AotConfig::default().no_cache(),
+    )
+    .expect("compile");
+    let l = Tensor::ones(&[2, 3], DType::F64).unwrap().requires_grad(true).unwrap();
+    let b = l.mul(1.0).unwrap();
+    let a = b.select(0, 0).unwrap();
+    a.retain_grad().unwrap();
+    b.retain_grad().unwrap();
+    let edges = [a.grad_edge().unwrap(), b.grad_edge().unwrap()];
+    let (_, pending) = f.forward_args(&[a.clone().into(), b.clone().into()]).expect("forward");
+    let g = pending.backward(&[Tensor::ones(&[], DType::F64).unwrap()]).expect("backward");
+    let vals = |t: &Option<Tensor>| t.as_ref().expect("a gradient").to_vec_f64().unwrap();
+    assert_eq!(vals(&g[0]), vec![2.0; 3]);
+    assert_eq!(vals(&g[1]), vec![3.0; 6]);
+    let roots: Vec<_> = edges.into_iter().zip(g).filter_map(|(e, g)| Some((e, g?))).collect();
+    aotgrad::backward_from_edges(&roots, false).unwrap();
+    let want = vec![5.0, 5.0, 5.0, 3.0, 3.0, 3.0];
+    assert_eq!(vals(&a.grad()), vec![2.0; 3]);
+    assert_eq!(vals(&b.grad()), want);
+    assert_eq!(vals(&l.grad()), want);
+}

@@ -86,8 +86,11 @@ impl PendingBackward {
     /// Run the backward for gradients of the user outputs (one per output, in order;
     /// outputs that do not require grad take any tensor of their shape, ignored).
     /// Returns one entry per argument of the call: the gradient for each tensor
-    /// argument that requires grad (a tensor passed twice, or arguments viewing one
-    /// storage, get the gradient of the storage elements they view), `None` otherwise.
+    /// argument that requires grad: the contributions that went through that argument
+    /// (arguments viewing one another each get their own; a tensor passed twice gets
+    /// one gradient in both places; arguments merged into a synthetic base share each
+    /// storage element's gradient out, to the first of them that views it), `None`
+    /// otherwise.
     /// A second call is an error (what it needs is freed), and so is a call after a
     /// value the backward needs was modified in place.
     pub fn backward(&self, output_grads: &[Tensor]) -> Result<Vec<Option<Tensor>>> {
@@ -233,14 +236,15 @@ impl PendingBackward {
         Ok((0..self.args.len()).map(|i| self.traced_index(i).and_then(|k| traced_grads[k].clone())).collect())
     }
 
-    /// The gradient of each traced input that requires grad: that of the storage
-    /// elements it views. An input alone in its storage that is its own graph input
-    /// (repeating no element) gets that graph input's gradient plus `extra[k]`
-    /// (gradients of outputs aliasing it and of its new value after a metadata
-    /// mutation); inputs sharing a storage, repeating elements, or merged into a
-    /// synthetic base (even alone) get the sum of every contribution to each storage
-    /// element, so aliasing arguments see one consistent gradient, as a synthetic base
-    /// does.
+    /// The gradient of each traced input that requires grad. An input that is its own
+    /// graph input (repeating no element) gets that graph input's gradient plus
+    /// `extra[k]` (gradients of outputs aliasing it and of its new value after a
+    /// metadata mutation): the contributions through it alone, even when other
+    /// arguments share its storage (PyTorch's gradients follow tensors). Inputs
+    /// repeating elements or merged into a synthetic base (even alone) go through
+    /// storage positions: every contribution to a storage element is summed and goes
+    /// to the first of them that views it (so the caller's autograd, which sums the
+    /// arguments' gradients where they share a base, counts it once).
     fn input_grads(
         &self,
         by_graph_input: &[Option<Tensor>],
@@ -264,9 +268,13 @@ impl PendingBackward {
             if members.is_empty() || !members.iter().any(|&k| meta.inputs[k].requires_grad) {
                 continue;
             }
-            // Fast path: one input, alone in its storage, that is its own graph input
-            // (not a member of a synthetic base) and names no element twice.
-            if let &[k] = members.as_slice() {
+            // An input that is its own graph input (not a member of a synthetic base)
+            // and names no element twice gets the contributions that went through it
+            // alone, even when other arguments view its storage: each argument is a
+            // variable of its own, as an autograd function's inputs are, and the
+            // caller's autograd sums them where they share a base.
+            let mut rest: Vec<usize> = Vec::new();
+            for &k in members {
                 let own_input = match conv.args[k] {
                     ArgSlot::Input(g) => Some(g),
                     ArgSlot::ViewOfBase { .. } => None,
@@ -274,18 +282,26 @@ impl PendingBackward {
                 // Repeated elements (an expanded input) matter only to contributions
                 // that went through storage positions.
                 let distinct = !scattered[k] || Layout::of(&self.input_metas[k]).is_some_and(|l| !l.may_repeat());
-                if let (Some(g), true) = (own_input, distinct) {
-                    let mut g = by_graph_input[g].clone();
-                    if let Some(e) = extra[k].take() {
-                        add(&mut g, e)?;
-                    }
-                    let m = &self.input_metas[k];
-                    out[k] = Some(match g {
-                        Some(g) => g,
-                        None => Tensor::zeros(&m.concrete_shape().unwrap_or_default(), m.dtype)?,
-                    });
+                let (Some(g), true) = (own_input, distinct) else {
+                    rest.push(k);
+                    continue;
+                };
+                if !meta.inputs[k].requires_grad {
                     continue;
                 }
+                let mut g = by_graph_input[g].clone();
+                if let Some(e) = extra[k].take() {
+                    add(&mut g, e)?;
+                }
+                let m = &self.input_metas[k];
+                out[k] = Some(match g {
+                    Some(g) => g,
+                    None => Tensor::zeros(&m.concrete_shape().unwrap_or_default(), m.dtype)?,
+                });
+            }
+            let members = &rest;
+            if members.is_empty() {
+                continue;
             }
             // Through storage positions: every contribution into one image, then each
             // member reads its elements back.
@@ -317,10 +333,21 @@ impl PendingBackward {
                     scatter(&e, &self.input_metas[k])?;
                 }
             }
+            // Each storage element's gradient goes to one of them (the first that views
+            // it), so that the caller's autograd, summing the arguments' gradients where
+            // they share a base, counts it once.
+            let mut owned: std::collections::HashSet<usize> = std::collections::HashSet::new();
             for &k in members {
                 if meta.inputs[k].requires_grad {
                     let m = &self.input_metas[k];
-                    let vals: Vec<f64> = positions(m).iter().map(|p| image.get(p).copied().unwrap_or(0.0)).collect();
+                    let pos = positions(m);
+                    let mine: std::collections::HashSet<usize> =
+                        pos.iter().copied().filter(|p| !owned.contains(p)).collect();
+                    let vals: Vec<f64> = pos
+                        .iter()
+                        .map(|p| if mine.contains(p) { image.get(p).copied().unwrap_or(0.0) } else { 0.0 })
+                        .collect();
+                    owned.extend(mine);
                     out[k] = Some(Tensor::from_f64(&vals, &m.concrete_shape().unwrap_or_default(), m.dtype)?);
                 }
             }
