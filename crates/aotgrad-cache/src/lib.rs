@@ -28,8 +28,8 @@ pub use cache::{decode_precompiled, encode_precompiled, Cache, Candidate, Flavou
 pub use key::{CacheKey, KeyBuilder, FORMAT_VERSION};
 pub use redis_store::RedisStore;
 pub use result::{
-    AotResult, Artifact, GraphDumps, GraphKind, OutputSlot, ResultMeta, RngSlots, StoredArtifact, StoredResult,
-    TrainingMeta,
+    AotResult, Artifact, BackwardError, GraphDumps, GraphKind, OutputSlot, ResultMeta, RngSlots, StoredArtifact,
+    StoredResult, TrainingMeta,
 };
 pub use sig::{ArgSig, CallSig, Leafness};
 pub use store::{BlobInfo, DiskStore, Store, StoreError};

@@ -42,6 +42,20 @@ pub struct TrainingMeta {
     pub partition: PartitionReport,
 }
 
+/// A backward error decided when the function compiled (PyTorch's saved-tensor
+/// check): raised when a gradient given to the backward reaches the node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackwardError {
+    /// The message (PyTorch's wording).
+    pub msg: String,
+    /// The user's line of the node.
+    pub loc: Option<aotgrad_ir::SourceLoc>,
+    /// The user outputs whose gradients reach the node.
+    pub outputs: Vec<usize>,
+    /// The traced inputs whose new values' gradients reach it.
+    pub inputs: Vec<usize>,
+}
+
 /// One output of a compiled function, in the order the user's function returns them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum OutputSlot {
@@ -85,6 +99,10 @@ pub struct ResultMeta {
     pub detached: Vec<ValueId>,
     /// `(new, previous)` storage values around mutations hidden from autograd.
     pub straight_through: Vec<(ValueId, ValueId)>,
+    /// The errors the backward raises, as PyTorch's would: a value a recorded node
+    /// saved was changed in place during the call (in the order eager's backward
+    /// meets them).
+    pub backward_errors: Vec<BackwardError>,
     /// The user's outputs in order: tensors and plain values (ints, `None`).
     pub output_layout: Vec<OutputSlot>,
     /// Traced inputs the function made require grad (`requires_grad_()`): after each

@@ -123,7 +123,7 @@ impl GradNode {
 }
 
 /// PyTorch's backward-node name for an op (`mul` -> `MulBackward0`).
-fn node_name(op: &Op) -> String {
+pub fn node_name(op: &Op) -> String {
     let base = match op {
         Op::InPlace(inner) | Op::MetaInPlace(inner) => inner.name(),
         other => other.name(),
@@ -132,8 +132,9 @@ fn node_name(op: &Op) -> String {
     format!("{camel}Backward0")
 }
 
-/// A node computing `op` over inputs with metadata `ins`, with result `out`.
-fn single_op_graph(op: Op, ins: &[&TensorMeta], out: &TensorMeta) -> Graph {
+/// A node computing `op` over inputs with metadata `ins`, with result `out`: the
+/// graph a recorded node stands for.
+pub fn single_op_graph(op: Op, ins: &[&TensorMeta], out: &TensorMeta) -> Graph {
     let mut g = Graph::new();
     let args: Vec<ValueId> =
         ins.iter().enumerate().map(|(i, m)| g.add_input(format!("in{i}"), (*m).clone(), StorageId(i as u32))).collect();
@@ -206,7 +207,7 @@ fn view_of_base(base: &Tensor, b: &TState, v: &TState) -> Result<Arc<GradNode>> 
 }
 
 /// Ops whose derivative PyTorch computes from their result (so it saves the result).
-fn saves_result(op: &Op) -> bool {
+pub fn saves_result(op: &Op) -> bool {
     use aotgrad_ir::{CompositeOp, UnaryOp};
     match op {
         Op::Unary(u) => {

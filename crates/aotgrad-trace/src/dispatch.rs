@@ -305,6 +305,9 @@ pub(crate) fn dispatch(op: Op, args: &[&Tensor], loc: &SourceLoc) -> Result<Tens
             let no_grad_view = s0.no_grad_view || (!grad && s0.requires_grad());
             let grad_fn_base = base.as_ref().and_then(|b| b.snapshot().grad_fn);
             let grad_fn_version = version_of(&repr);
+            if let (true, Repr::Fake(f)) = (no_grad_view, &repr) {
+                f.ctx.lock().no_grad_views.push(f.value);
+            }
             Ok(Tensor::from_state(TState {
                 repr,
                 own_requires_grad: rg,

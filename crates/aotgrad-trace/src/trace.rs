@@ -51,6 +51,9 @@ pub struct Traced {
     /// Per traced input made to require grad: how many traced nodes came before
     /// (those saw it as a constant, as eager autograd did).
     pub input_tracked_from: Vec<Option<usize>>,
+    /// Values of views taken under no-grad of tensors requiring grad (and views of
+    /// them): they require grad without a history autograd records.
+    pub no_grad_views: Vec<ValueId>,
     /// Whether each output required grad.
     pub output_requires_grad: Vec<bool>,
     /// Whether each output is a view taken under no-grad of a tensor autograd tracks
@@ -99,6 +102,9 @@ pub(crate) struct TraceState {
     pub(crate) storage_len: HashMap<StorageId, usize>,
     /// Values made by `detach` (an `alias` that is not a view for autograd).
     pub(crate) detach_values: Vec<ValueId>,
+    /// Views made under no-grad of tensors requiring grad (and views of them): they
+    /// require grad but have no history (a leaf to eager autograd).
+    pub(crate) no_grad_views: Vec<ValueId>,
     /// `(input value, node count)`: `requires_grad_()` made an input that did not
     /// require grad require it once that many nodes were traced.
     pub(crate) tracked_from: Vec<(ValueId, usize)>,
@@ -155,6 +161,7 @@ impl TraceCtx {
                 storage_len: HashMap::new(),
                 detach_values: Vec::new(),
                 tracked_from: Vec::new(),
+                no_grad_views: Vec::new(),
                 rng: None,
                 rng_ops: 0,
             }),
@@ -424,6 +431,7 @@ where
     let shape_env = std::mem::take(&mut st.shape_env);
     let value_requires_grad = std::mem::take(&mut st.value_requires_grad);
     let detach_values = std::mem::take(&mut st.detach_values);
+    let no_grad_views = std::mem::take(&mut st.no_grad_views);
     let input_tracked_from: Vec<Option<usize>> = (0..graph.inputs.len())
         .map(|i| {
             let id = graph.inputs[i].id;
@@ -445,6 +453,7 @@ where
         input_requires_grad,
         input_made_requires_grad,
         input_tracked_from,
+        no_grad_views,
         output_requires_grad,
         output_no_grad_view,
         detach_values,

@@ -241,23 +241,28 @@ fn add(a: &CpuTensor, b: &CpuTensor, loc: &SourceLoc) -> Result<CpuTensor> {
 }
 
 /// What a node's backward runs, derived once per node.
-struct Prepared {
+pub(crate) struct Prepared {
     /// The differentiated graph, kept to what computes the gradients: inputs are the
     /// node's inputs then the output gradient; outputs the gradients of `grad_inputs`.
     graph: Graph,
     /// Which node inputs get a gradient, in output order.
     grad_inputs: Vec<usize>,
     /// Which node inputs the gradient reads (only those must be unmodified).
-    reads: Vec<bool>,
+    pub(crate) reads: Vec<bool>,
 }
 
 fn prepare(node: &GradNode) -> Result<Prepared> {
     let g = node.graph();
     let requires: Vec<bool> =
         node.edges().iter().zip(&g.inputs).map(|(e, i)| !matches!(e, Edge::None) && i.meta.dtype.is_float()).collect();
+    derivative(g, &requires).map_err(|e| autograd_err(node.loc(), format!("{}: no gradient: {e}", node.name())))
+}
+
+/// The derivative of a node's graph `g` for the inputs that `requires` marks: the
+/// pruned backward graph, and which of `g`'s inputs it reads (those it saves).
+pub(crate) fn derivative(g: &Graph, requires: &[bool]) -> std::result::Result<Prepared, String> {
     let outputs = vec![true; g.outputs.len()];
-    let joint = build_joint(g, &requires, &outputs)
-        .map_err(|e| autograd_err(node.loc(), format!("{}: no gradient: {e}", node.name())))?;
+    let joint = build_joint(g, requires, &outputs).map_err(|e| e.to_string())?;
     let mut graph = joint.graph.clone();
     graph.outputs = graph.outputs[joint.num_fw_outputs..].to_vec();
     prune(&mut graph);

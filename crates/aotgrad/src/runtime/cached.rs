@@ -223,9 +223,11 @@ pub(crate) fn cache_key(
     b.add(
         "trace facts",
         format!(
-            "{:?} {:?} {:?} {:?} {:?} {:?} {:?}",
+            "{:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?}",
             traced.input_requires_grad,
             traced.input_made_requires_grad,
+            traced.input_tracked_from,
+            traced.no_grad_views,
             traced.output_requires_grad,
             traced.output_no_grad_view,
             traced.detach_values,

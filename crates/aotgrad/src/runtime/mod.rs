@@ -17,6 +17,7 @@
 mod args;
 mod cached;
 mod epilogue;
+mod saved_versions;
 mod training;
 
 pub use cached::{CacheStats, EntrySource};
@@ -728,6 +729,7 @@ impl AotFunction {
             graph_output_metas,
             detached: fz.autograd.detached.clone(),
             straight_through: fz.autograd.straight_through.clone(),
+            backward_errors: if training_path { saved_versions::saved_version_errors(&traced) } else { Vec::new() },
             output_layout: layout,
             made_requires_grad: (0..traced.input_made_requires_grad.len())
                 .filter(|&k| traced.input_made_requires_grad[k])

@@ -215,7 +215,19 @@ fn one_call(
             updated_grads.push((k, h));
         }
     }
-    let got = backward(&pending, &out_grads, &updated_grads)?;
+    let got = match backward(&pending, &out_grads, &updated_grads) {
+        Ok(got) => got,
+        // PyTorch's saved-tensor check: eager's backward must refuse too.
+        Err(e) if e.contains("modified by an inplace operation") => {
+            return Err(match eager_backward(f, inputs, &out_grads, &updated_grads) {
+                // (Eager may meet another of its backward errors first.)
+                Err(ee) if EAGER_BACKWARD_ERRORS.iter().any(|m| ee.contains(m)) => format!("{BOTH_BACKWARD}: {e}"),
+                Err(ee) => format!("the compiled backward refuses ({e}), eager's fails otherwise: {ee}"),
+                Ok(_) => format!("the compiled backward refuses ({e}), eager's runs"),
+            });
+        }
+        Err(e) => return Err(e),
+    };
     if got.len() != before.len() {
         return Err(format!("backward returned {} gradients for {} arguments", got.len(), before.len()));
     }
@@ -282,6 +294,18 @@ fn eager_gradients_agree(
     got: &[Option<Tensor>],
     comp_edges: &[Edge],
 ) -> Result<(), String> {
+    let eager_leaves = eager_backward(f, inputs, out_grads, updated)?;
+    eager_leaves_agree(&eager_leaves, got, comp_edges)
+}
+
+/// `L` differentiated by eager autograd on a fresh eager run; returns the leaves
+/// behind the arguments (their gradients filled).
+fn eager_backward(
+    f: &UserFn,
+    inputs: &dyn Fn() -> Vec<Arg>,
+    out_grads: &[Tensor],
+    updated: &[(usize, Tensor)],
+) -> Result<Vec<Tensor>, String> {
     use aotgrad::Backward;
     let args = inputs();
     let tensors: Vec<Option<&Tensor>> = args.iter().map(Arg::tensor).collect();
@@ -314,6 +338,12 @@ fn eager_gradients_agree(
     if let Some(l) = total.filter(Tensor::is_requires_grad) {
         l.backward().map_err(|e| format!("eager backward fails: {e}"))?;
     }
+    Ok(eager_leaves)
+}
+
+/// The compiled gradients `got`, continued through the arguments' history from
+/// `comp_edges`, must give the leaves eager autograd's gradients.
+fn eager_leaves_agree(eager_leaves: &[Tensor], got: &[Option<Tensor>], comp_edges: &[Edge]) -> Result<(), String> {
     let comp_leaves = leaves_of(comp_edges);
     // A leaf argument whose metadata the call changed in place (`t_()` under no_grad)
     // has its gradient in its new layout in eager, and in its layout at the call in
@@ -351,7 +381,7 @@ fn eager_gradients_agree(
             eager_leaves.len()
         ));
     }
-    for (i, (c, e)) in comp_leaves.iter().zip(&eager_leaves).enumerate() {
+    for (i, (c, e)) in comp_leaves.iter().zip(eager_leaves).enumerate() {
         if reshaped.iter().any(|r| r.same_object(c)) {
             continue;
         }
@@ -670,6 +700,13 @@ pub fn scalar_fd(f: UserFn, args: &[Arg], k: usize) -> Vec<f64> {
 }
 
 /// What [`try_check`] found when the contract held.
+/// How [`one_call`] reports that both backward passes refused (saved values changed).
+const BOTH_BACKWARD: &str = "both backward passes refuse";
+
+/// The errors of eager autograd's backward that PyTorch's backward raises too.
+pub const EAGER_BACKWARD_ERRORS: [&str; 3] =
+    ["modified by an inplace operation", "invalid gradient", "does not broadcast"];
+
 pub enum Outcome {
     /// Both worlds ran; everything agreed, gradients included.
     Agree,
@@ -677,11 +714,14 @@ pub enum Outcome {
     /// the op eager names).
     BothRefuse,
     /// Everything agreed, but eager autograd refuses the backward where the compiled
-    /// backward computes, as PyTorch's eager and compiled paths differ: a saved value
-    /// modified in place (`b.mul_(b)`, listed in issue 8), or a tensor (a leaf
-    /// included) whose shape a metadata op changed under no_grad. Counted rather than
-    /// failed.
-    EagerBackwardRefuses,
+    /// backward computes: a tensor (a leaf included) whose shape a metadata op changed
+    /// under no_grad gets its gradient in its layout at the call. (A saved value
+    /// modified in place is refused by both: the random test fails a program where
+    /// only eager refuses for that.)
+    EagerBackwardRefuses(String),
+    /// Everything agreed up to the backward, which both refuse as PyTorch does: a
+    /// value a recorded node saved was changed in place.
+    BothBackwardRefuse,
 }
 
 /// [`check`] without panicking and without the cache round trip, for generated
@@ -717,13 +757,9 @@ pub fn try_check(f: UserFn, inputs: &dyn Fn() -> Vec<Arg>, config: AotConfig, gr
     for call in 0..2u64 {
         match one_call(&compiled, &f, inputs, &grads, 100 * call + 7) {
             Ok(_) => {}
-            Err(e)
-                if e.starts_with("eager backward fails")
-                    && ["modified by an inplace operation", "invalid gradient", "does not broadcast"]
-                        .iter()
-                        .any(|m| e.contains(m)) =>
-            {
-                outcome = Outcome::EagerBackwardRefuses;
+            Err(e) if e.starts_with(BOTH_BACKWARD) => outcome = Outcome::BothBackwardRefuse,
+            Err(e) if e.starts_with("eager backward fails") && EAGER_BACKWARD_ERRORS.iter().any(|m| e.contains(m)) => {
+                outcome = Outcome::EagerBackwardRefuses(e);
             }
             Err(e) => return Err(format!("call {call}: {e}\n{}", graphs_text(&compiled))),
         }

@@ -432,3 +432,39 @@ fn arguments_viewing_one_another_get_their_own_gradients() {
     assert_eq!(vals(&b.grad()), want);
     assert_eq!(vals(&l.grad()), want);
 }
+
+#[test]
+fn the_compiled_backward_refuses_a_saved_value_changed_in_place_as_pytorch_does() {
+    // PyTorch 2.15: `b = a * 1; b.mul_(b); b.sum().backward()` raises "one of the
+    // variables needed for gradient computation has been modified by an inplace
+    // operation: [torch.DoubleTensor [3]], which is output 0 of Mul, is at
+    // version 1; expected version 0 instead" (mul_ saved `b` before writing it). The
+    // forward runs; the compiled backward refuses with the gist of that message.
+    let f = aot_function_args(
+        |a: &[Arg]| -> aotgrad::Result<Vec<Tensor>> {
+            let b = tensor(&a[0])?.mul(1.0)?;
+            b.mul_(&b)?;
+            Ok(vec![b])
+        },
+        AotConfig::default().no_cache(),
+    )
+    .expect("compile");
+    let a = leaf(&[1.0, 2.0, 3.0], &[3]);
+    let (outs, pending) = f.forward_args(&[a.into()]).expect("forward");
+    assert_eq!(outs[0].to_vec_f64().unwrap(), vec![1.0, 4.0, 9.0]);
+    let e = pending.backward(&[Tensor::ones(&[3], DType::F64).unwrap()]).unwrap_err().to_string();
+    assert!(e.contains("modified by an inplace operation") && e.contains("is at version 1; expected version 0"), "{e}");
+    // Without the in-place op on a saved value, the same function differentiates.
+    let f = aot_function_args(
+        |a: &[Arg]| -> aotgrad::Result<Vec<Tensor>> {
+            let b = tensor(&a[0])?.mul(1.0)?;
+            let c = b.mul(&b)?;
+            Ok(vec![c])
+        },
+        AotConfig::default().no_cache(),
+    )
+    .expect("compile");
+    let (_, pending) = f.forward_args(&[leaf(&[1.0, 2.0, 3.0], &[3]).into()]).expect("forward");
+    let g = pending.backward(&[Tensor::ones(&[3], DType::F64).unwrap()]).expect("backward");
+    assert_eq!(g[0].as_ref().unwrap().to_vec_f64().unwrap(), vec![2.0, 4.0, 6.0]);
+}

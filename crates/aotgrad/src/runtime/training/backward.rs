@@ -109,6 +109,24 @@ impl PendingBackward {
         output_grads: &[Option<Tensor>],
         updated_input_grads: &[(usize, Tensor)],
     ) -> Result<Vec<Option<Tensor>>> {
+        // PyTorch's saved-tensor check, decided when the function compiled: the first
+        // failing node a given gradient reaches.
+        let given_input = |k: usize| updated_input_grads.iter().any(|(a, _)| self.traced_index(*a) == Some(k));
+        let given_output = |j: usize| output_grads.get(j).is_some_and(Option::is_some);
+        if let Some(e) = self
+            .entry
+            .m()
+            .backward_errors
+            .iter()
+            .find(|e| e.outputs.iter().any(|&j| given_output(j)) || e.inputs.iter().any(|&k| given_input(k)))
+        {
+            let loc = e.loc.clone().unwrap_or(aotgrad_ir::SourceLoc { file: String::new(), line: 0, col: 0 });
+            return Err(crate::Error::Trace(aotgrad_trace::Error::Autograd {
+                op: "backward".into(),
+                loc,
+                msg: e.msg.clone(),
+            }));
+        }
         // Held to the end: a failed check leaves the backward available for a retry.
         let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
         if *used {
