@@ -270,6 +270,9 @@ pub(crate) fn dispatch(op: Op, args: &[&Tensor], loc: &SourceLoc) -> Result<Tens
                 _ => grad_inputs && float,
             };
             let value = st.add_node(op, values, out.clone(), storage, loc.clone(), rg);
+            if aliasing == Aliasing::MutatesMeta && !grad {
+                st.hidden_meta.push(value);
+            }
             drop(st);
             (Repr::Fake(Fake { meta: out, storage, value, ctx }), float)
         }

@@ -54,6 +54,9 @@ pub struct Traced {
     /// Values of views taken under no-grad of tensors requiring grad (and views of
     /// them): they require grad without a history autograd records.
     pub no_grad_views: Vec<ValueId>,
+    /// Values of in-place metadata ops run under no-grad: autograd's history of the
+    /// tensor keeps its old shape.
+    pub hidden_meta: Vec<ValueId>,
     /// Whether each output required grad.
     pub output_requires_grad: Vec<bool>,
     /// Whether each output is a view taken under no-grad of a tensor autograd tracks
@@ -105,6 +108,8 @@ pub(crate) struct TraceState {
     /// Views made under no-grad of tensors requiring grad (and views of them): they
     /// require grad but have no history (a leaf to eager autograd).
     pub(crate) no_grad_views: Vec<ValueId>,
+    /// In-place metadata ops run under no-grad (autograd's history keeps the old shape).
+    pub(crate) hidden_meta: Vec<ValueId>,
     /// `(input value, node count)`: `requires_grad_()` made an input that did not
     /// require grad require it once that many nodes were traced.
     pub(crate) tracked_from: Vec<(ValueId, usize)>,
@@ -162,6 +167,7 @@ impl TraceCtx {
                 detach_values: Vec::new(),
                 tracked_from: Vec::new(),
                 no_grad_views: Vec::new(),
+                hidden_meta: Vec::new(),
                 rng: None,
                 rng_ops: 0,
             }),
@@ -432,6 +438,7 @@ where
     let value_requires_grad = std::mem::take(&mut st.value_requires_grad);
     let detach_values = std::mem::take(&mut st.detach_values);
     let no_grad_views = std::mem::take(&mut st.no_grad_views);
+    let hidden_meta = std::mem::take(&mut st.hidden_meta);
     let input_tracked_from: Vec<Option<usize>> = (0..graph.inputs.len())
         .map(|i| {
             let id = graph.inputs[i].id;
@@ -454,6 +461,7 @@ where
         input_made_requires_grad,
         input_tracked_from,
         no_grad_views,
+        hidden_meta,
         output_requires_grad,
         output_no_grad_view,
         detach_values,

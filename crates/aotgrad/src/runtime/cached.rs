@@ -223,11 +223,12 @@ pub(crate) fn cache_key(
     b.add(
         "trace facts",
         format!(
-            "{:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?}",
+            "{:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?}",
             traced.input_requires_grad,
             traced.input_made_requires_grad,
             traced.input_tracked_from,
             traced.no_grad_views,
+            traced.hidden_meta,
             traced.output_requires_grad,
             traced.output_no_grad_view,
             traced.detach_values,

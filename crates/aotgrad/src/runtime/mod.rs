@@ -715,6 +715,24 @@ impl AotFunction {
             Some([j, f, b]) => (Some(j), Some(f), Some(b)),
             None => (None, None, None),
         };
+        let backward_errors = if training_path {
+            // Leaf arguments (not views): their gradient accumulates into `.grad`.
+            let is_leaf: Vec<bool> = (0..traced.graph.inputs.len())
+                .map(|k| {
+                    let arg = traced_args.get(k).and_then(|&i| sig.args.get(i));
+                    matches!(arg, Some(ArgSig::Tensor { leafness: Some(l), .. }) if l.is_leaf && l.base.is_none())
+                })
+                .collect();
+            let is_view: Vec<bool> = (0..traced.graph.inputs.len())
+                .map(|k| {
+                    let arg = traced_args.get(k).and_then(|&i| sig.args.get(i));
+                    !matches!(arg, Some(ArgSig::Tensor { leafness: Some(l), .. }) if l.base.is_none())
+                })
+                .collect();
+            saved_versions::saved_version_errors(&traced, &is_leaf, &is_view)
+        } else {
+            Vec::new()
+        };
         let meta = ResultMeta {
             name: self.config.name.clone(),
             sig,
@@ -729,7 +747,7 @@ impl AotFunction {
             graph_output_metas,
             detached: fz.autograd.detached.clone(),
             straight_through: fz.autograd.straight_through.clone(),
-            backward_errors: if training_path { saved_versions::saved_version_errors(&traced) } else { Vec::new() },
+            backward_errors,
             output_layout: layout,
             made_requires_grad: (0..traced.input_made_requires_grad.len())
                 .filter(|&k| traced.input_made_requires_grad[k])

@@ -20,7 +20,11 @@ use std::collections::{HashMap, HashSet};
 /// node whose saved value changed, in the order eager's backward meets them, each
 /// with the outputs and inputs whose gradients reach that node (the backward raises
 /// the first one that a gradient it is given reaches).
-pub(crate) fn saved_version_errors(traced: &Traced) -> Vec<BackwardError> {
+pub(crate) fn saved_version_errors(
+    traced: &Traced,
+    input_is_leaf: &[bool],
+    input_is_view: &[bool],
+) -> Vec<BackwardError> {
     let g: &Graph = &traced.graph;
     let rg = |v: ValueId| traced.value_requires_grad.get(v.0 as usize).copied().unwrap_or(false);
     let mut storage: HashMap<ValueId, StorageId> = g.inputs.iter().map(|i| (i.id, i.storage)).collect();
@@ -63,11 +67,12 @@ pub(crate) fn saved_version_errors(traced: &Traced) -> Vec<BackwardError> {
     let no_grad_views: HashSet<ValueId> = traced.no_grad_views.iter().copied().collect();
     // A write autograd does not see (under no-grad) leaves the tensor's history as it
     // was: its value stands for the one before.
+    let hidden_meta: HashSet<ValueId> = traced.hidden_meta.iter().copied().collect();
     let resolve = |mut v: ValueId| loop {
         match def.get(&v).map(|&k| &g.nodes[k]) {
             Some(n)
-                if !rg(v)
-                    && matches!(n.op.aliasing(), Aliasing::MutatesData | Aliasing::MutatesMeta)
+                if ((!rg(v) && matches!(n.op.aliasing(), Aliasing::MutatesData | Aliasing::MutatesMeta))
+                    || hidden_meta.contains(&v))
                     && !n.args.is_empty() =>
             {
                 v = n.args[0]
@@ -136,34 +141,186 @@ pub(crate) fn saved_version_errors(traced: &Traced) -> Vec<BackwardError> {
     let mut order: Vec<usize> = executed.into_iter().collect();
     // Eager's backward meets later nodes first.
     order.sort_unstable_by(|a, b| b.cmp(a));
+    // The outputs and inputs whose gradients reach value `v` (made by node `k0 - 1`,
+    // or an input for `k0 == 0`): the roots among the values computed from it.
+    let reach_from = |v: ValueId, k0: usize| -> (Vec<usize>, Vec<usize>) {
+        let mut from: HashSet<ValueId> = HashSet::from([v]);
+        for (m, n) in g.nodes.iter().enumerate().skip(k0) {
+            let reached = n.args.iter().any(|&a| edges_of(a, m).into_iter().flatten().any(|e| from.contains(&e)));
+            if reached && rg(resolve(n.out)) {
+                from.insert(n.out);
+            }
+        }
+        let reach = |roots: &[(usize, ValueId)]| -> Vec<usize> {
+            let mut r: Vec<usize> = roots.iter().filter(|(_, v)| from.contains(v)).map(|&(i, _)| i).collect();
+            r.dedup();
+            r
+        };
+        (reach(&output_roots), reach(&input_roots))
+    };
+    // A tensor that is not a view keeps its history's shape when a metadata op changes
+    // it under no-grad (a view's history is remade from its base).
+    let input_index: HashMap<ValueId, usize> = g.inputs.iter().enumerate().map(|(i, inp)| (inp.id, i)).collect();
+    let non_view = |mut v: ValueId| loop {
+        if let Some(&i) = input_index.get(&v) {
+            // (A leaf's gradient accumulates in its current shape: see below.)
+            let leaf = input_is_leaf.get(i).copied().unwrap_or(false) && rg(v);
+            return !input_is_view.get(i).copied().unwrap_or(true) && !leaf;
+        }
+        match def.get(&v).map(|&k| &g.nodes[k]) {
+            Some(n) if matches!(n.op.aliasing(), Aliasing::MutatesData | Aliasing::MutatesMeta) => v = n.args[0],
+            // (A view made in grad mode of a view taken under no-grad keeps its node.)
+            Some(n) => return n.op.aliasing() == Aliasing::Fresh || (no_grad_views.contains(&v) && rg(v)),
+            None => return false,
+        }
+    };
     let mut errors = Vec::new();
+    // An output whose shape a metadata op changed under no-grad, while its history (a
+    // non-view's) kept the old shape: its gradient enters that history in the new one.
+    for (j, &v) in g.outputs.iter().enumerate() {
+        let r = resolve(v);
+        let (Some(new), Some(old)) = (meta.get(&v), meta.get(&r)) else { continue };
+        if r != v && rg(r) && non_view(r) && new.shape != old.shape && !broadcasts(&old.shape, &new.shape) {
+            errors.push(BackwardError {
+                msg: format!(
+                    "invalid gradient: got {} but expected shape compatible with {}",
+                    shape_str(&new.shape),
+                    shape_str(&old.shape)
+                ),
+                loc: def.get(&r).and_then(|&d| g.nodes[d].loc.clone()),
+                outputs: vec![j],
+                inputs: Vec::new(),
+            });
+        }
+    }
     for k in order {
         // (An operand written under no-grad still has its history, a view whose base
         // came to require grad has its base's, and a view taken under no-grad requires
         // grad as a leaf: all are saved.)
         let tracked = |v: ValueId| edges_of(v, k).iter().any(Option::is_some) || no_grad_views.contains(&resolve(v));
-        let Some(msg) = node_error(g, k, &storage, &meta, &tracked, &before, &total) else { continue };
-        // The roots whose gradients reach node `k`: the values computed from it.
-        let mut from_k: HashSet<ValueId> = HashSet::from([g.nodes[k].out]);
-        for (m, n) in g.nodes.iter().enumerate().skip(k + 1) {
-            let reached = n.args.iter().any(|&a| edges_of(a, m).into_iter().flatten().any(|e| from_k.contains(&e)));
+        let msg = shape_error(g, k, &non_view, &meta, &resolve, &rg)
+            .or_else(|| node_error(g, k, &storage, &meta, &tracked, &before, &total));
+        let Some(msg) = msg else { continue };
+        let (outputs, inputs) = reach_from(g.nodes[k].out, k + 1);
+        errors.push(BackwardError { msg, loc: g.nodes[k].loc.clone(), outputs, inputs });
+    }
+    // A leaf argument whose shape a metadata op changed under no-grad: its gradient,
+    // in its shape at the call, must broadcast to its new shape (eager's
+    // accumulation; PyTorch's too).
+    for (i, inp) in g.inputs.iter().enumerate() {
+        if !input_is_leaf.get(i).copied().unwrap_or(false) || !rg(inp.id) {
+            continue;
+        }
+        let meta_written = writes
+            .get(&inp.storage)
+            .is_some_and(|w| w.iter().any(|&k| g.nodes[k].op.aliasing() == Aliasing::MutatesMeta));
+        if !meta_written {
+            continue;
+        }
+        // (Eager refuses any in-place op on such a leaf in grad mode: these ran under
+        // no-grad.)
+        let of_input = |mut v: ValueId| loop {
+            if v == inp.id {
+                return true;
+            }
+            match def.get(&v).map(|&k| &g.nodes[k]) {
+                Some(n) if matches!(n.op.aliasing(), Aliasing::MutatesMeta | Aliasing::MutatesData) => v = n.args[0],
+                _ => return false,
+            }
+        };
+        let last = g
+            .nodes
+            .iter()
+            .rev()
+            .find(|n| n.op.aliasing() == Aliasing::MutatesMeta && n.args.first().is_some_and(|&a| of_input(a)));
+        let Some(last) = last else { continue };
+        if broadcasts(&inp.meta.shape, &last.meta.shape) {
+            continue;
+        }
+        // Gradients in the old shape come through what was computed from the input (or
+        // a view of it) before the first change; a view used later has its history
+        // remade from the leaf's new shape, and the input's own handle is returned in
+        // its new shape.
+        let first = g
+            .nodes
+            .iter()
+            .position(|n| n.op.aliasing() == Aliasing::MutatesMeta && n.args.first().is_some_and(|&a| of_input(a)))
+            .unwrap_or(g.nodes.len());
+        let view_of_input = |mut v: ValueId| loop {
+            if v == inp.id {
+                return true;
+            }
+            match def.get(&v).map(|&k| &g.nodes[k]) {
+                Some(n) if n.op.aliasing() == Aliasing::View => v = n.args[0],
+                _ => return false,
+            }
+        };
+        let mut from: HashSet<ValueId> = HashSet::new();
+        for (m, n) in g.nodes.iter().enumerate() {
+            if of_input(n.out) || n.op.aliasing() == Aliasing::View && m < first {
+                continue;
+            }
+            let starts = m < first && n.args.iter().any(|&a| view_of_input(a));
+            let reached =
+                starts || n.args.iter().any(|&a| edges_of(a, m).into_iter().flatten().any(|e| from.contains(&e)));
             if reached && rg(resolve(n.out)) {
-                from_k.insert(n.out);
+                from.insert(n.out);
             }
         }
         let reach = |roots: &[(usize, ValueId)]| -> Vec<usize> {
-            let mut r: Vec<usize> = roots.iter().filter(|(_, v)| from_k.contains(v)).map(|&(i, _)| i).collect();
+            let mut r: Vec<usize> = roots.iter().filter(|(_, v)| from.contains(v)).map(|&(i, _)| i).collect();
             r.dedup();
             r
         };
+        let (outputs, inputs) = (reach(&output_roots), reach(&input_roots));
+        if outputs.is_empty() && inputs.is_empty() {
+            continue;
+        }
         errors.push(BackwardError {
-            msg,
-            loc: g.nodes[k].loc.clone(),
-            outputs: reach(&output_roots),
-            inputs: reach(&input_roots),
+            msg: format!("gradient of shape {} does not broadcast to its tensor {}", inp.meta, last.meta),
+            loc: last.loc.clone(),
+            outputs,
+            inputs,
         });
     }
     errors
+}
+
+/// `[6, 4]`.
+fn shape_str(shape: &[aotgrad_ir::Dim]) -> String {
+    format!("[{}]", shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "))
+}
+
+/// `old` broadcasts to `new` (a gradient of shape `old` can be expanded to `new`).
+fn broadcasts(old: &[aotgrad_ir::Dim], new: &[aotgrad_ir::Dim]) -> bool {
+    old.len() <= new.len()
+        && old.iter().rev().zip(new.iter().rev()).all(|(o, n)| o == n || *o == aotgrad_ir::Dim::Const(1))
+}
+
+/// Eager's shape check at node `k`: an operand whose shape a metadata op changed under
+/// no-grad, while its history (a non-view's) still has the old shape, receives a
+/// gradient of the new shape that must be summable to the old one.
+fn shape_error(
+    g: &Graph,
+    k: usize,
+    non_view: &dyn Fn(ValueId) -> bool,
+    meta: &HashMap<ValueId, &TensorMeta>,
+    resolve: &dyn Fn(ValueId) -> ValueId,
+    rg: &dyn Fn(ValueId) -> bool,
+) -> Option<String> {
+    let n = &g.nodes[k];
+    n.args.iter().enumerate().find_map(|(i, &a)| {
+        let r = resolve(a);
+        let (new, old) = (meta.get(&a)?, meta.get(&r)?);
+        (r != a && rg(r) && non_view(r) && new.shape != old.shape && !broadcasts(&old.shape, &new.shape)).then(|| {
+            format!(
+                "Function {} returned an invalid gradient at index {i} - got {} but expected shape compatible with {}",
+                node_name(&n.op),
+                shape_str(&new.shape),
+                shape_str(&old.shape)
+            )
+        })
+    })
 }
 
 /// The saved-version error of node `k`, if a value it saved changed later in the call.

@@ -217,8 +217,9 @@ fn one_call(
     }
     let got = match backward(&pending, &out_grads, &updated_grads) {
         Ok(got) => got,
-        // PyTorch's saved-tensor check: eager's backward must refuse too.
-        Err(e) if e.contains("modified by an inplace operation") => {
+        // PyTorch's backward checks (saved values, gradient shapes): eager's backward
+        // must refuse too.
+        Err(e) if EAGER_BACKWARD_ERRORS.iter().any(|m| e.contains(m)) => {
             return Err(match eager_backward(f, inputs, &out_grads, &updated_grads) {
                 // (Eager may meet another of its backward errors first.)
                 Err(ee) if EAGER_BACKWARD_ERRORS.iter().any(|m| ee.contains(m)) => format!("{BOTH_BACKWARD}: {e}"),
@@ -714,10 +715,9 @@ pub enum Outcome {
     /// the op eager names).
     BothRefuse,
     /// Everything agreed, but eager autograd refuses the backward where the compiled
-    /// backward computes: a tensor (a leaf included) whose shape a metadata op changed
-    /// under no_grad gets its gradient in its layout at the call. (A saved value
-    /// modified in place is refused by both: the random test fails a program where
-    /// only eager refuses for that.)
+    /// backward computes (the message says why). The compiled backward decides
+    /// PyTorch's backward checks when it compiles, so the random test fails such a
+    /// program; other callers may count it.
     EagerBackwardRefuses(String),
     /// Everything agreed up to the backward, which both refuse as PyTorch does: a
     /// value a recorded node saved was changed in place.

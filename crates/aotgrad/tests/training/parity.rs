@@ -468,3 +468,31 @@ fn the_compiled_backward_refuses_a_saved_value_changed_in_place_as_pytorch_does(
     let g = pending.backward(&[Tensor::ones(&[3], DType::F64).unwrap()]).expect("backward");
     assert_eq!(g[0].as_ref().unwrap().to_vec_f64().unwrap(), vec![2.0, 4.0, 6.0]);
 }
+
+#[test]
+fn the_compiled_backward_refuses_a_gradient_whose_shape_a_no_grad_metadata_op_changed() {
+    // PyTorch 2.15: `b = x * 1` (x [2, 3] requires grad); under no_grad `b.t_()`;
+    // `(b * 2).sum().backward()` raises "Function MulBackward0 returned an invalid
+    // gradient at index 0 - got [3, 2] but expected shape compatible with [2, 3]" (b's
+    // own node still has the old shape). Compiled: the same refusal at backward.
+    let f = aot_function_args(
+        |a: &[Arg]| -> aotgrad::Result<Vec<Tensor>> {
+            let b = tensor(&a[0])?.mul(1.0)?;
+            no_grad(|| b.t_())?;
+            Ok(vec![b.mul(2.0)?])
+        },
+        AotConfig::default().no_cache(),
+    )
+    .expect("compile");
+    let x = leaf(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
+    let (outs, pending) = f.forward_args(&[x.into()]).expect("forward");
+    assert_eq!(outs[0].shape().len(), 2);
+    let e = pending.backward(&[Tensor::ones(&[3, 2], DType::F64).unwrap()]).unwrap_err().to_string();
+    assert!(
+        e.contains(
+            "Function MulBackward0 returned an invalid gradient at index 0 - got [3, 2] but expected shape \
+             compatible with [2, 3]"
+        ),
+        "{e}"
+    );
+}
