@@ -496,3 +496,29 @@ fn the_compiled_backward_refuses_a_gradient_whose_shape_a_no_grad_metadata_op_ch
         "{e}"
     );
 }
+
+#[test]
+fn an_expanded_argument_whose_base_is_written_through_another_argument() {
+    // PyTorch 2.15 (f64): `L = [1, 2, 3]` (requires grad), `B = L * 1`, `e =
+    // B.expand(2, 3)`; `f(B, e)`: `B.mul_(2)`, then `(e * [[1, 2, 3], [4, 5, 6]]).sum()`:
+    // `L.grad = [10, 14, 18]` (the write doubles what both rows of `e` read).
+    let f = aot_function_args(
+        |a: &[Arg]| -> aotgrad::Result<Vec<Tensor>> {
+            let (b, e) = (tensor(&a[0])?, tensor(&a[1])?);
+            b.mul_(2.0)?;
+            let w = Tensor::arange(1, 7, 1, DType::F64)?.view(&[2, 3])?;
+            Ok(vec![e.mul(&w)?.sum_all()?])
+        },
+        AotConfig::default().no_cache(),
+    )
+    .expect("compile");
+    let l = leaf(&[1.0, 2.0, 3.0], &[3]);
+    let b = l.mul(1.0).unwrap();
+    let e = b.expand(&[2, 3]).unwrap();
+    let edges = [b.grad_edge().unwrap(), e.grad_edge().unwrap()];
+    let (_, pending) = f.forward_args(&[b.into(), e.into()]).expect("forward");
+    let g = pending.backward(&[Tensor::ones(&[], DType::F64).unwrap()]).expect("backward");
+    let roots: Vec<_> = edges.into_iter().zip(g).filter_map(|(e, g)| Some((e, g?))).collect();
+    aotgrad::backward_from_edges(&roots, false).unwrap();
+    assert_eq!(l.grad().unwrap().to_vec_f64().unwrap(), vec![10.0, 14.0, 18.0]);
+}
