@@ -175,6 +175,12 @@ pub(crate) fn saved_version_errors(
         }
     };
     let mut errors = Vec::new();
+    let dedup = |mut v: Vec<usize>| {
+        v.dedup();
+        v
+    };
+    let all_outputs = dedup(output_roots.iter().map(|&(j, _)| j).collect());
+    let all_inputs = dedup(input_roots.iter().map(|&(i, _)| i).collect());
     // An output whose shape a metadata op changed under no-grad, while its history (a
     // non-view's) kept the old shape: its gradient enters that history in the new one.
     for (j, &v) in g.outputs.iter().enumerate() {
@@ -202,7 +208,13 @@ pub(crate) fn saved_version_errors(
             .or_else(|| node_error(g, k, &storage, &meta, &tracked, &before, &total));
         let Some(msg) = msg else { continue };
         let (outputs, inputs) = reach_from(g.nodes[k].out, k + 1);
+        // One that every gradient reaches is always the first raised: nothing after
+        // it matters (this keeps a long chain of failing nodes linear).
+        let covers_all = outputs.len() == all_outputs.len() && inputs.len() == all_inputs.len();
         errors.push(BackwardError { msg, loc: g.nodes[k].loc.clone(), outputs, inputs });
+        if covers_all {
+            return errors;
+        }
     }
     // A leaf argument whose shape a metadata op changed under no-grad: its gradient,
     // in its shape at the call, must broadcast to its new shape (eager's
