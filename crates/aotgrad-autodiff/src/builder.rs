@@ -7,6 +7,7 @@
 //! differentiated, so backward nodes point at the user's line.
 
 use crate::{AutodiffError, Result};
+use aotgrad_ir::Dims;
 use aotgrad_ir::{
     BinaryOp, CmpOp, DType, Dim, DimOracle, Graph, GraphBuilder, Op, ReduceOp, Rel, Scalar, SourceLoc, TensorMeta,
     UnaryOp, ValueId,
@@ -121,10 +122,10 @@ impl<'o> Builder<'o> {
     }
     /// A 0-d zero of `dtype` (broadcasts anywhere).
     pub fn zero_scalar(&mut self, dtype: DType) -> Result<ValueId> {
-        self.zeros(Vec::new(), dtype)
+        self.zeros(Dims::new(), dtype)
     }
     /// A contiguous zero tensor.
-    pub fn zeros(&mut self, shape: Vec<Dim>, dtype: DType) -> Result<ValueId> {
+    pub fn zeros(&mut self, shape: Dims, dtype: DType) -> Result<ValueId> {
         let value = if dtype.is_float() { Scalar::Float(0.0) } else { Scalar::Int(0) };
         self.emit(Op::Full { shape, value, dtype }, vec![])
     }
@@ -153,7 +154,7 @@ impl<'o> Builder<'o> {
         self.emit(Op::Reduce { op: ReduceOp::Sum, dims, keepdim }, vec![x])
     }
     /// `x.view(shape)`, or `x.clone().view(shape)` when `x`'s strides do not allow a view.
-    pub fn reshape(&mut self, x: ValueId, shape: Vec<Dim>) -> Result<ValueId> {
+    pub fn reshape(&mut self, x: ValueId, shape: Dims) -> Result<ValueId> {
         let loc = self.loc.clone();
         Ok(self.inner.reshape(x, shape, loc)?)
     }
@@ -188,7 +189,7 @@ impl<'o> Builder<'o> {
             }
         }
         let v = if dims.is_empty() { g } else { self.sum(g, dims, true)? };
-        self.reshape(v, target.to_vec())
+        self.reshape(v, target.into())
     }
     /// `g` reduced to the shape and converted to the dtype of a tensor with meta `m`.
     pub fn fit_to(&mut self, g: ValueId, m: &TensorMeta) -> Result<ValueId> {

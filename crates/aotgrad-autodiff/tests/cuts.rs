@@ -79,7 +79,14 @@ fn as_strided_root_walk_stops_at_a_detached_view() {
     let x = g.inp("x", &[4], F);
     let s = g.op(Op::Slice { dim: 0, start: Dim::Const(1), end: Dim::Const(3), step: 1 }, &[x]);
     let a = g.op(Op::Alias, &[s]);
-    let v = g.op(Op::AsStrided { size: vec![Dim::Const(4)], stride: vec![Dim::Const(1)], offset: Dim::Const(0) }, &[a]);
+    let v = g.op(
+        Op::AsStrided {
+            size: aotgrad_ir::dims![Dim::Const(4)],
+            stride: aotgrad_ir::dims![Dim::Const(1)],
+            offset: Dim::Const(0),
+        },
+        &[a],
+    );
     let y = g.op(Op::Binary(BinaryOp::Mul), &[v, x]);
     let fw = g.outputs(&[y]);
     let cuts = GradCuts { detached: &[a], straight_through: &[] };

@@ -168,10 +168,10 @@ fn symbolic_shapes_flow_through() {
     let b = g.inp("b", &[3], DType::F64);
     let m = g.op(Op::Binary(BinaryOp::Mul), &[x, b]);
     let y = g.op(Op::Reduce { op: ReduceOp::Mean, dims: vec![0], keepdim: false }, &[m]);
-    let e = g.op(Op::Expand(vec![s0.clone(), Dim::Const(3)]), &[y]);
+    let e = g.op(Op::Expand(aotgrad_ir::dims![s0.clone(), Dim::Const(3)]), &[y]);
     let fw = g.outputs(&[y, e]);
     let jg = build_joint_with_oracle(&fw, &[true, true], &[true, true], &mut StaticOracle).unwrap();
-    assert_eq!(jg.graph.inputs[3].meta.shape, vec![s0.clone(), Dim::Const(3)], "tangent1 is symbolic");
+    assert_eq!(jg.graph.inputs[3].meta.shape, aotgrad_ir::dims![s0.clone(), Dim::Const(3)], "tangent1 is symbolic");
     assert_eq!(jg.graph.outputs.len(), 4);
     // The mean's count is symbolic: computed in the graph, not a constant.
     assert!(jg.graph.nodes.iter().any(|n| matches!(n.op, Op::FullLike { .. })));

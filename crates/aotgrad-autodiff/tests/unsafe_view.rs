@@ -11,7 +11,7 @@ use common::*;
 fn unsafe_view_gradient_is_the_gradient_reshaped_back() {
     // x: a transposed (column-major) 3 x 4 input, so the result's elements are x's in
     // logical row-major order, not its storage order.
-    let xm = TensorMeta { shape: dims(&[3, 4]), strides: dims(&[1, 3]), offset: Dim::Const(0), dtype: DType::F64 };
+    let xm = TensorMeta { shape: (dims(&[3, 4])), strides: (dims(&[1, 3])), offset: Dim::Const(0), dtype: DType::F64 };
     for shape in [vec![12], vec![2, 6], vec![2, 3, 2]] {
         let mut g = GB::new();
         let x = g.input("x", xm.clone());

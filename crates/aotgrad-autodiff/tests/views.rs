@@ -31,8 +31,8 @@ fn contiguous(shape: &[usize]) -> TensorMeta {
 /// A transposed (column-major) `rows x cols` layout.
 fn transposed(rows: usize, cols: usize) -> TensorMeta {
     TensorMeta {
-        shape: dims(&[rows as i64, cols as i64]),
-        strides: dims(&[1, rows as i64]),
+        shape: (dims(&[rows as i64, cols as i64])),
+        strides: (dims(&[1, rows as i64])),
         offset: Dim::Const(0),
         dtype: F,
     }
@@ -41,7 +41,7 @@ fn transposed(rows: usize, cols: usize) -> TensorMeta {
 /// Every other row of a `2*rows x cols` buffer, starting at row 1.
 fn step_sliced(rows: usize, cols: usize) -> TensorMeta {
     let c = cols as i64;
-    TensorMeta { shape: dims(&[rows as i64, c]), strides: dims(&[2 * c, 1]), offset: Dim::Const(c), dtype: F }
+    TensorMeta { shape: (dims(&[rows as i64, c])), strides: (dims(&[2 * c, 1])), offset: Dim::Const(c), dtype: F }
 }
 
 fn layouts() -> Vec<TensorMeta> {
@@ -87,7 +87,7 @@ fn view_squeeze_unsqueeze_alias() {
 
 #[test]
 fn permute_transpose_t() {
-    let xm = TensorMeta { shape: dims(&[2, 3, 4]), strides: dims(&[1, 8, 2]), offset: Dim::Const(1), dtype: F };
+    let xm = TensorMeta { shape: (dims(&[2, 3, 4])), strides: (dims(&[1, 8, 2])), offset: Dim::Const(1), dtype: F };
     for x in [contiguous(&[2, 3, 4]), xm] {
         check_view(Op::Permute(vec![2, 0, 1]), x.clone());
         check_view(Op::Permute(vec![1, 2, 0]), x.clone());
@@ -150,7 +150,7 @@ fn as_strided_of_a_symbolic_non_contiguous_view() {
     let mut g = GB::new();
     let x = g.input("x", TensorMeta::contiguous(vec![s0, Dim::Const(4)], F));
     let v = g.op(Op::Slice { dim: 1, start: Dim::Const(0), end: Dim::Const(4), step: 2 }, &[x]);
-    let a = g.op(Op::AsStrided { size: dims(&[2, 2]), stride: dims(&[4, 2]), offset: Dim::Const(1) }, &[v]);
+    let a = g.op(Op::AsStrided { size: (dims(&[2, 2])), stride: (dims(&[4, 2])), offset: Dim::Const(1) }, &[v]);
     let w = g.inp("w", &[2, 2], F);
     let y = g.op(Op::Binary(BinaryOp::Mul), &[a, w]);
     let fw = g.outputs(&[y]);
@@ -165,19 +165,19 @@ fn as_strided_of_a_symbolic_column_major_input() {
     // x: [s0, 3] with strides [1, s0]: the general path with a symbolic buffer length.
     let s0 = Dim::sym(aotgrad_ir::SymId(0));
     let xm = TensorMeta {
-        shape: vec![s0.clone(), Dim::Const(3)],
-        strides: vec![Dim::Const(1), s0],
+        shape: aotgrad_ir::dims![s0.clone(), Dim::Const(3)],
+        strides: aotgrad_ir::dims![Dim::Const(1), s0],
         offset: Dim::Const(0),
         dtype: F,
     };
     let mut g = GB::new();
     let x = g.input("x", xm);
-    let a = g.op(Op::AsStrided { size: dims(&[2, 2]), stride: dims(&[2, 1]), offset: Dim::Const(1) }, &[x]);
+    let a = g.op(Op::AsStrided { size: (dims(&[2, 2])), stride: (dims(&[2, 1])), offset: Dim::Const(1) }, &[x]);
     let fw = g.outputs(&[a]);
     for rows in [2usize, 3] {
         let m = TensorMeta {
-            shape: dims(&[rows as i64, 3]),
-            strides: dims(&[1, rows as i64]),
+            shape: (dims(&[rows as i64, 3])),
+            strides: (dims(&[1, rows as i64])),
             offset: Dim::Const(0),
             dtype: F,
         };
@@ -193,7 +193,7 @@ fn as_strided_of_a_symbolic_column_major_input() {
 fn overlapping_as_strided_accumulates() {
     let mut g = GB::new();
     let x = g.inp("x", &[4], F);
-    let v = g.op(Op::AsStrided { size: dims(&[3, 2]), stride: dims(&[1, 1]), offset: Dim::Const(0) }, &[x]);
+    let v = g.op(Op::AsStrided { size: (dims(&[3, 2])), stride: (dims(&[1, 1])), offset: Dim::Const(0) }, &[x]);
     let y = g.op(Op::Unary(aotgrad_ir::UnaryOp::Sin), &[v]);
     let fw = g.outputs(&[y]);
     let c = gradcheck_all(&fw, &[t64(&[0.1, 0.2, 0.3, 0.4], &[4])]);
@@ -207,7 +207,7 @@ fn overlapping_as_strided_accumulates() {
 /// gradient scatters each element back once.
 #[test]
 fn non_nesting_but_distinct_as_strided_is_differentiated() {
-    let op = Op::AsStrided { size: dims(&[3, 3]), stride: dims(&[3, 2]), offset: Dim::Const(0) };
+    let op = Op::AsStrided { size: (dims(&[3, 3])), stride: (dims(&[3, 2])), offset: Dim::Const(0) };
     let c = check_view(op, contiguous(&[11]));
     // Elements 1 and 9 are not read: their gradient is zero.
     assert_eq!(c.grads[0][1], 0.0);

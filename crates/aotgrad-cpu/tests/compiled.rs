@@ -300,7 +300,7 @@ fn concatenations_are_copy_kernels_into_windows_of_the_result() {
         let c = input(&mut g, "c", m(&[4], DType::F32));
         let bt = node(&mut g, Op::Transpose(0, 1), &[b]);
         let c1 = node(&mut g, Op::Unsqueeze(0), &[c]);
-        let ce = node(&mut g, Op::Expand(vec![Dim::Const(2), Dim::Const(4)]), &[c1]);
+        let ce = node(&mut g, Op::Expand(aotgrad_ir::dims![Dim::Const(2), Dim::Const(4)]), &[c1]);
         let s = node(&mut g, Op::Unary(UnaryOp::Sin), &[a]);
         let (x, y, z) = if dim == 0 { (s, bt, ce) } else { (s, bt, bt) };
         let e = node(&mut g, Op::Slice { dim, start: Dim::Const(0), end: Dim::Const(0), step: 1 }, &[x]);

@@ -6,7 +6,7 @@ use aotgrad_cpu::{random, CpuTensor};
 use aotgrad_ir::{DType, Dim, Op, Scalar};
 use common::*;
 
-fn dims(s: &[usize]) -> Vec<Dim> {
+fn dims(s: &[usize]) -> aotgrad_ir::Dims {
     s.iter().map(|&d| Dim::from(d)).collect()
 }
 

@@ -19,7 +19,7 @@ fn node(g: &mut Graph, op: Op, args: &[ValueId]) -> ValueId {
     g.add_node(op, args.to_vec(), meta, fresh, None)
 }
 
-fn sym_meta(shape: Vec<Dim>, dtype: DType) -> TensorMeta {
+fn sym_meta(shape: aotgrad_ir::Dims, dtype: DType) -> TensorMeta {
     TensorMeta::contiguous(shape, dtype)
 }
 
@@ -27,8 +27,8 @@ fn sym_meta(shape: Vec<Dim>, dtype: DType) -> TensorMeta {
 fn symbolic_graph() -> Graph {
     let s0 = Dim::sym(SymId(0));
     let mut g = Graph::new();
-    let x = g.add_input("x", sym_meta(vec![s0.clone(), Dim::from(3usize)], DType::F64), StorageId(0));
-    let y = g.add_input("y", sym_meta(vec![Dim::from(3usize)], DType::F64), StorageId(1));
+    let x = g.add_input("x", sym_meta(aotgrad_ir::dims![s0.clone(), Dim::from(3usize)], DType::F64), StorageId(0));
+    let y = g.add_input("y", sym_meta(aotgrad_ir::dims![Dim::from(3usize)], DType::F64), StorageId(1));
     let xy = node(&mut g, Op::Binary(BinaryOp::Mul), &[x, y]);
     let s = node(&mut g, Op::Reduce { op: ReduceOp::Sum, dims: vec![0], keepdim: false }, &[xy]);
     let xt = node(&mut g, Op::T, &[x]);
@@ -92,8 +92,8 @@ fn input_mismatches_are_input_errors() {
 fn a_symbol_bound_twice_must_agree() {
     let s0 = Dim::sym(SymId(0));
     let mut g = Graph::new();
-    let a = g.add_input("a", sym_meta(vec![s0.clone()], DType::F32), StorageId(0));
-    let b = g.add_input("b", sym_meta(vec![s0], DType::F32), StorageId(1));
+    let a = g.add_input("a", sym_meta(aotgrad_ir::dims![s0.clone()], DType::F32), StorageId(0));
+    let b = g.add_input("b", sym_meta(aotgrad_ir::dims![s0], DType::F32), StorageId(1));
     let c = node(&mut g, Op::Binary(BinaryOp::Add), &[a, b]);
     g.outputs = vec![c];
     let ok = interpret(&g, &[tf(&[1.0, 2.0], &[2], DType::F32), tf(&[3.0, 4.0], &[2], DType::F32)]).unwrap();
@@ -186,11 +186,15 @@ fn shape_errors_and_overflowing_sizes_name_the_node() {
     // A symbol bound from a huge stride: the node's size s0 * s0 overflows i64.
     let s0 = Dim::sym(SymId(0));
     let mut g = Graph::new();
-    let xm =
-        TensorMeta { shape: vec![Dim::Const(1)], strides: vec![s0.clone()], offset: Dim::Const(0), dtype: DType::F32 };
+    let xm = TensorMeta {
+        shape: aotgrad_ir::dims![Dim::Const(1)],
+        strides: aotgrad_ir::dims![s0.clone()],
+        offset: Dim::Const(0),
+        dtype: DType::F32,
+    };
     let x = g.add_input("x", xm, StorageId(0));
     let sq = s0.mul(&s0);
-    let op = Op::Full { shape: vec![sq.clone()], value: Scalar::Float(0.0), dtype: DType::F32 };
+    let op = Op::Full { shape: aotgrad_ir::dims![sq.clone()], value: Scalar::Float(0.0), dtype: DType::F32 };
     let z = g.add_node(op, vec![], TensorMeta::contiguous(vec![sq], DType::F32), StorageId(1), None);
     g.outputs = vec![z, x];
     let base = tf(&[5.0], &[1], DType::F32);
@@ -209,12 +213,12 @@ fn a_graph_mixing_every_op_family_agrees_with_inference_and_hand_values() {
     let mut g = Graph::new();
     let x = g.add_input("x", TensorMeta::from_sizes(&[2, 3], DType::F32), StorageId(0));
     let u = node(&mut g, Op::Unsqueeze(0), &[x]);
-    let e = node(&mut g, Op::Expand(vec![d(4), d(2), d(3)]), &[u]);
+    let e = node(&mut g, Op::Expand(aotgrad_ir::dims![d(4), d(2), d(3)]), &[u]);
     let et = node(&mut g, Op::Transpose(1, 2), &[e]);
     let bm = node(&mut g, Op::Bmm, &[e, et]);
     let sel = node(&mut g, Op::Select { dim: 0, index: d(1) }, &[x]);
     let c = node(&mut g, Op::Compare(CmpOp::Gt), &[x, sel]);
-    let zero = node(&mut g, Op::Full { shape: vec![], value: Scalar::Float(0.0), dtype: DType::F32 }, &[]);
+    let zero = node(&mut g, Op::Full { shape: aotgrad_ir::dims![], value: Scalar::Float(0.0), dtype: DType::F32 }, &[]);
     let w = node(&mut g, Op::Where, &[c, x, zero]);
     let cl = node(&mut g, Op::Clamp { min: Some(Scalar::Float(-1.0)), max: Some(Scalar::Float(1.0)) }, &[x]);
     let ca = node(&mut g, Op::Cast(DType::I64), &[x]);
@@ -228,16 +232,18 @@ fn a_graph_mixing_every_op_family_agrees_with_inference_and_hand_values() {
     );
     let is = node(&mut g, Op::IndexSelect(1), &[x, ar]);
     let cat = node(&mut g, Op::Cat(0), &[x, is]);
-    let v = node(&mut g, Op::View(vec![d(3), d(4)]), &[cat]);
+    let v = node(&mut g, Op::View(aotgrad_ir::dims![d(3), d(4)]), &[cat]);
     let red = node(&mut g, Op::Reduce { op: ReduceOp::Amax, dims: vec![0], keepdim: false }, &[v]);
     // Mutate a clone through a strided slice, then transpose it in place.
     let cx = node(&mut g, Op::Clone, &[x]);
     let sl = node(&mut g, Op::Slice { dim: 1, start: d(0), end: d(3), step: 2 }, &[cx]);
     let _mut = node(&mut g, Op::InPlace(Box::new(Op::BinaryScalar(BinaryOp::Mul, Scalar::Int(10)))), &[sl]);
     let mt = node(&mut g, Op::MetaInPlace(Box::new(Op::Transpose(0, 1))), &[cx]);
-    let src = node(&mut g, Op::Full { shape: vec![d(2)], value: Scalar::Float(-7.0), dtype: DType::F32 }, &[]);
+    let src =
+        node(&mut g, Op::Full { shape: aotgrad_ir::dims![d(2)], value: Scalar::Float(-7.0), dtype: DType::F32 }, &[]);
     let ss = node(&mut g, Op::SelectScatter { dim: 1, index: d(1) }, &[x, src]);
-    let r = node(&mut g, Op::Randn { shape: vec![d(2), d(3)], dtype: DType::F32, seed: 1, offset: 0 }, &[]);
+    let r =
+        node(&mut g, Op::Randn { shape: aotgrad_ir::dims![d(2), d(3)], dtype: DType::F32, seed: 1, offset: 0 }, &[]);
     let b = node(&mut g, Op::Bernoulli { p: 0.5, seed: 1, offset: 0 }, &[r]);
     g.outputs = vec![bm, w, cl, ca, am, sa, cat, red, mt, ss, b];
 

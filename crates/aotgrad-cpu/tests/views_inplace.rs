@@ -15,7 +15,7 @@ fn unsafe_view_copies_the_logical_elements_into_a_fresh_tensor() {
     // x.t() is [[0, 3], [1, 4], [2, 5]]; as [2, 3] row-major: [[0, 3, 1], [4, 2, 5]].
     let x = iota(6, &[2, 3], DType::F64);
     let xt = exec(&Op::T, &[&x], &meta(&[3, 2], &[1, 3], 0, DType::F64));
-    let op = Op::UnsafeView(vec![Dim::from(2usize), Dim::from(3usize)]);
+    let op = Op::UnsafeView(aotgrad_ir::dims![Dim::from(2usize), Dim::from(3usize)]);
     let u = exec(&op, &[&xt], &meta(&[2, 3], &[3, 1], 0, DType::F64));
     assert!(!u.same_storage(&x));
     assert_eq!(u.storage.len(), 6);
@@ -30,7 +30,11 @@ fn view_ops_share_storage_and_read_through_their_metadata() {
         (Op::T, meta(&[3, 2], &[1, 3], 0, DType::F32), vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]),
         (Op::Transpose(0, 1), meta(&[3, 2], &[1, 3], 0, DType::F32), vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]),
         (Op::Permute(vec![1, 0]), meta(&[3, 2], &[1, 3], 0, DType::F32), vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]),
-        (Op::View(vec![Dim::from(6usize)]), meta(&[6], &[1], 0, DType::F32), (0..6).map(|i| i as f64).collect()),
+        (
+            Op::View(aotgrad_ir::dims![Dim::from(6usize)]),
+            meta(&[6], &[1], 0, DType::F32),
+            (0..6).map(|i| i as f64).collect(),
+        ),
         (Op::Select { dim: 1, index: Dim::from(2usize) }, meta(&[2], &[3], 2, DType::F32), vec![2.0, 5.0]),
         (
             Op::Slice { dim: 1, start: Dim::from(0usize), end: Dim::from(3usize), step: 2 },
@@ -47,8 +51,11 @@ fn view_ops_share_storage_and_read_through_their_metadata() {
         assert_eq!(v.to_vec_f64(), want, "{}", op.name());
     }
     let row = iota(3, &[1, 3], DType::F32);
-    let e =
-        exec(&Op::Expand(vec![Dim::from(2usize), Dim::from(3usize)]), &[&row], &meta(&[2, 3], &[0, 1], 0, DType::F32));
+    let e = exec(
+        &Op::Expand(aotgrad_ir::dims![Dim::from(2usize), Dim::from(3usize)]),
+        &[&row],
+        &meta(&[2, 3], &[0, 1], 0, DType::F32),
+    );
     assert_eq!(e.to_vec_f64(), vec![0.0, 1.0, 2.0, 0.0, 1.0, 2.0]);
     let sq = exec(&Op::Squeeze(vec![0]), &[&row], &meta(&[3], &[1], 0, DType::F32));
     assert_eq!(sq.to_vec_f64(), vec![0.0, 1.0, 2.0]);
@@ -57,8 +64,11 @@ fn view_ops_share_storage_and_read_through_their_metadata() {
 #[test]
 fn as_strided_past_the_storage_is_a_kernel_error() {
     let x = iota(6, &[6], DType::F32);
-    let op =
-        Op::AsStrided { size: vec![Dim::from(3usize)], stride: vec![Dim::from(2usize)], offset: Dim::from(2usize) };
+    let op = Op::AsStrided {
+        size: aotgrad_ir::dims![Dim::from(3usize)],
+        stride: aotgrad_ir::dims![Dim::from(2usize)],
+        offset: Dim::from(2usize),
+    };
     let err = execute(&op, &[&x], &meta(&[3], &[2], 2, DType::F32)).unwrap_err();
     assert!(matches!(&err, CpuError::Kernel { op, .. } if op == "as_strided"), "{err}");
     assert!(err.to_string().contains("needs 7 storage elements"), "{err}");
@@ -211,8 +221,8 @@ fn absurd_as_strided_layouts_are_errors_not_overflows() {
     let x = iota(4, &[4], DType::F32);
     let big = 1usize << 62;
     let op = Op::AsStrided {
-        size: vec![Dim::from(big), Dim::from(big)],
-        stride: vec![Dim::from(big), Dim::from(1usize)],
+        size: aotgrad_ir::dims![Dim::from(big), Dim::from(big)],
+        stride: aotgrad_ir::dims![Dim::from(big), Dim::from(1usize)],
         offset: Dim::from(0usize),
     };
     let err = execute(&op, &[&x], &meta(&[big, big], &[big, 1], 0, DType::F32)).unwrap_err();

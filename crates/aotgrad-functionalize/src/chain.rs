@@ -3,6 +3,7 @@
 
 use crate::{FunctionalizeError, Result};
 use aotgrad_ir::infer::infer;
+use aotgrad_ir::Dims;
 use aotgrad_ir::{Aliasing, Dim, DimOracle, GraphBuilder, Op, SourceLoc, StaticOracle, TensorMeta, ValueId};
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
@@ -69,7 +70,7 @@ impl<'o> Builder<'o> {
     /// `x.view(shape)`, or `x.clone().view(shape)` when `x`'s strides do not allow a
     /// view (a replay on a fresh, contiguous root can need that where the original
     /// did not: only values matter in the functional graph).
-    pub fn view_or_reshape(&mut self, x: ValueId, shape: Vec<Dim>, loc: &Option<SourceLoc>) -> Result<ValueId> {
+    pub fn view_or_reshape(&mut self, x: ValueId, shape: Dims, loc: &Option<SourceLoc>) -> Result<ValueId> {
         if self.meta(x)?.shape == shape {
             return Ok(x);
         }

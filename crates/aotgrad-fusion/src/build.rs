@@ -102,7 +102,7 @@ fn scatter_view(op: &Op, meta: &TensorMeta) -> Option<TensorMeta> {
 /// A kernel copying `src` to `dst` over `shape` (both indexed by it).
 fn copy_kernel(compute: Compute, src: Access, dst: Access, shape: &[Dim]) -> Kernel {
     Kernel::Pointwise(PointwiseKernel {
-        shape: shape.to_vec(),
+        shape: shape.into(),
         body: Body { compute, loads: vec![src], instrs: vec![Instr::Load(0)] },
         stores: vec![Store { reg: 0, dst }],
         nodes: 1,
@@ -140,7 +140,7 @@ fn broadcast_access(buf: BufId, meta: &TensorMeta, shape: &[Dim]) -> Result<Acce
             return Err(PlanError::SymbolicBroadcast(format!("{meta} to [{}]", dims.join(", "))));
         }
     }
-    Ok(Access { buf, shape: shape.to_vec(), strides, offset: meta.offset.clone(), dtype: meta.dtype })
+    Ok(Access { buf, shape: shape.into(), strides: strides.into(), offset: meta.offset.clone(), dtype: meta.dtype })
 }
 
 fn access(buf: BufId, meta: &TensorMeta) -> Access {
@@ -529,7 +529,7 @@ pub fn plan_graph(g: &Graph) -> Result<KernelPlan, PlanError> {
             let dst = Access {
                 buf: out,
                 shape: shape.clone(),
-                strides,
+                strides: strides.into(),
                 offset: node.meta.offset.clone(),
                 dtype: node.meta.dtype,
             };
@@ -547,7 +547,7 @@ pub fn plan_graph(g: &Graph) -> Result<KernelPlan, PlanError> {
             let out = new_buf(&mut plan, BufferKind::Intermediate);
             let a = access(buf_of(&node_buf, &root, &ctx, node.args[0])?, args[0]);
             let b = access(buf_of(&node_buf, &root, &ctx, node.args[1])?, args[1]);
-            Kernel::Matmul(MatmulKernel { a, b, out: access(out, &node.meta), epilogue: None })
+            Kernel::Matmul(Box::new(MatmulKernel { a, b, out: access(out, &node.meta), epilogue: None }))
         } else {
             let out = new_buf(&mut plan, BufferKind::Extern);
             let mut accs = Vec::with_capacity(node.args.len());
@@ -594,19 +594,19 @@ fn trailing_split(shape: &[Dim], reduced: &[bool]) -> Option<usize> {
 /// without the trailing dims as 1s) indexed by the whole space instead.
 fn lift_row_access(a: &Access, shape: &[Dim], outer: usize) -> Access {
     let strides = (0..shape.len()).map(|d| if d < outer { a.strides[d].clone() } else { Dim::Const(0) }).collect();
-    Access { buf: a.buf, shape: shape.to_vec(), strides, offset: a.offset.clone(), dtype: a.dtype }
+    Access { buf: a.buf, shape: shape.into(), strides, offset: a.offset.clone(), dtype: a.dtype }
 }
 
 /// A stage's reads and writes indexed by the group's space, when `k` can be a stage of
 /// a row group over `shape` split at `outer`.
 fn stage_accesses(k: &Kernel, shape: &[Dim], outer: usize) -> Option<(Vec<Access>, Vec<Access>)> {
     match k {
-        Kernel::Pointwise(p) if p.shape == shape => {
+        Kernel::Pointwise(p) if *p.shape == *shape => {
             Some((p.body.loads.clone(), p.stores.iter().map(|s| s.dst.clone()).collect()))
         }
         Kernel::Pointwise(p) => {
             let kept = &shape[..outer];
-            let per_row = p.shape == kept
+            let per_row = *p.shape == *kept
                 || (p.shape.len() == shape.len()
                     && p.shape[..outer] == *kept
                     && p.shape[outer..].iter().all(|d| *d == Dim::Const(1)));
@@ -615,7 +615,7 @@ fn stage_accesses(k: &Kernel, shape: &[Dim], outer: usize) -> Option<(Vec<Access
                 (p.body.loads.iter().map(lift).collect(), p.stores.iter().map(|s| lift(&s.dst)).collect())
             })
         }
-        Kernel::Reduce(r) if r.shape == shape && trailing_split(&r.shape, &r.reduced) == Some(outer) => {
+        Kernel::Reduce(r) if *r.shape == *shape && trailing_split(&r.shape, &r.reduced) == Some(outer) => {
             Some((r.body.loads.clone(), vec![r.dst.clone()]))
         }
         _ => None,
@@ -635,7 +635,7 @@ fn accepted<'k>(seq: impl Iterator<Item = &'k Kernel>, shape: &[Dim], outer: usi
         }
         let Some((reads, writes)) = stage_accesses(k, shape, outer) else { break };
         // Every buffer a group writes stays live until the group ends: a few per group.
-        let elem = matches!(k, Kernel::Pointwise(p) if p.shape == shape);
+        let elem = matches!(k, Kernel::Pointwise(p) if *p.shape == *shape);
         if elem && element_writes + writes.len() > MAX_ELEMENT_WRITES {
             break;
         }
@@ -836,7 +836,7 @@ fn fold_layout_copy(pk: &PointwiseKernel, layout: &TensorMeta) -> Option<Access>
     Some(Access {
         buf: store.dst.buf,
         shape: layout.shape.clone(),
-        strides,
+        strides: strides.into(),
         offset: store.dst.offset.clone(),
         dtype: store.dst.dtype,
     })

@@ -7,7 +7,7 @@
 //! never copies. Sizes stay symbolic ([`Dim`]) when the graph is dynamic; a backend
 //! substitutes the symbols of a call once and caches the result.
 
-use aotgrad_ir::{BinaryOp, CmpOp, DType, Dim, Op, ReduceOp, SourceLoc, TensorMeta, UnaryOp, ValueId};
+use aotgrad_ir::{BinaryOp, CmpOp, DType, Dim, Dims, Op, ReduceOp, SourceLoc, TensorMeta, UnaryOp, ValueId};
 use serde::{Deserialize, Serialize};
 
 /// Index of a buffer in [`KernelPlan::buffers`].
@@ -65,9 +65,9 @@ pub struct Access {
     /// The buffer.
     pub buf: BufId,
     /// Sizes of the iteration space this access is indexed by.
-    pub shape: Vec<Dim>,
+    pub shape: Dims,
     /// Element strides per dim (0 for broadcast dims).
-    pub strides: Vec<Dim>,
+    pub strides: Dims,
     /// Element offset of index `[0, ..., 0]`.
     pub offset: Dim,
     /// Element type of the buffer.
@@ -126,7 +126,7 @@ pub struct Store {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PointwiseKernel {
     /// Iteration space (the output shape).
-    pub shape: Vec<Dim>,
+    pub shape: Dims,
     /// The fused expression.
     pub body: Body,
     /// Results written.
@@ -141,7 +141,7 @@ pub struct ReduceKernel {
     /// Which reduction.
     pub op: ReduceOp,
     /// Iteration space: the shape of the reduced input.
-    pub shape: Vec<Dim>,
+    pub shape: Dims,
     /// Per dim of `shape`: reduced or kept.
     pub reduced: Vec<bool>,
     /// The prologue; its last register is the value reduced.
@@ -196,7 +196,7 @@ pub struct ExternKernel {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RowsKernel {
     /// The iteration space of the element stages.
-    pub shape: Vec<Dim>,
+    pub shape: Dims,
     /// How many leading dims of `shape` index rows; every reduction reduces the rest.
     pub outer: usize,
     /// The stages in order: [`Kernel::Reduce`] over `shape` reducing the trailing
@@ -213,7 +213,7 @@ pub enum Kernel {
     /// Reduction with prologue.
     Reduce(ReduceKernel),
     /// Matrix product with epilogue.
-    Matmul(MatmulKernel),
+    Matmul(Box<MatmulKernel>),
     /// Any other op.
     Extern(ExternKernel),
     /// Reductions and pointwise kernels run row block by row block.
@@ -317,7 +317,7 @@ fn map_meta(m: &TensorMeta, f: &dyn Fn(&Dim) -> Option<Dim>) -> Option<TensorMet
     })
 }
 
-fn map_dims(ds: &[Dim], f: &dyn Fn(&Dim) -> Option<Dim>) -> Option<Vec<Dim>> {
+fn map_dims(ds: &[Dim], f: &dyn Fn(&Dim) -> Option<Dim>) -> Option<Dims> {
     ds.iter().map(f).collect()
 }
 
@@ -373,7 +373,7 @@ impl Kernel {
                 value: r.value,
                 loc: r.loc.clone(),
             }),
-            Kernel::Matmul(m) => Kernel::Matmul(MatmulKernel {
+            Kernel::Matmul(m) => Kernel::Matmul(Box::new(MatmulKernel {
                 a: m.a.map(f)?,
                 b: m.b.map(f)?,
                 out: m.out.map(f)?,
@@ -381,7 +381,7 @@ impl Kernel {
                     Some(e) => Some(e.map(f)?),
                     None => None,
                 },
-            }),
+            })),
             Kernel::Rows(r) => Kernel::Rows(RowsKernel {
                 shape: map_dims(&r.shape, f)?,
                 outer: r.outer,

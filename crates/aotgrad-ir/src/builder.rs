@@ -6,9 +6,10 @@
 use crate::error::ShapeError;
 use crate::graph::{Graph, Input, Node, SourceLoc, StorageId, ValueId};
 use crate::infer::infer;
+use crate::meta::Dims;
 use crate::meta::TensorMeta;
 use crate::op::{Aliasing, Op};
-use crate::sym::{Dim, DimOracle};
+use crate::sym::DimOracle;
 use std::collections::HashMap;
 use thiserror::Error;
 
@@ -139,7 +140,7 @@ impl<'o> GraphBuilder<'o> {
 
     /// `x` with shape `shape`: `x` itself when it already has it, a `view` when `x`'s
     /// strides allow one, else `clone` then `view`.
-    pub fn reshape(&mut self, x: ValueId, shape: Vec<Dim>, loc: Option<SourceLoc>) -> BuildResult<ValueId> {
+    pub fn reshape(&mut self, x: ValueId, shape: Dims, loc: Option<SourceLoc>) -> BuildResult<ValueId> {
         let m = self.meta(x)?.clone();
         if m.shape == shape {
             return Ok(x);
@@ -156,7 +157,7 @@ impl<'o> GraphBuilder<'o> {
 mod tests {
     use super::*;
     use crate::dtype::DType;
-    use crate::sym::StaticOracle;
+    use crate::sym::{Dim, StaticOracle};
 
     #[test]
     fn views_share_storage_and_ids_continue_after_a_copied_graph() {
@@ -167,11 +168,11 @@ mod tests {
         let y = b.emit(Op::Clone, vec![t], None).unwrap();
         assert_eq!(b.storage(t).unwrap(), b.storage(x).unwrap());
         assert_ne!(b.storage(y).unwrap(), b.storage(x).unwrap());
-        assert_eq!(b.meta(t).unwrap().shape, vec![Dim::from(3usize), Dim::from(2usize)]);
+        assert_eq!(b.meta(t).unwrap().shape, crate::dims![Dim::from(3usize), Dim::from(2usize)]);
         // A transposed value cannot be viewed flat: reshape copies first.
-        let flat = b.reshape(t, vec![Dim::from(6usize)], None).unwrap();
+        let flat = b.reshape(t, crate::dims![Dim::from(6usize)], None).unwrap();
         assert_eq!(b.graph.nodes.iter().rev().nth(1).map(|n| n.op.clone()), Some(Op::Clone));
-        assert_eq!(b.reshape(flat, vec![Dim::from(6usize)], None).unwrap(), flat);
+        assert_eq!(b.reshape(flat, crate::dims![Dim::from(6usize)], None).unwrap(), flat);
         let g = b.graph.clone();
 
         let mut oracle = StaticOracle;

@@ -31,6 +31,17 @@ pub use error::{ParseError, ShapeError};
 pub use graph::{
     AttributeCalls, Def, Graph, GraphAppender, GraphIndex, Input, InvalidGraph, Node, SourceLoc, StorageId, ValueId,
 };
-pub use meta::{contiguous_strides, DimList, TensorMeta};
+pub use meta::{contiguous_strides, DimList, Dims, TensorMeta};
+#[doc(hidden)]
+pub use smallvec as __smallvec;
+
+/// A [`Dims`] list, written as `vec!` would be: `dims![a, b]` or `dims![d; n]`.
+#[macro_export]
+macro_rules! dims {
+    ($($t:tt)*) => {{
+        let d: $crate::Dims = $crate::__smallvec::smallvec![$($t)*];
+        d
+    }};
+}
 pub use op::{Aliasing, BinaryOp, CmpOp, CompositeOp, Op, ReduceOp, UnaryOp};
 pub use sym::{Dim, DimOracle, Guard, Poly, Rel, StaticOracle, SymId};

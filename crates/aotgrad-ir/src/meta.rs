@@ -5,13 +5,19 @@ use crate::sym::{Dim, SymId};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
+/// A list of sizes or strides: up to four dims inline (no heap allocation), more on
+/// the heap. Every [`TensorMeta`] holds two, so keeping them inline saves two
+/// allocations per value in every stage of the compiler and in every decoded artifact.
+/// It dereferences to `[Dim]`; serialized, it is a sequence (as a `Vec` would be).
+pub type Dims = smallvec::SmallVec<[Dim; 4]>;
+
 /// Shape, strides (in elements), storage offset (in elements) and dtype of a tensor.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct TensorMeta {
     /// Size of each dimension.
-    pub shape: Vec<Dim>,
+    pub shape: Dims,
     /// Step in elements between neighbours along each dimension.
-    pub strides: Vec<Dim>,
+    pub strides: Dims,
     /// Position of element `[0, 0, ...]` in the storage, in elements.
     pub offset: Dim,
     /// Element type.
@@ -20,8 +26,8 @@ pub struct TensorMeta {
 
 /// Row-major (C-contiguous) strides for a shape; size-0/1 dims follow PyTorch
 /// (the stride of a dim is the product of the later sizes, each at least 1).
-pub fn contiguous_strides(shape: &[Dim]) -> Vec<Dim> {
-    let mut strides = vec![Dim::Const(1); shape.len()];
+pub fn contiguous_strides(shape: &[Dim]) -> Dims {
+    let mut strides: Dims = smallvec::smallvec![Dim::Const(1); shape.len()];
     let mut acc = Dim::Const(1);
     for i in (0..shape.len()).rev() {
         strides[i] = acc.clone();
@@ -35,13 +41,14 @@ pub fn contiguous_strides(shape: &[Dim]) -> Vec<Dim> {
 
 impl TensorMeta {
     /// A contiguous tensor at offset 0.
-    pub fn contiguous(shape: Vec<Dim>, dtype: DType) -> TensorMeta {
+    pub fn contiguous(shape: impl Into<Dims>, dtype: DType) -> TensorMeta {
+        let shape: Dims = shape.into();
         let strides = contiguous_strides(&shape);
         TensorMeta { shape, strides, offset: Dim::Const(0), dtype }
     }
     /// A contiguous tensor with a concrete shape.
     pub fn from_sizes(sizes: &[usize], dtype: DType) -> TensorMeta {
-        TensorMeta::contiguous(sizes.iter().map(|&s| Dim::from(s)).collect(), dtype)
+        TensorMeta::contiguous(sizes.iter().map(|&s| Dim::from(s)).collect::<Dims>(), dtype)
     }
     /// Number of dimensions.
     pub fn rank(&self) -> usize {
@@ -162,8 +169,8 @@ mod tests {
         assert!(m.is_contiguous());
         assert_eq!(m.to_string(), "f32[2, 3, 4]");
         let t = TensorMeta {
-            shape: vec![3.into(), 2.into()],
-            strides: vec![1.into(), 3.into()],
+            shape: crate::dims![3.into(), 2.into()],
+            strides: crate::dims![1.into(), 3.into()],
             offset: 1.into(),
             dtype: DType::I64,
         };

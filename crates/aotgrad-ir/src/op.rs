@@ -6,6 +6,7 @@
 //! which is exactly what functionalization later unwraps.
 
 use crate::dtype::{DType, Scalar};
+use crate::meta::Dims;
 use crate::sym::{Dim, SymId};
 use serde::{Deserialize, Serialize};
 
@@ -280,7 +281,7 @@ pub enum Op {
 
     // ---- views (the result shares storage with args[0]) ------------------------
     /// `[x]`: same elements, new shape (must be expressible with strides).
-    View(Vec<Dim>),
+    View(Dims),
     /// `[x]`: reorder dims.
     Permute(Vec<usize>),
     /// `[x]`: swap two dims.
@@ -288,7 +289,7 @@ pub enum Op {
     /// `[x]`: transpose of a tensor with at most 2 dims.
     T,
     /// `[x]`: broadcast size-1 dims (stride 0) to `shape`; new leading dims allowed.
-    Expand(Vec<Dim>),
+    Expand(Dims),
     /// `[x]`: drop the listed size-1 dims (sorted, distinct).
     Squeeze(Vec<usize>),
     /// `[x]`: insert a size-1 dim at position `dim` of the result.
@@ -314,9 +315,9 @@ pub enum Op {
     /// `[x]`: arbitrary view of the storage of `x`.
     AsStrided {
         /// Result shape.
-        size: Vec<Dim>,
+        size: Dims,
         /// Result strides.
-        stride: Vec<Dim>,
+        stride: Dims,
         /// Result storage offset.
         offset: Dim,
     },
@@ -332,7 +333,7 @@ pub enum Op {
     /// use it to reshape an intermediate they just produced (the result of `mm`, a
     /// copy), so the result does not alias that intermediate. Its gradient is the
     /// incoming gradient reshaped back to `x`'s shape.
-    UnsafeView(Vec<Dim>),
+    UnsafeView(Dims),
     /// `[dst, src]`: out-of-place copy: `src` broadcast to `dst`'s shape and cast to its dtype.
     Copy,
 
@@ -348,7 +349,7 @@ pub enum Op {
     /// `[]`: a tensor filled with `value`.
     Full {
         /// Shape.
-        shape: Vec<Dim>,
+        shape: Dims,
         /// Fill value.
         value: Scalar,
         /// Element type.
@@ -383,7 +384,7 @@ pub enum Op {
     /// `[]` or `[seed, base]`: uniform in `[0, 1)`.
     Rand {
         /// Shape.
-        shape: Vec<Dim>,
+        shape: Dims,
         /// Floating dtype.
         dtype: DType,
         /// Seed.
@@ -394,7 +395,7 @@ pub enum Op {
     /// `[]` or `[seed, base]`: standard normal.
     Randn {
         /// Shape.
-        shape: Vec<Dim>,
+        shape: Dims,
         /// Floating dtype.
         dtype: DType,
         /// Seed.
@@ -442,9 +443,9 @@ pub enum Op {
     /// `[base, src]`: `base` (contiguous copy) with `as_strided(size, stride, offset)` replaced by `src`.
     AsStridedScatter {
         /// View shape.
-        size: Vec<Dim>,
+        size: Dims,
         /// View strides.
-        stride: Vec<Dim>,
+        stride: Dims,
         /// View offset.
         offset: Dim,
     },
@@ -703,29 +704,29 @@ impl Op {
     }
     /// The same op with every [`Dim`] parameter passed through `f`.
     pub fn map_dims(&self, f: &dyn Fn(&Dim) -> Dim) -> Op {
-        let v = |xs: &Vec<Dim>| xs.iter().map(f).collect::<Vec<_>>();
+        let v = |xs: &Dims| xs.iter().map(f).collect::<Vec<_>>();
         match self {
-            Op::View(s) => Op::View(v(s)),
-            Op::UnsafeView(s) => Op::UnsafeView(v(s)),
-            Op::Expand(s) => Op::Expand(v(s)),
+            Op::View(s) => Op::View(v(s).into()),
+            Op::UnsafeView(s) => Op::UnsafeView(v(s).into()),
+            Op::Expand(s) => Op::Expand(v(s).into()),
             Op::Slice { dim, start, end, step } => Op::Slice { dim: *dim, start: f(start), end: f(end), step: *step },
             Op::Select { dim, index } => Op::Select { dim: *dim, index: f(index) },
             Op::AsStrided { size, stride, offset } => {
-                Op::AsStrided { size: v(size), stride: v(stride), offset: f(offset) }
+                Op::AsStrided { size: v(size).into(), stride: v(stride).into(), offset: f(offset) }
             }
-            Op::Full { shape, value, dtype } => Op::Full { shape: v(shape), value: *value, dtype: *dtype },
+            Op::Full { shape, value, dtype } => Op::Full { shape: v(shape).into(), value: *value, dtype: *dtype },
             Op::Rand { shape, dtype, seed, offset } => {
-                Op::Rand { shape: v(shape), dtype: *dtype, seed: *seed, offset: *offset }
+                Op::Rand { shape: v(shape).into(), dtype: *dtype, seed: *seed, offset: *offset }
             }
             Op::Randn { shape, dtype, seed, offset } => {
-                Op::Randn { shape: v(shape), dtype: *dtype, seed: *seed, offset: *offset }
+                Op::Randn { shape: v(shape).into(), dtype: *dtype, seed: *seed, offset: *offset }
             }
             Op::SliceScatter { dim, start, end, step } => {
                 Op::SliceScatter { dim: *dim, start: f(start), end: f(end), step: *step }
             }
             Op::SelectScatter { dim, index } => Op::SelectScatter { dim: *dim, index: f(index) },
             Op::AsStridedScatter { size, stride, offset } => {
-                Op::AsStridedScatter { size: v(size), stride: v(stride), offset: f(offset) }
+                Op::AsStridedScatter { size: v(size).into(), stride: v(stride).into(), offset: f(offset) }
             }
             Op::InPlace(inner) => Op::InPlace(Box::new(inner.map_dims(f))),
             Op::MetaInPlace(inner) => Op::MetaInPlace(Box::new(inner.map_dims(f))),

@@ -6,7 +6,7 @@ use aotgrad_ir::infer::{broadcast_shapes, has_internal_overlap, infer};
 use aotgrad_ir::{DType, Dim, Op, StaticOracle, TensorMeta};
 use proptest::prelude::*;
 
-fn dims(v: &[usize]) -> Vec<Dim> {
+fn dims(v: &[usize]) -> aotgrad_ir::Dims {
     v.iter().map(|&c| Dim::from(c)).collect()
 }
 

@@ -46,8 +46,8 @@ fn dim() -> impl Strategy<Value = Dim> {
     ]
 }
 
-fn dims() -> impl Strategy<Value = Vec<Dim>> {
-    vec(dim(), 0..4)
+fn dims() -> impl Strategy<Value = aotgrad_ir::Dims> {
+    vec(dim(), 0..4).prop_map(aotgrad_ir::Dims::from)
 }
 
 fn dtype() -> impl Strategy<Value = DType> {
@@ -74,7 +74,7 @@ fn meta() -> impl Strategy<Value = TensorMeta> {
         |(shape, strides, offset, dtype)| {
             let mut m = TensorMeta::contiguous(shape, dtype);
             if let Some(s) = strides {
-                m.strides = s;
+                m.strides = s.into();
             }
             m.offset = offset;
             m

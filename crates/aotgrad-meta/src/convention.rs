@@ -48,8 +48,8 @@ impl SyntheticBase {
     /// The base's metadata: `[len]`, stride 1, at storage offset `offset`.
     pub fn meta(&self, dtype: DType) -> TensorMeta {
         TensorMeta {
-            shape: vec![Dim::from(self.len)],
-            strides: vec![Dim::Const(1)],
+            shape: aotgrad_ir::dims![Dim::from(self.len)],
+            strides: aotgrad_ir::dims![Dim::Const(1)],
             offset: Dim::from(self.offset),
             dtype,
         }
@@ -129,8 +129,8 @@ mod tests {
     fn synthetic_base_meta_is_a_flat_window() {
         let b = SyntheticBase { input: 0, members: vec![0, 1], offset: 2, len: 5 };
         let m = b.meta(DType::F32);
-        assert_eq!(m.shape, vec![Dim::Const(5)]);
-        assert_eq!(m.strides, vec![Dim::Const(1)]);
+        assert_eq!(m.shape, aotgrad_ir::dims![Dim::Const(5)]);
+        assert_eq!(m.strides, aotgrad_ir::dims![Dim::Const(1)]);
         assert_eq!(m.offset, Dim::Const(2));
         assert_eq!(m.dtype, DType::F32);
     }

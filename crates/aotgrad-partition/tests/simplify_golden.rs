@@ -106,12 +106,12 @@ fn view_rewrites() {
     let p1 = b.op(Op::Permute(vec![2, 0, 1]), &[x]);
     let p2 = b.op(Op::Transpose(0, 2), &[p1]); // = permute(x, [1, 0, 2])
     let c = b.op(Op::Clone, &[p2]);
-    let v1 = b.op(Op::View(vec![6.into(), 4.into()]), &[x]);
-    let v2 = b.op(Op::View(vec![24.into()]), &[v1]); // = view(x, [24])
+    let v1 = b.op(Op::View(aotgrad_ir::dims![6.into(), 4.into()]), &[x]);
+    let v2 = b.op(Op::View(aotgrad_ir::dims![24.into()]), &[v1]); // = view(x, [24])
     let al = b.op(Op::Alias, &[v2]); // alias elimination
     let t1 = b.op(Op::T, &[v1]);
     let t2 = b.op(Op::T, &[t1]); // = v1
-    let e1 = b.op(Op::Expand(vec![3.into(), 6.into(), 4.into()]), &[t2]);
+    let e1 = b.op(Op::Expand(aotgrad_ir::dims![3.into(), 6.into(), 4.into()]), &[t2]);
     let u = b.op(Op::Unsqueeze(0), &[e1]);
     let sq = b.op(Op::Squeeze(vec![0]), &[u]); // = e1
     let r = reduce(&mut b, ReduceOp::Sum, sq, &[1, 2], false);
@@ -140,16 +140,16 @@ fn sum_and_mean_of_an_expand() {
     let mut b = B::new();
     let x = b.input("x", &[3, 1], F32);
     let shape = vec![5.into(), 3.into(), 4.into()];
-    let e1 = b.op(Op::Expand(shape.clone()), &[x]);
+    let e1 = b.op(Op::Expand(shape.clone().into()), &[x]);
     let s_all = reduce(&mut b, ReduceOp::Sum, e1, &[], false); // 20 * sum(x)
-    let e2 = b.op(Op::Expand(shape.clone()), &[x]);
+    let e2 = b.op(Op::Expand(shape.clone().into()), &[x]);
     let s_bc = reduce(&mut b, ReduceOp::Sum, e2, &[0, 2], false); // 20 * sum(x, [1])
-    let e3 = b.op(Op::Expand(shape.clone()), &[x]);
+    let e3 = b.op(Op::Expand(shape.clone().into()), &[x]);
     let m = reduce(&mut b, ReduceOp::Mean, e3, &[0, 2], false); // mean(x, [1])
-    let e4 = b.op(Op::Expand(vec![4.into(), 3.into(), 1.into()]), &[x]);
+    let e4 = b.op(Op::Expand(aotgrad_ir::dims![4.into(), 3.into(), 1.into()]), &[x]);
     let m1 = reduce(&mut b, ReduceOp::Mean, e4, &[0], false); // = x (only a new dim reduced)
     let i = b.input("i", &[2], DType::I32);
-    let ie = b.op(Op::Expand(vec![50.into(), 2.into()]), &[i]);
+    let ie = b.op(Op::Expand(aotgrad_ir::dims![50.into(), 2.into()]), &[i]);
     let is = reduce(&mut b, ReduceOp::Sum, ie, &[0], false); // 50 * to(i, i64)
     b.g.outputs = vec![s_all, s_bc, m, m1, is];
     check(
@@ -226,7 +226,7 @@ fn sums_of_disjoint_scatters_into_zeros_become_one_buffer() {
 fn shared_expand(neg_neg: bool) -> Graph {
     let mut b = B::new();
     let x = b.input("x", &[3, 1], F32);
-    let e = b.op(Op::Expand(vec![5.into(), 3.into(), 4.into()]), &[x]);
+    let e = b.op(Op::Expand(aotgrad_ir::dims![5.into(), 3.into(), 4.into()]), &[x]);
     let s_all = reduce(&mut b, ReduceOp::Sum, e, &[], false);
     let s_bc = reduce(&mut b, ReduceOp::Sum, e, &[0, 2], false);
     let mut m = reduce(&mut b, ReduceOp::Mean, e, &[0], false); // not every broadcast dim reduced

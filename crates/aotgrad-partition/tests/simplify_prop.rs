@@ -64,14 +64,14 @@ fn step(b: &mut B, vals: &[ValueId], (kind, a, c, p): Step) -> Option<ValueId> {
             b.try_op(Op::Permute(perm), &[x])
         }
         14 => b.try_op(Op::Transpose(0, rank.saturating_sub(1)), &[x]),
-        15 => b.try_op(Op::View(vec![m.numel()]), &[x]),
+        15 => b.try_op(Op::View(aotgrad_ir::dims![m.numel()]), &[x]),
         16 => b.try_op(Op::Unsqueeze(p as usize % (rank + 1)), &[x]),
         17 => {
             let dims: Vec<usize> = (0..rank).filter(|&i| m.shape[i] == Dim::Const(1)).collect();
             b.try_op(Op::Squeeze(dims), &[x])
         }
         18 | 25 => {
-            let mut shape: Vec<Dim> = vec![Dim::Const(p as i64 % 3 + 1)];
+            let mut shape: aotgrad_ir::Dims = aotgrad_ir::dims![Dim::Const(p as i64 % 3 + 1)];
             shape.extend(m.shape.iter().map(|d| if *d == Dim::Const(1) { Dim::Const(3) } else { d.clone() }));
             let e = b.try_op(Op::Expand(shape.clone()), &[x])?;
             if kind % 28 == 18 {

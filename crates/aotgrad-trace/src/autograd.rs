@@ -406,7 +406,11 @@ pub(crate) fn record(
                 };
                 let z = add(
                     &mut g,
-                    Op::Full { shape: vec![Dim::Const(len as i64)], value: Scalar::Float(0.0), dtype: bm.dtype },
+                    Op::Full {
+                        shape: aotgrad_ir::dims![Dim::Const(len as i64)],
+                        value: Scalar::Float(0.0),
+                        dtype: bm.dtype,
+                    },
                     vec![],
                 )?;
                 let put =

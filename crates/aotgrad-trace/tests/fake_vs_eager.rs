@@ -327,16 +327,16 @@ fn apply(case: &Case, a: &[Tensor]) -> Result<Tensor> {
 
 /// A shape with `x`'s number of elements: flattened, first two dims merged, a leading 1
 /// and `-1`, or the dims reversed (a valid view only for some layouts).
-fn derived_shape(x: &Tensor, kind: u8) -> Vec<Dim> {
+fn derived_shape(x: &Tensor, kind: u8) -> aotgrad_ir::Dims {
     let s = x.shape();
     match kind {
-        0 => vec![Dim::Const(-1)],
+        0 => aotgrad_ir::dims![Dim::Const(-1)],
         1 if s.len() >= 2 => {
             let mut v = vec![s[0].mul(&s[1])];
             v.extend(s[2..].iter().cloned());
-            v
+            v.into()
         }
-        2 => vec![Dim::Const(1), Dim::Const(-1)],
+        2 => aotgrad_ir::dims![Dim::Const(1), Dim::Const(-1)],
         _ => s.into_iter().rev().collect(),
     }
 }

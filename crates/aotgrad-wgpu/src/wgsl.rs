@@ -48,7 +48,7 @@ pub(crate) enum Step {
     /// A compute shader dispatch.
     Gpu(GpuKernel),
     /// An op run on the host by the reference kernels.
-    Host(ExternKernel),
+    Host(Box<ExternKernel>),
 }
 
 /// A WGSL kernel and how to launch it.
@@ -574,7 +574,7 @@ fn epilogue_fusion(m: &MatmulKernel, e: &PointwiseKernel) -> Option<EpilogueFusi
         return Some(EpilogueFusion::SameSpace);
     }
     let numel = |s: &[Dim]| cs(s).ok().map(|v| v.iter().product::<u64>());
-    let contiguous = |shape: &[Dim], strides: &[Dim]| aotgrad_ir::contiguous_strides(shape) == strides;
+    let contiguous = |shape: &[Dim], strides: &[Dim]| *aotgrad_ir::contiguous_strides(shape) == *strides;
     let ok = numel(&e.shape).is_some()
         && numel(&e.shape) == numel(&m.out.shape)
         && contiguous(&m.out.shape, &m.out.strides)
@@ -755,7 +755,7 @@ fn lower_kernel(
         Kernel::Matmul(m) => {
             steps.extend(lower_matmul(m, &format!("{name}_matmul"), plan, index)?.into_iter().map(Step::Gpu))
         }
-        Kernel::Extern(e) => steps.push(Step::Host(e.clone())),
+        Kernel::Extern(e) => steps.push(Step::Host(Box::new(e.clone()))),
         Kernel::Rows(r) => {
             for (s, stage) in r.stages.iter().enumerate() {
                 lower_kernel(stage, &format!("{name}_{s}"), plan, index, steps)?;

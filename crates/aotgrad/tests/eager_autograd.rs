@@ -364,7 +364,7 @@ fn every_derivative_rule_through_backward() {
             one(Op::BinaryScalar(b, Scalar::Float(1.5))),
         ));
     }
-    let sym = |v: &[i64]| -> Vec<Dim> { v.iter().map(|&d| Dim::from(d)).collect() };
+    let sym = |v: &[i64]| -> aotgrad_ir::Dims { v.iter().map(|&d| Dim::from(d)).collect() };
     let singles: Vec<(&str, &'static [usize], Op)> = vec![
         ("clamp", &[3, 4], Op::Clamp { min: Some(Scalar::Float(-0.5)), max: Some(Scalar::Float(0.7)) }),
         ("cast f32", &[3, 4], Op::Cast(DType::F32)),
@@ -382,11 +382,11 @@ fn every_derivative_rule_through_backward() {
         ("unsqueeze", &[3, 4], Op::Unsqueeze(1)),
         ("slice", &[5, 4], Op::Slice { dim: 0, start: 1.into(), end: 5.into(), step: 2 }),
         ("select", &[3, 4], Op::Select { dim: 1, index: 2.into() }),
-        ("as_strided", &[3, 4], Op::AsStrided { size: sym(&[2, 2]), stride: sym(&[4, 2]), offset: 1.into() }),
+        ("as_strided", &[3, 4], Op::AsStrided { size: (sym(&[2, 2])), stride: (sym(&[4, 2])), offset: 1.into() }),
         (
             "as_strided overlapping",
             &[3, 4],
-            Op::AsStrided { size: sym(&[2, 2]), stride: sym(&[2, 2]), offset: 0.into() },
+            Op::AsStrided { size: (sym(&[2, 2])), stride: (sym(&[2, 2])), offset: 0.into() },
         ),
         ("alias", &[3, 4], Op::Alias),
         ("clone", &[3, 4], Op::Clone),
@@ -417,7 +417,7 @@ fn every_derivative_rule_through_backward() {
             "as_strided_scatter",
             &[3, 4],
             &[2, 2],
-            Op::AsStridedScatter { size: sym(&[2, 2]), stride: sym(&[4, 1]), offset: 5.into() },
+            Op::AsStridedScatter { size: (sym(&[2, 2])), stride: (sym(&[4, 1])), offset: 5.into() },
         ),
     ];
     for (name, a, b, op) in pairs {

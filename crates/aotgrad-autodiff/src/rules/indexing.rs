@@ -35,7 +35,7 @@ pub(crate) fn vjp(b: &mut Builder, node: &Node, g: ValueId, needs: &[bool]) -> R
             let idx = b.cast(index, DType::I64)?;
             let mut along = vec![Dim::Const(1); xm.rank()];
             along[*dim] = b.meta(idx)?.numel();
-            let idx = b.reshape(idx, along)?;
+            let idx = b.reshape(idx, along.into())?;
             let gshape = b.meta(g)?.shape.clone();
             let idx = b.emit(Op::Expand(gshape), vec![idx])?;
             let z = b.zeros(xm.shape.clone(), gdt)?;

@@ -12,6 +12,7 @@
 use super::arg;
 use crate::builder::Builder;
 use crate::{AutodiffError, Result};
+use aotgrad_ir::Dims;
 use aotgrad_ir::{BinaryOp, CmpOp, Dim, Node, Op, ReduceOp, Scalar, ValueId};
 
 /// The rule of a reduction node (see the module docs).
@@ -27,7 +28,7 @@ pub(crate) fn vjp(b: &mut Builder, node: &Node, g: ValueId, needs: &[bool]) -> R
     let x = arg(node, 0)?;
     let xm = b.meta(x)?.clone();
     let reduced: Vec<usize> = if dims.is_empty() { (0..xm.rank()).collect() } else { dims.clone() };
-    let kd_shape: Vec<Dim> = xm
+    let kd_shape: Dims = xm
         .shape
         .iter()
         .enumerate()
@@ -103,5 +104,5 @@ fn expand_to(b: &mut Builder, v: ValueId, shape: &[Dim]) -> Result<ValueId> {
     if b.meta(v)?.shape.as_slice() == shape {
         return Ok(v);
     }
-    b.emit(Op::Expand(shape.to_vec()), vec![v])
+    b.emit(Op::Expand(shape.into()), vec![v])
 }

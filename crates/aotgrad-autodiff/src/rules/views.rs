@@ -23,6 +23,7 @@ use super::arg;
 use crate::builder::Builder;
 use crate::{AutodiffError, Result};
 use aotgrad_ir::infer::has_internal_overlap;
+use aotgrad_ir::Dims;
 use aotgrad_ir::{contiguous_strides, Dim, Node, Op, TensorMeta, ValueId};
 use aotgrad_meta::Layout;
 
@@ -98,12 +99,8 @@ fn extent_dim(size: &[Dim], stride: &[Dim], offset: &Dim) -> Dim {
 /// budget, conservative past it or on address overflow). Other symbolic layouts count
 /// as disjoint.
 pub(crate) fn disjoint(size: &[Dim], stride: &[Dim]) -> bool {
-    let probe = TensorMeta {
-        shape: size.to_vec(),
-        strides: stride.to_vec(),
-        offset: Dim::Const(0),
-        dtype: aotgrad_ir::DType::F64,
-    };
+    let probe =
+        TensorMeta { shape: size.into(), strides: stride.into(), offset: Dim::Const(0), dtype: aotgrad_ir::DType::F64 };
     if has_internal_overlap(&probe) {
         return false;
     }
@@ -144,7 +141,7 @@ fn overlapping_as_strided(
     // stride_d`, built from one `arange` per dim broadcast over the view's shape.
     let (i64t, r) = (aotgrad_ir::DType::I64, sz.len());
     let n: i64 = sz.iter().product();
-    let mut idx = b.emit(Op::Full { shape: Vec::new(), value: aotgrad_ir::Scalar::Int(off), dtype: i64t }, vec![])?;
+    let mut idx = b.emit(Op::Full { shape: Dims::new(), value: aotgrad_ir::Scalar::Int(off), dtype: i64t }, vec![])?;
     for d in 0..r {
         let ar = Op::Arange {
             start: aotgrad_ir::Scalar::Int(0),
@@ -153,16 +150,16 @@ fn overlapping_as_strided(
             dtype: i64t,
         };
         let a = b.emit(ar, vec![])?;
-        let shape: Vec<Dim> = (0..r).map(|k| Dim::Const(if k == d { sz[d] } else { 1 })).collect();
+        let shape: Dims = (0..r).map(|k| Dim::Const(if k == d { sz[d] } else { 1 })).collect();
         let a = b.emit(Op::View(shape), vec![a])?;
         let a = b.emit(Op::BinaryScalar(aotgrad_ir::BinaryOp::Mul, aotgrad_ir::Scalar::Int(st[d])), vec![a])?;
         idx = b.emit(Op::Binary(aotgrad_ir::BinaryOp::Add), vec![idx, a])?;
     }
     let idx = b.contiguous(idx)?;
-    let idx = b.emit(Op::View(vec![Dim::Const(n)]), vec![idx])?;
+    let idx = b.emit(Op::View(aotgrad_ir::dims![Dim::Const(n)]), vec![idx])?;
     let flat_g = b.contiguous(g)?;
-    let flat_g = b.emit(Op::View(vec![Dim::Const(n)]), vec![flat_g])?;
-    let flat = b.zeros(vec![Dim::Const(len)], dtype)?;
+    let flat_g = b.emit(Op::View(aotgrad_ir::dims![Dim::Const(n)]), vec![flat_g])?;
+    let flat = b.zeros(aotgrad_ir::dims![Dim::Const(len)], dtype)?;
     let acc = b.emit(Op::ScatterAdd(0), vec![flat, idx, flat_g])?;
     let back = Op::AsStrided { size: xm.shape.clone(), stride: xm.strides.clone(), offset: xm.offset.clone() };
     b.emit(back, vec![acc])
@@ -195,7 +192,7 @@ fn as_strided(
     };
     if xm.strides == contiguous_strides(&xm.shape) && rel_fits {
         let z = b.zeros(xm.shape.clone(), dtype)?;
-        let op = Op::AsStridedScatter { size: size.to_vec(), stride: stride.to_vec(), offset: rel };
+        let op = Op::AsStridedScatter { size: size.into(), stride: stride.into(), offset: rel };
         return b.emit(op, vec![z, g]);
     }
     // General case: a flat buffer covering both the input and the view.
@@ -204,8 +201,8 @@ fn as_strided(
         // Symbolic: the sum of both extents bounds the larger one without a guard.
         _ => extent_dim(&xm.shape, &xm.strides, &xm.offset).add(&extent_dim(size, stride, offset)),
     };
-    let flat = b.zeros(vec![len], dtype)?;
-    let op = Op::AsStridedScatter { size: size.to_vec(), stride: stride.to_vec(), offset: offset.clone() };
+    let flat = b.zeros(aotgrad_ir::dims![len], dtype)?;
+    let op = Op::AsStridedScatter { size: size.into(), stride: stride.into(), offset: offset.clone() };
     let s = b.emit(op, vec![flat, g])?;
     let back = Op::AsStrided { size: xm.shape.clone(), stride: xm.strides.clone(), offset: xm.offset.clone() };
     b.emit(back, vec![s])

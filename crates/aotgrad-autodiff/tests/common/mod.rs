@@ -229,7 +229,7 @@ pub fn gradcheck_all(fw: &Graph, inputs: &[CpuTensor]) -> Checked {
 }
 
 /// A concrete dim list.
-pub fn dims(v: &[i64]) -> Vec<Dim> {
+pub fn dims(v: &[i64]) -> aotgrad_ir::Dims {
     v.iter().map(|&d| Dim::Const(d)).collect()
 }
 

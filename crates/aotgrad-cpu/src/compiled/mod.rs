@@ -481,7 +481,23 @@ impl CpuCompiledGraph {
             }
         };
         let mut times: Vec<f64> = Vec::new();
+        // Raw views of the arena and output buffers, made once: kernels write through
+        // them in place, so they stay valid until an extern kernel moves a buffer (it
+        // borrows them as storages and gives them back; only then are they made again).
+        // Per kernel only the input and extern buffers it loads are set and cleared,
+        // which keeps a long graph's run linear in its kernels.
+        let mut raws_stale = true;
         for k in &low.kernels {
+            if raws_stale {
+                for (b, loc) in low.loc.iter().enumerate() {
+                    bufs[b] = match loc {
+                        Loc::Slot(s) => raw_of(&mut arena.slots[*s]),
+                        Loc::Output(o) => raw_of(&mut outs[*o]),
+                        Loc::Input(_) | Loc::Extern => Raw::NONE,
+                    };
+                }
+                raws_stale = false;
+            }
             let started = self.profile.as_ref().map(|_| std::time::Instant::now());
             if let CKernel::Extern(e) = k {
                 *n_extern += 1;
@@ -520,6 +536,9 @@ impl CpuCompiledGraph {
                     source: Box::new(err),
                 });
                 drop(args);
+                if !lent.is_empty() {
+                    raws_stale = true;
+                }
                 for (loc, s) in lent {
                     let buf = Arc::try_unwrap(s)
                         .map_err(|_| CpuError::Internal("an extern kernel kept a lent buffer".into()))?
@@ -539,14 +558,8 @@ impl CpuCompiledGraph {
             // Raw views of every buffer this kernel touches; input storages are
             // read-locked for the kernel's duration.
             let mut guards = Vec::new();
-            for (b, loc) in low.loc.iter().enumerate() {
-                bufs[b] = match loc {
-                    Loc::Slot(s) => raw_of(&mut arena.slots[*s]),
-                    Loc::Output(o) => raw_of(&mut outs[*o]),
-                    Loc::Input(_) | Loc::Extern => Raw::NONE,
-                };
-            }
             let touched: Vec<usize> = k.loaded();
+            let mut set: Vec<usize> = Vec::new();
             for b in touched {
                 let storage = match low.loc[b] {
                     Loc::Input(i) => &inputs[i].storage,
@@ -569,6 +582,7 @@ impl CpuCompiledGraph {
                     Buffer::F64(v) => Raw { ptr: v.as_ptr() as *mut u8, dtype: aotgrad_ir::DType::F64 },
                 };
                 bufs[b] = p;
+                set.push(b);
                 guards.push(g);
             }
             // SAFETY: the lowering checked every access against its buffer (inputs
@@ -590,8 +604,8 @@ impl CpuCompiledGraph {
                 }
             }
             drop(guards);
-            for b in bufs.iter_mut() {
-                *b = Raw::NONE;
+            for b in set {
+                bufs[b] = Raw::NONE;
             }
             if let Some(t) = started {
                 times.push(t.elapsed().as_secs_f64());

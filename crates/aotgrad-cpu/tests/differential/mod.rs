@@ -323,10 +323,16 @@ pub fn matmuls_with_transposed_operands_and_epilogues(suite: &Suite) {
             let b0 = input(&mut g, "b", m(&[batch, k, 1], DType::F32));
             let af = input(&mut g, "af", m(&[batch, n, k], DType::F32));
             let bf = input(&mut g, "bf", m(&[batch, k, mm], DType::F32));
-            let a =
-                if rows_same { node(&mut g, Op::Expand(vec![batch.into(), n.into(), k.into()]), &[a0]) } else { af };
-            let b =
-                if cols_same { node(&mut g, Op::Expand(vec![batch.into(), k.into(), mm.into()]), &[b0]) } else { bf };
+            let a = if rows_same {
+                node(&mut g, Op::Expand(aotgrad_ir::dims![batch.into(), n.into(), k.into()]), &[a0])
+            } else {
+                af
+            };
+            let b = if cols_same {
+                node(&mut g, Op::Expand(aotgrad_ir::dims![batch.into(), k.into(), mm.into()]), &[b0])
+            } else {
+                bf
+            };
             let (a, b) = if batch == 1 {
                 (
                     node(&mut g, Op::Select { dim: 0, index: 0.into() }, &[a]),
@@ -369,7 +375,7 @@ pub fn extern_ops_views_and_aliasing_outputs(suite: &Suite) {
     let e = node(&mut g, Op::Unary(UnaryOp::Exp), &[x]);
     let sel = node(&mut g, Op::IndexSelect(0), &[e, idx]);
     let cat = node(&mut g, Op::Cat(0), &[sel, x]);
-    let v = node(&mut g, Op::View(vec![Dim::from(18usize)]), &[cat]);
+    let v = node(&mut g, Op::View(aotgrad_ir::dims![Dim::from(18usize)]), &[cat]);
     let xt = node(&mut g, Op::T, &[x]);
     // f64 where the backend has it, else a cast to bool (a fused bool store).
     let casted = node(&mut g, Op::Cast(if suite.f64 { DType::F64 } else { DType::Bool }), &[sel]);

@@ -6,6 +6,7 @@ use super::pointwise::check_probability;
 use super::{arity, arity_error, broadcast_shapes, check_dim, dense, dim_eq, shape_str, Result};
 use crate::dtype::{result_type, DType, Operand};
 use crate::error::ShapeError;
+use crate::meta::Dims;
 use crate::meta::TensorMeta;
 use crate::op::CompositeOp;
 use crate::sym::{Dim, DimOracle};
@@ -68,7 +69,7 @@ pub(crate) fn infer_composite(
             broadcast_shapes(name, &args[0].shape, &args[1].shape, oracle)?;
             let dtype = result_type(&[Operand::of(args[0]), Operand::of(args[1])]);
             float_input(name, "input and target", dtype)?;
-            dense(name, Vec::new(), dtype)
+            dense(name, Dims::new(), dtype)
         }
         CompositeOp::CrossEntropy => cross_entropy(name, args, oracle),
         CompositeOp::MaskedFill { .. } => {
@@ -186,7 +187,7 @@ fn cross_entropy(name: &str, args: &[&TensorMeta], oracle: &mut dyn DimOracle) -
             msg: "logits must have at least 1 dimension, got 0-d".into(),
         });
     }
-    let expected: Vec<Dim> = logits
+    let expected: Dims = logits
         .shape
         .iter()
         .enumerate()
@@ -205,5 +206,5 @@ fn cross_entropy(name: &str, args: &[&TensorMeta], oracle: &mut dyn DimOracle) -
             ),
         });
     }
-    dense(name, Vec::new(), logits.dtype)
+    dense(name, Dims::new(), logits.dtype)
 }

@@ -33,7 +33,7 @@ pub(crate) fn infer_creation(op: &Op, name: &str, args: &[&TensorMeta]) -> Resul
                 super::check_scalar_fits(name, *v, *dtype)?;
             }
             let n = arange_len(name, *start, *end, *step, *dtype)?;
-            dense(name, vec![Dim::Const(n)], *dtype)
+            dense(name, crate::dims![Dim::Const(n)], *dtype)
         }
         other => Err(ShapeError::Invalid { op: name.into(), msg: format!("{} is not a creation op", other.name()) }),
     }

@@ -171,7 +171,7 @@ fn cat(name: &str, args: &[&TensorMeta], dim: usize, oracle: &mut dyn DimOracle)
         });
     }
     let Some(&(_, first)) = kept.first() else {
-        return dense(name, vec![Dim::Const(0)], dtype);
+        return dense(name, crate::dims![Dim::Const(0)], dtype);
     };
     check_dim(name, dim, first.rank(), false)?;
     let mut shape = first.shape.clone();

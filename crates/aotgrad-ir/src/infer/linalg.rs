@@ -4,6 +4,7 @@
 use super::{arity, broadcast_shapes, dense, dim_eq, shape_str, Result};
 use crate::dtype::DType;
 use crate::error::ShapeError;
+use crate::meta::Dims;
 use crate::meta::TensorMeta;
 use crate::op::Op;
 use crate::sym::{Dim, DimOracle};
@@ -38,7 +39,7 @@ pub(crate) fn infer_linalg(
         });
     }
     inner_match(name, &a.shape, &b.shape, &a.shape[rank - 1], &b.shape[rank - 2], oracle)?;
-    let mut shape: Vec<Dim> = a.shape[..rank - 1].to_vec();
+    let mut shape: Dims = (a.shape[..rank - 1].to_vec()).into();
     shape.push(b.shape[rank - 1].clone());
     dense(name, shape, a.dtype)
 }
@@ -73,7 +74,7 @@ fn inner_match(name: &str, a: &[Dim], b: &[Dim], k1: &Dim, k2: &Dim, oracle: &mu
 /// `torch.matmul` shape rules: 1-D @ 1-D is a dot product (0-d), a 1-D left operand
 /// gets a leading 1 and a 1-D right operand a trailing 1 (both removed from the
 /// result), and leading batch dims broadcast.
-pub(crate) fn matmul_shape(name: &str, a: &[Dim], b: &[Dim], oracle: &mut dyn DimOracle) -> Result<Vec<Dim>> {
+pub(crate) fn matmul_shape(name: &str, a: &[Dim], b: &[Dim], oracle: &mut dyn DimOracle) -> Result<Dims> {
     let (ra, rb) = (a.len(), b.len());
     if ra == 0 || rb == 0 {
         return Err(ShapeError::Invalid {
@@ -134,5 +135,5 @@ pub(crate) fn linear(name: &str, args: &[&TensorMeta], oracle: &mut dyn DimOracl
             });
         }
     }
-    dense(name, shape, x.dtype)
+    dense(name, shape.into(), x.dtype)
 }

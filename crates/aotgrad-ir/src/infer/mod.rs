@@ -43,6 +43,7 @@ mod tests_views;
 
 use crate::dtype::{DType, Scalar};
 use crate::error::ShapeError;
+use crate::meta::Dims;
 use crate::meta::{DimList, TensorMeta};
 use crate::op::Op;
 use crate::sym::{Dim, DimOracle, Rel};
@@ -187,7 +188,7 @@ pub(crate) fn overlaps_internally(meta: &TensorMeta, oracle: &mut dyn DimOracle)
 /// Structurally equal dims (`s0` and `s0`) broadcast to themselves without asking the
 /// oracle; otherwise it is asked `a == 1`, then `b == 1`, then `a == b`, like PyTorch's
 /// `infer_size`. The error names both shapes and the offending dim of the result.
-pub fn broadcast_shapes(op: &str, a: &[Dim], b: &[Dim], oracle: &mut dyn DimOracle) -> Result<Vec<Dim>> {
+pub fn broadcast_shapes(op: &str, a: &[Dim], b: &[Dim], oracle: &mut dyn DimOracle) -> Result<Dims> {
     let n = a.len().max(b.len());
     let one = Dim::Const(1);
     let mut out = Vec::with_capacity(n);
@@ -212,7 +213,7 @@ pub fn broadcast_shapes(op: &str, a: &[Dim], b: &[Dim], oracle: &mut dyn DimOrac
         };
         out.push(d);
     }
-    Ok(out)
+    Ok(out.into())
 }
 
 /// Wrap a possibly negative dim index into `0..rank` (rank 0 accepts 0 and -1).
@@ -372,7 +373,7 @@ pub(crate) fn check_sizes_non_negative(op: &str, shape: &[Dim]) -> Result<()> {
 }
 
 /// A fresh dense row-major result at offset 0 (after [`check_sizes_non_negative`]).
-pub(crate) fn dense(op: &str, shape: Vec<Dim>, dtype: DType) -> Result<TensorMeta> {
+pub(crate) fn dense(op: &str, shape: Dims, dtype: DType) -> Result<TensorMeta> {
     check_sizes_non_negative(op, &shape)?;
     // Row-major strides with checked arithmetic: symbolic sizes (from parsed text, say)
     // can have coefficients whose products overflow.
@@ -389,7 +390,7 @@ pub(crate) fn dense(op: &str, shape: Vec<Dim>, dtype: DType) -> Result<TensorMet
             msg: format!("the strides of shape {} overflow i64", shape_str(&shape)),
         })?;
     }
-    Ok(TensorMeta { shape, strides, offset: Dim::Const(0), dtype })
+    Ok(TensorMeta { shape, strides: strides.into(), offset: Dim::Const(0), dtype })
 }
 
 /// Require `dim < rank` for a dim already given as non-negative (rank 0 accepts dim 0

@@ -6,6 +6,7 @@ use super::shapes::expand_geometry;
 use super::{arity, broadcast_shapes, check_sizes_non_negative, decide, dense, rng_arity, Result};
 use crate::dtype::{result_type, DType, Operand, Scalar};
 use crate::error::ShapeError;
+use crate::meta::Dims;
 use crate::meta::TensorMeta;
 use crate::op::{BinaryOp, Op, UnaryOp};
 use crate::sym::{Dim, DimOracle, Rel};
@@ -145,7 +146,7 @@ pub(crate) fn infer_pointwise(
 /// Symbolic strides and sizes are compared through the oracle.
 pub(crate) fn iter_layout(
     name: &str,
-    shape: Vec<Dim>,
+    shape: Dims,
     dtype: DType,
     ins: &[&TensorMeta],
     oracle: &mut dyn DimOracle,
@@ -166,11 +167,11 @@ pub(crate) fn iter_layout(
     let n = shape.len();
     let one = Dim::Const(1);
     // Each operand's strides over the result's dims (0 where it broadcasts).
-    let strides: Vec<Vec<Dim>> = ins
+    let strides: Vec<Dims> = ins
         .iter()
         .map(|m| {
             let lead = n.saturating_sub(m.rank());
-            let mut st = vec![Dim::Const(0); n];
+            let mut st: Dims = crate::dims![Dim::Const(0); n];
             for (i, (sz, sd)) in m.shape.iter().zip(&m.strides).enumerate() {
                 if !(*sz == one && shape[lead + i] != one) {
                     st[lead + i] = sd.clone();
@@ -189,7 +190,7 @@ pub(crate) fn iter_layout(
         out[d] = next.clone();
         next = super::mul_dims(name, "strides", &next, &shape[d])?;
     }
-    Ok(TensorMeta { shape, strides: out, offset: Dim::Const(0), dtype })
+    Ok(TensorMeta { shape, strides: out.into(), offset: Dim::Const(0), dtype })
 }
 
 /// A one-tensor op with a scalar operand: PyTorch wraps the scalar as a 0-d tensor
@@ -230,14 +231,14 @@ pub fn like_layout(name: &str, x: &TensorMeta, dtype: DType, oracle: &mut dyn Di
         }
         next = super::mul_dims(name, "strides", &next, &x.shape[d])?;
     }
-    Ok(TensorMeta { shape: x.shape.clone(), strides: out, offset: Dim::Const(0), dtype })
+    Ok(TensorMeta { shape: x.shape.clone(), strides: out.into(), offset: Dim::Const(0), dtype })
 }
 
 /// The dims from fastest to slowest by the operands' strides: an insertion sort
 /// from the natural order (last dim fastest) where, for a pair of dims, the first
 /// operand with nonzero, different strides decides, and equal strides put the
 /// smaller dim first (PyTorch's `reorder_dimensions`).
-fn dim_order(shape: &[Dim], strides: &[Vec<Dim>], oracle: &mut dyn DimOracle) -> Vec<usize> {
+fn dim_order(shape: &[Dim], strides: &[Dims], oracle: &mut dyn DimOracle) -> Vec<usize> {
     let zero = Dim::Const(0);
     let mut should_swap = |d0: usize, d1: usize| -> i32 {
         for st in strides {

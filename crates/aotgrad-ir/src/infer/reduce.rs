@@ -4,6 +4,7 @@
 use super::{arity, check_dim, dense, dim_eq, shape_str, Result};
 use crate::dtype::DType;
 use crate::error::ShapeError;
+use crate::meta::Dims;
 use crate::meta::TensorMeta;
 use crate::op::{Op, ReduceOp};
 use crate::sym::{Dim, DimOracle};
@@ -59,7 +60,7 @@ pub(crate) fn infer_reduce(
         Op::ArgMax { dim, keepdim } | Op::ArgMin { dim, keepdim } => {
             check_dim(name, *dim, x.rank(), true)?;
             if x.rank() == 0 {
-                return dense(name, Vec::new(), DType::I64);
+                return dense(name, Dims::new(), DType::I64);
             }
             if dim_eq(oracle, &x.shape[*dim], &Dim::Const(0)) {
                 return Err(ShapeError::Invalid {
@@ -91,7 +92,7 @@ pub(crate) fn infer_scan(op: &Op, name: &str, args: &[&TensorMeta]) -> Result<Te
 }
 
 /// The shape left after reducing `dims` (kept as size 1 with `keepdim`).
-pub(crate) fn reduced_shape(shape: &[Dim], dims: &[usize], keepdim: bool) -> Vec<Dim> {
+pub(crate) fn reduced_shape(shape: &[Dim], dims: &[usize], keepdim: bool) -> Dims {
     shape
         .iter()
         .enumerate()

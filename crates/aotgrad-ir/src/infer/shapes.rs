@@ -7,12 +7,13 @@ use super::{
     Result,
 };
 use crate::error::ShapeError;
+use crate::meta::Dims;
 use crate::meta::TensorMeta;
 use crate::sym::{Dim, DimOracle};
 
 /// A size list where `None` (`-1`) is written back as `-1`, for messages.
 fn sizes_str(shape: &[Option<Dim>]) -> String {
-    let v: Vec<Dim> = shape.iter().map(|d| d.clone().unwrap_or(Dim::Const(-1))).collect();
+    let v: Dims = shape.iter().map(|d| d.clone().unwrap_or(Dim::Const(-1))).collect();
     shape_str(&v)
 }
 
@@ -23,12 +24,7 @@ fn sizes_str(shape: &[Option<Dim>]) -> String {
 /// quotient, [`DimOracle::specialize`] may fix the sizes to their values). A `-1` next to a zero-size
 /// known product is ambiguous and rejected, and a numel mismatch is a `View` error,
 /// both like PyTorch's `infer_size`.
-pub fn resolve_view_shape(
-    op: &str,
-    from: &[Dim],
-    shape: &[Option<Dim>],
-    oracle: &mut dyn DimOracle,
-) -> Result<Vec<Dim>> {
+pub fn resolve_view_shape(op: &str, from: &[Dim], shape: &[Option<Dim>], oracle: &mut dyn DimOracle) -> Result<Dims> {
     let to = sizes_str(shape);
     let inferred = shape.iter().filter(|d| d.is_none()).count();
     if inferred > 1 {
@@ -174,12 +170,7 @@ fn const_term(d: &Dim) -> i64 {
 
 /// Resolve an `expand` size list (`None` = `-1` = keep the existing size); see
 /// [`expand_geometry`] for the rules. Returns the expanded shape.
-pub fn resolve_expand_shape(
-    op: &str,
-    from: &[Dim],
-    shape: &[Option<Dim>],
-    oracle: &mut dyn DimOracle,
-) -> Result<Vec<Dim>> {
+pub fn resolve_expand_shape(op: &str, from: &[Dim], shape: &[Option<Dim>], oracle: &mut dyn DimOracle) -> Result<Dims> {
     // Strides do not influence the resulting sizes; use the contiguous ones.
     let strides = crate::meta::contiguous_strides(from);
     Ok(expand_geometry(op, from, &strides, shape, oracle)?.0)
@@ -197,7 +188,7 @@ pub fn expand_geometry(
     strides: &[Dim],
     shape: &[Option<Dim>],
     oracle: &mut dyn DimOracle,
-) -> Result<(Vec<Dim>, Vec<Dim>)> {
+) -> Result<(Dims, Dims)> {
     let (n, r) = (shape.len(), sizes.len());
     let target = sizes_str(shape);
     if n < r {
@@ -213,7 +204,7 @@ pub fn expand_geometry(
     if strides.len() != r {
         return Err(ShapeError::Invalid { op: op.into(), msg: format!("{} sizes but {} strides", r, strides.len()) });
     }
-    let given: Vec<Dim> = shape.iter().flatten().cloned().collect();
+    let given: Dims = shape.iter().flatten().cloned().collect();
     check_sizes_non_negative(op, &given)?;
     let mut out_sizes = vec![Dim::Const(0); n];
     let mut out_strides = vec![Dim::Const(0); n];
@@ -254,7 +245,7 @@ pub fn expand_geometry(
             });
         }
     }
-    Ok((out_sizes, out_strides))
+    Ok((out_sizes.into(), out_strides.into()))
 }
 
 /// The dims `squeeze` drops, like PyTorch: `None` drops every size-1 dim; `Some(d)`
@@ -308,7 +299,7 @@ pub fn view_strides(
     old_strides: &[Dim],
     new_shape: &[Dim],
     oracle: &mut dyn DimOracle,
-) -> Option<Vec<Dim>> {
+) -> Option<Dims> {
     let one = Dim::Const(1);
     let zero = Dim::Const(0);
     if old_shape.len() != old_strides.len() {
@@ -316,12 +307,12 @@ pub fn view_strides(
     }
     let mut new_strides = vec![one.clone(); new_shape.len()];
     if old_shape.is_empty() {
-        return Some(new_strides);
+        return Some(new_strides.into());
     }
     let numel = Dim::checked_product(old_shape)?;
     if old_shape.contains(&zero) || dim_eq(oracle, &numel, &zero) {
         if old_shape == new_shape {
-            return Some(old_strides.to_vec());
+            return Some(old_strides.into());
         }
         // Any strides work for an empty tensor: use the contiguous ones.
         for d in (0..new_shape.len().saturating_sub(1)).rev() {
@@ -331,7 +322,7 @@ pub fn view_strides(
             };
             new_strides[d] = next.checked_mul(&new_strides[d + 1])?;
         }
-        return Some(new_strides);
+        return Some(new_strides.into());
     }
     let mut view_d = new_shape.len() as isize - 1;
     let mut chunk_base_stride = old_strides[old_strides.len() - 1].clone();
@@ -369,5 +360,5 @@ pub fn view_strides(
             view_numel = one.clone();
         }
     }
-    (view_d == -1).then_some(new_strides)
+    (view_d == -1).then_some(new_strides.into())
 }

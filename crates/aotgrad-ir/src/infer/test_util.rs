@@ -2,12 +2,13 @@
 
 use crate::dtype::DType;
 use crate::error::ShapeError;
+use crate::meta::Dims;
 use crate::meta::TensorMeta;
 use crate::op::Op;
 use crate::sym::{Dim, DimOracle, Guard, Rel, StaticOracle, SymId};
 
 /// Constant dims.
-pub(super) fn dims(v: &[i64]) -> Vec<Dim> {
+pub(super) fn dims(v: &[i64]) -> Dims {
     v.iter().map(|&c| Dim::Const(c)).collect()
 }
 

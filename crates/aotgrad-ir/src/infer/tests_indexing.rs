@@ -57,7 +57,7 @@ fn scatter_add_and_cat() {
     let a = TensorMeta::contiguous(vec![s(0), 3.into()], F32);
     let b = TensorMeta::contiguous(vec![s(1), 3.into()], F32);
     let m = infer(&Op::Cat(0), &[&a, &b], &mut RecOracle::new(&[2, 5])).unwrap();
-    assert_eq!(m.shape, vec![s(0).add(&s(1)), 3.into()]);
+    assert_eq!(m.shape, crate::dims![s(0).add(&s(1)), 3.into()]);
 }
 
 #[test]

@@ -36,7 +36,7 @@ fn view_contiguous_and_strided() {
     assert_eq!(ok(&Op::View(dims(&[3, 2])), &[&off]), strided(&[3, 2], &[2, 1], 5, DType::I64));
     assert_eq!(ok(&Op::View(dims(&[3, 0])), &[&f(&[0, 3])]), strided(&[3, 0], &[1, 1], 0, DType::F32));
     // 0-d <-> size-1 views.
-    assert_eq!(ok(&Op::View(vec![]), &[&f(&[1, 1])]), f(&[]));
+    assert_eq!(ok(&Op::View(crate::dims![]), &[&f(&[1, 1])]), f(&[]));
     assert_eq!(ok(&Op::View(dims(&[1, 1])), &[&f(&[])]), strided(&[1, 1], &[1, 1], 0, DType::F32));
 }
 
@@ -189,7 +189,7 @@ fn symbolic_slices_and_views() {
     let x = TensorMeta::contiguous(vec![s(0), Dim::Const(3)], DType::F32);
     let mut o = RecOracle::new(&[4]);
     let shape = resolve_view_shape("view", &x.shape, &[None], &mut o).unwrap();
-    assert_eq!(shape, vec![s(0).scale(3)]);
+    assert_eq!(shape, crate::dims![s(0).scale(3)]);
     assert!(o.guards.is_empty(), "no decision needed: {:?}", o.guard_text());
     let v = infer(&Op::View(shape), &[&x], &mut o).unwrap();
     assert_eq!(v.strides, dims(&[1]));
@@ -215,7 +215,7 @@ fn squeeze_dims_and_overlap() {
     assert!(has_internal_overlap(&strided(&[2, 3], &[0, 1], 0, DType::F32)));
     assert!(!has_internal_overlap(&strided(&[1, 3], &[0, 1], 0, DType::F32)));
     assert!(!has_internal_overlap(&f(&[2, 3])));
-    let sym = TensorMeta { shape: vec![s(0)], strides: dims(&[0]), offset: Dim::Const(0), dtype: DType::F32 };
+    let sym = TensorMeta { shape: crate::dims![s(0)], strides: dims(&[0]), offset: Dim::Const(0), dtype: DType::F32 };
     assert!(has_internal_overlap(&sym));
 }
 
@@ -286,7 +286,7 @@ fn unsafe_view_is_a_fresh_contiguous_reshape() {
     let t = strided(&[3, 2], &[1, 3], 4, DType::F16);
     assert_eq!(ok(&Op::UnsafeView(dims(&[2, 3])), &[&t]), c(&[2, 3], DType::F16));
     assert_eq!(ok(&Op::UnsafeView(dims(&[6, 1])), &[&t]), c(&[6, 1], DType::F16));
-    assert_eq!(ok(&Op::UnsafeView(vec![]), &[&f(&[1, 1])]), f(&[]));
+    assert_eq!(ok(&Op::UnsafeView(crate::dims![]), &[&f(&[1, 1])]), f(&[]));
     // `view`'s size rules, under its own name.
     err(&Op::UnsafeView(dims(&[4])), &[&t], "view", &["_unsafe_view", "[3, 2]", "[4]"]);
     err(&Op::UnsafeView(dims(&[-1, 6])), &[&t], "invalid", &["_unsafe_view", "-1"]);
@@ -294,5 +294,5 @@ fn unsafe_view_is_a_fresh_contiguous_reshape() {
     // Symbolic sizes: s0 * 3 elements as [3, s0].
     let x = TensorMeta::contiguous(vec![s(0), Dim::Const(3)], DType::F32);
     let want = TensorMeta::contiguous(vec![Dim::Const(3), s(0)], DType::F32);
-    assert_eq!(ok(&Op::UnsafeView(vec![Dim::Const(3), s(0)]), &[&x]), want);
+    assert_eq!(ok(&Op::UnsafeView(crate::dims![Dim::Const(3), s(0)]), &[&x]), want);
 }

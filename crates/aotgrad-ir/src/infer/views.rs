@@ -72,7 +72,7 @@ fn view(name: &str, x: &TensorMeta, shape: &[Dim], oracle: &mut dyn DimOracle) -
             shape_str(&x.strides)
         )));
     };
-    Ok(TensorMeta { shape: shape.to_vec(), strides, offset: x.offset.clone(), dtype: x.dtype })
+    Ok(TensorMeta { shape: shape.into(), strides, offset: x.offset.clone(), dtype: x.dtype })
 }
 
 /// The sizes of a `view`/`_unsafe_view` of `x`: non-negative, with `x`'s numel.
@@ -273,5 +273,5 @@ fn as_strided(name: &str, x: &TensorMeta, size: &[Dim], stride: &[Dim], offset: 
             })?;
         }
     }
-    Ok(TensorMeta { shape: size.to_vec(), strides: stride.to_vec(), offset: offset.clone(), dtype: x.dtype })
+    Ok(TensorMeta { shape: size.into(), strides: stride.into(), offset: offset.clone(), dtype: x.dtype })
 }

@@ -5,6 +5,7 @@ use super::{parse_graph, parse_graph_unchecked, print_graph};
 use crate::dtype::{DType, Scalar};
 use crate::error::ParseError;
 use crate::graph::{Graph, Input, Node, SourceLoc, StorageId, ValueId};
+use crate::meta::Dims;
 use crate::meta::TensorMeta;
 use crate::op::{BinaryOp, CmpOp, CompositeOp, Op, ReduceOp, UnaryOp};
 use crate::sym::{Dim, SymId};
@@ -16,7 +17,7 @@ fn s(i: u32) -> Dim {
 fn c(v: i64) -> Dim {
     Dim::Const(v)
 }
-fn meta(shape: Vec<Dim>, strides: Option<Vec<Dim>>, offset: Dim, dtype: DType) -> TensorMeta {
+fn meta(shape: Dims, strides: Option<Dims>, offset: Dim, dtype: DType) -> TensorMeta {
     let mut m = TensorMeta::contiguous(shape, dtype);
     if let Some(st) = strides {
         m.strides = st;
@@ -62,21 +63,21 @@ fn golden_graph() -> Graph {
     );
     mul.loc = Some(SourceLoc { file: "tests/golden.rs".into(), line: 10, col: 5 });
     g.nodes.push(mul);
-    g.nodes.push(node(3, Op::T, &[2], meta(vec![c(3), s(0)], Some(vec![c(1), c(3)]), c(0), f32), 0));
-    g.nodes.push(node(4, Op::View(vec![n.clone()]), &[2], TensorMeta::contiguous(vec![n.clone()], f32), 0));
+    g.nodes.push(node(3, Op::T, &[2], meta(crate::dims![c(3), s(0)], Some(crate::dims![c(1), c(3)]), c(0), f32), 0));
+    g.nodes.push(node(4, Op::View(crate::dims![n.clone()]), &[2], TensorMeta::contiguous(vec![n.clone()], f32), 0));
     let end = n.sub(&c(1));
     g.nodes.push(node(
         5,
         Op::Slice { dim: 0, start: c(1), end: end.clone(), step: 1 },
         &[4],
-        meta(vec![end.sub(&c(1))], None, c(1), f32),
+        meta(crate::dims![end.sub(&c(1))], None, c(1), f32),
         0,
     ));
     let mut zero = node(
         6,
         Op::InPlace(Box::new(Op::FullLike { value: Scalar::Float(0.0), dtype: None })),
         &[5],
-        meta(vec![end.sub(&c(1))], None, c(1), f32),
+        meta(crate::dims![end.sub(&c(1))], None, c(1), f32),
         0,
     );
     zero.loc = Some(SourceLoc { file: "C:\\src\\my model.rs".into(), line: 12, col: 9 });
@@ -85,7 +86,7 @@ fn golden_graph() -> Graph {
         7,
         Op::MetaInPlace(Box::new(Op::T)),
         &[1],
-        meta(vec![c(4), c(3)], Some(vec![c(1), c(4)]), c(0), f32),
+        meta(crate::dims![c(4), c(3)], Some(crate::dims![c(1), c(4)]), c(0), f32),
         1,
     ));
     g.nodes.push(node(8, Op::Mm, &[2, 3], TensorMeta::contiguous(vec![s(0), s(0)], f32), 2));
@@ -147,19 +148,19 @@ fn text_golden_every_family() {
         Op::ArgMin { dim: 1, keepdim: true },
         Op::Permute(vec![1, 0]),
         Op::MetaInPlace(Box::new(Op::Transpose(0, 1))),
-        Op::Expand(vec![c(4), s(1).mul(&s(1)), c(3)]),
+        Op::Expand(crate::dims![c(4), s(1).mul(&s(1)), c(3)]),
         Op::Squeeze(vec![0, 2]),
         Op::MetaInPlace(Box::new(Op::Unsqueeze(0))),
         Op::Select { dim: 1, index: s(0).scale(-1).add(&c(1)) },
-        Op::AsStrided { size: vec![c(2)], stride: vec![c(3)], offset: c(1) },
-        Op::Full { shape: vec![], value: Scalar::Bool(true), dtype: DType::Bool },
+        Op::AsStrided { size: crate::dims![c(2)], stride: crate::dims![c(3)], offset: c(1) },
+        Op::Full { shape: crate::dims![], value: Scalar::Bool(true), dtype: DType::Bool },
         Op::Arange {
             start: Scalar::Int(-3),
             end: Scalar::Float(f64::INFINITY),
             step: Scalar::Float(1e-5),
             dtype: DType::F64,
         },
-        Op::Randn { shape: vec![c(2)], dtype: DType::F16, seed: u64::MAX, offset: 7 },
+        Op::Randn { shape: crate::dims![c(2)], dtype: DType::F16, seed: u64::MAX, offset: 7 },
         Op::Bernoulli { p: f64::from_bits(0x7ff8_0000_0000_0001), seed: 0, offset: 0 },
         Op::Cat(1),
         Op::SelectScatter { dim: 0, index: c(0) },
@@ -261,9 +262,9 @@ fn text_parse_symbolic_dims() {
     let g = parse_graph(src).expect("parses");
     let m = &g.inputs[0].meta;
     let want0 = s(0).mul(&s(1)).add(&s(0).scale(3)).sub(&c(2));
-    assert_eq!(m.shape, vec![want0, c(1).sub(&s(0)), s(0).mul(&s(0)), s(0).scale(2).add(&c(2))]);
+    assert_eq!(m.shape, crate::dims![want0, c(1).sub(&s(0)), s(0).mul(&s(0)), s(0).scale(2).add(&c(2))]);
     assert_eq!(m.shape[0].to_string(), "3*s0 + s0*s1 - 2");
-    assert_eq!(m.strides, vec![c(1), c(0), c(-1), c(i64::MAX)]);
+    assert_eq!(m.strides, crate::dims![c(1), c(0), c(-1), c(i64::MAX)]);
     assert_eq!(m.offset, s(2).scale(i64::MIN));
     assert_eq!(g.inputs[0].storage, StorageId(7));
 }
@@ -276,7 +277,7 @@ fn text_source_locations_with_odd_file_names() {
         let mut g = Graph::new();
         g.nodes.push(Node {
             out: ValueId(0),
-            op: Op::Full { shape: vec![], value: Scalar::Int(1), dtype: DType::I64 },
+            op: Op::Full { shape: crate::dims![], value: Scalar::Int(1), dtype: DType::I64 },
             args: vec![],
             meta: TensorMeta::contiguous(vec![], DType::I64),
             storage: StorageId(0),
@@ -417,27 +418,27 @@ fn proto(b: Base) -> Op {
         Base::Argsort => Op::Argsort { dim: 0, descending: false },
         Base::Mm => Op::Mm,
         Base::Bmm => Op::Bmm,
-        Base::View => Op::View(d()),
+        Base::View => Op::View(d().into()),
         Base::Permute => Op::Permute(vec![0]),
         Base::Transpose => Op::Transpose(0, 1),
         Base::T => Op::T,
-        Base::Expand => Op::Expand(d()),
+        Base::Expand => Op::Expand(d().into()),
         Base::Squeeze => Op::Squeeze(vec![]),
         Base::Unsqueeze => Op::Unsqueeze(0),
         Base::Slice => Op::Slice { dim: 0, start: Dim::Const(0), end: Dim::Const(1), step: 1 },
         Base::Select => Op::Select { dim: 0, index: Dim::Const(0) },
-        Base::AsStrided => Op::AsStrided { size: d(), stride: d(), offset: Dim::Const(0) },
+        Base::AsStrided => Op::AsStrided { size: d().into(), stride: d().into(), offset: Dim::Const(0) },
         Base::Alias => Op::Alias,
         Base::Clone => Op::Clone,
-        Base::UnsafeView => Op::UnsafeView(d()),
+        Base::UnsafeView => Op::UnsafeView(d().into()),
         Base::Copy => Op::Copy,
-        Base::Full => Op::Full { shape: d(), value: Scalar::Int(0), dtype: crate::DType::F32 },
+        Base::Full => Op::Full { shape: d().into(), value: Scalar::Int(0), dtype: crate::DType::F32 },
         Base::FullLike => Op::FullLike { value: Scalar::Int(0), dtype: None },
         Base::Arange => {
             Op::Arange { start: Scalar::Int(0), end: Scalar::Int(1), step: Scalar::Int(1), dtype: crate::DType::I64 }
         }
-        Base::Rand => Op::Rand { shape: d(), dtype: crate::DType::F32, seed: 0, offset: 0 },
-        Base::Randn => Op::Randn { shape: d(), dtype: crate::DType::F32, seed: 0, offset: 0 },
+        Base::Rand => Op::Rand { shape: d().into(), dtype: crate::DType::F32, seed: 0, offset: 0 },
+        Base::Randn => Op::Randn { shape: d().into(), dtype: crate::DType::F32, seed: 0, offset: 0 },
         Base::Bernoulli => Op::Bernoulli { p: 0.5, seed: 0, offset: 0 },
         Base::IndexSelect => Op::IndexSelect(0),
         Base::Gather => Op::Gather(0),
@@ -445,7 +446,7 @@ fn proto(b: Base) -> Op {
         Base::Cat => Op::Cat(0),
         Base::SliceScatter => Op::SliceScatter { dim: 0, start: Dim::Const(0), end: Dim::Const(1), step: 1 },
         Base::SelectScatter => Op::SelectScatter { dim: 0, index: Dim::Const(0) },
-        Base::AsStridedScatter => Op::AsStridedScatter { size: d(), stride: d(), offset: Dim::Const(0) },
+        Base::AsStridedScatter => Op::AsStridedScatter { size: d().into(), stride: d().into(), offset: Dim::Const(0) },
         Base::Linear => Op::Composite(CompositeOp::Linear),
         Base::Matmul => Op::Composite(CompositeOp::Matmul),
         Base::Gelu => Op::Composite(CompositeOp::Gelu { tanh: true }),

@@ -4,6 +4,7 @@
 use super::lex::Tok;
 use super::parse::{syn, Cx, PResult, Parser};
 use crate::dtype::{DType, Scalar};
+use crate::meta::Dims;
 use crate::meta::{contiguous_strides, DimList, TensorMeta};
 use crate::sym::{Dim, SymId};
 use std::collections::BTreeMap;
@@ -160,8 +161,8 @@ impl Parser<'_> {
     }
 
     /// `[4, s0, 2*s1 + 1]`.
-    pub(super) fn dim_list(&mut self, cx: Cx<'_>) -> PResult<Vec<Dim>> {
-        self.list(cx, |p| p.dim(cx))
+    pub(super) fn dim_list(&mut self, cx: Cx<'_>) -> PResult<Dims> {
+        self.list(cx, |p| p.dim(cx)).map(Dims::from)
     }
 
     /// A dim: an integer or a polynomial `3*s0 + s0*s1 - 2` (as [`Dim`]'s Display prints).
@@ -268,7 +269,7 @@ impl Parser<'_> {
 }
 
 /// Combines `items` pairwise in a balanced tree (`Const(0)` when empty).
-fn balanced(mut items: Vec<Dim>, f: impl Fn(&Dim, &Dim) -> Dim) -> Dim {
+fn balanced(mut items: Dims, f: impl Fn(&Dim, &Dim) -> Dim) -> Dim {
     while items.len() > 1 {
         items = items
             .chunks(2)

@@ -158,17 +158,17 @@ pub fn budget_joint() -> JointGraph {
     let prod = bin(&mut b, Mul, u1, u2f);
     let out = reduce(&mut b, ReduceOp::Sum, prod, &[], false);
     // backward: d/dx1 = dout * u2f * u1 broadcast over dim 1; d/dx2 likewise.
-    let dprod = b.op(Op::Expand(vec![8.into()]), &[dout]);
+    let dprod = b.op(Op::Expand(aotgrad_ir::dims![8.into()]), &[dout]);
     let du1 = bin(&mut b, Mul, dprod, u2f);
     let ds1 = bin(&mut b, Mul, du1, u1);
     let ds1c = b.op(Op::Unsqueeze(1), &[ds1]);
-    let dx1 = b.op(Op::Expand(vec![8.into(), 8.into()]), &[ds1c]);
+    let dx1 = b.op(Op::Expand(aotgrad_ir::dims![8.into(), 8.into()]), &[ds1c]);
     let dx1c = b.op(Op::Clone, &[dx1]);
     let du2f = bin(&mut b, Mul, dprod, u1);
     let du2 = b.op(Op::Cast(DType::F64), &[du2f]);
     let ds2 = bin(&mut b, Mul, du2, u2);
     let ds2c = b.op(Op::Unsqueeze(1), &[ds2]);
-    let dx2 = b.op(Op::Expand(vec![8.into(), 8.into()]), &[ds2c]);
+    let dx2 = b.op(Op::Expand(aotgrad_ir::dims![8.into(), 8.into()]), &[ds2c]);
     let dx2c = b.op(Op::Clone, &[dx2]);
     b.g.outputs = vec![out, dx1c, dx2c];
     JointGraph {

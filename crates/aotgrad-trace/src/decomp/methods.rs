@@ -111,7 +111,7 @@ impl Tensor {
                 // The composite's arguments are positional: a bias alone gets a unit weight
                 // (of the normalized shape, so a misshapen bias is reported as such).
                 let ones = Op::Full {
-                    shape: trailing.map(<[Dim]>::to_vec).unwrap_or_default(),
+                    shape: (trailing.map(<[Dim]>::to_vec).unwrap_or_default()).into(),
                     value: Scalar::Int(1),
                     dtype: self.dtype(),
                 };

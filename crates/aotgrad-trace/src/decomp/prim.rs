@@ -7,6 +7,7 @@ use crate::dispatch::dispatch;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use aotgrad_ir::infer::broadcast_shapes;
+use aotgrad_ir::Dims;
 use aotgrad_ir::{BinaryOp, DType, Dim, Op, ReduceOp, Scalar, SourceLoc, UnaryOp};
 
 /// Records (or runs) core ops at one source location on behalf of one composite op.
@@ -94,22 +95,22 @@ impl Emit<'_> {
     /// an intermediate the decomposition produced itself, so the composite's result is
     /// not a view of it (as in PyTorch's `matmul`). The same handle when the sizes do
     /// not change (`x` is then already the fresh result).
-    pub(crate) fn unsafe_view(&self, x: &Tensor, shape: Vec<Dim>) -> Result<Tensor> {
-        if x.shape() == shape {
+    pub(crate) fn unsafe_view(&self, x: &Tensor, shape: Dims) -> Result<Tensor> {
+        if x.shape()[..] == shape[..] {
             return Ok(x.clone());
         }
         self.op(Op::UnsafeView(shape), &[x])
     }
     /// PyTorch's `reshape` ([`Tensor::reshape_to`]); the same handle when nothing changes.
-    pub(crate) fn reshape(&self, x: &Tensor, shape: Vec<Dim>) -> Result<Tensor> {
-        if x.shape() == shape {
+    pub(crate) fn reshape(&self, x: &Tensor, shape: Dims) -> Result<Tensor> {
+        if x.shape()[..] == shape[..] {
             return Ok(x.clone());
         }
         x.reshape_to(self.name, shape, self.loc)
     }
     /// Broadcast to `shape` (new leading dims allowed); the same handle when nothing changes.
-    pub(crate) fn expand(&self, x: &Tensor, shape: Vec<Dim>) -> Result<Tensor> {
-        if x.shape() == shape {
+    pub(crate) fn expand(&self, x: &Tensor, shape: Dims) -> Result<Tensor> {
+        if x.shape()[..] == shape[..] {
             return Ok(x.clone());
         }
         self.op(Op::Expand(shape), &[x])
@@ -137,7 +138,7 @@ impl Emit<'_> {
     // ---- shape arithmetic ------------------------------------------------------------------
 
     /// The broadcast of two shapes, deciding symbolic sizes with the mode's oracle.
-    pub(crate) fn broadcast(&self, like: &Tensor, a: &[Dim], b: &[Dim]) -> Result<Vec<Dim>> {
+    pub(crate) fn broadcast(&self, like: &Tensor, a: &[Dim], b: &[Dim]) -> Result<Dims> {
         let name = self.name;
         like.with_oracle(name, self.loc, |o| broadcast_shapes(name, a, b, o))
     }

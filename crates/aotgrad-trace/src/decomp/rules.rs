@@ -9,6 +9,7 @@ use super::prim::{compute_dtype, Emit};
 use crate::error::Result;
 use crate::ops::composed;
 use crate::tensor::Tensor;
+use aotgrad_ir::Dims;
 use aotgrad_ir::{BinaryOp, CompositeOp, DType, Dim, ReduceOp, UnaryOp};
 
 /// `args[i]`, or an internal error (arity was checked by inference).
@@ -75,28 +76,28 @@ pub(crate) fn matmul(e: &Emit, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         (0, _) | (_, 0) => Err(e.internal("0-d operand reached the matmul decomposition")),
         (1, 1) => {
             let r = e.mm(&e.unsqueeze(a, 0)?, &e.unsqueeze(b, 1)?)?;
-            e.unsafe_view(&r, Vec::new())
+            e.unsafe_view(&r, Dims::new())
         }
         (2, 1) => {
             let r = e.mm(a, &e.unsqueeze(b, 1)?)?;
-            e.unsafe_view(&r, vec![sa[0].clone()])
+            e.unsafe_view(&r, aotgrad_ir::dims![sa[0].clone()])
         }
         (1, 2) => {
             let r = e.mm(&e.unsqueeze(a, 0)?, b)?;
-            e.unsafe_view(&r, vec![sb[1].clone()])
+            e.unsafe_view(&r, aotgrad_ir::dims![sb[1].clone()])
         }
         (2, 2) => e.mm(a, b),
         (_, 1 | 2) => {
             // Fold a's batch dims into the rows of one mm, like PyTorch's `should_fold`.
             let rows = Dim::product(&sa[..ra - 1]);
-            let a2 = e.reshape(a, vec![rows, sa[ra - 1].clone()])?;
+            let a2 = e.reshape(a, aotgrad_ir::dims![rows, sa[ra - 1].clone()])?;
             let b2 = if rb == 1 { e.unsqueeze(b, 1)? } else { b.clone() };
             let r = e.mm(&a2, &b2)?;
             let mut shape = sa[..ra - 1].to_vec();
             if rb == 2 {
                 shape.push(sb[1].clone());
             }
-            e.unsafe_view(&r, shape)
+            e.unsafe_view(&r, shape.into())
         }
         _ => batched_matmul(e, a, b),
     }
@@ -117,8 +118,8 @@ fn batched_matmul(e: &Emit, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     a_shape.extend([n.clone(), k.clone()]);
     let mut b_shape = batch.clone();
     b_shape.extend([k2.clone(), m.clone()]);
-    let a_flat = e.reshape(&e.expand(&a3, a_shape)?, vec![flat.clone(), n.clone(), k.clone()])?;
-    let b_flat = e.reshape(&e.expand(&b3, b_shape)?, vec![flat, k2.clone(), m.clone()])?;
+    let a_flat = e.reshape(&e.expand(&a3, a_shape)?, aotgrad_ir::dims![flat.clone(), n.clone(), k.clone()])?;
+    let b_flat = e.reshape(&e.expand(&b3, b_shape)?, aotgrad_ir::dims![flat, k2.clone(), m.clone()])?;
     let r = e.bmm(&a_flat, &b_flat)?;
     let mut shape = batch;
     if ra >= 2 {
@@ -213,12 +214,12 @@ fn dropout(e: &Emit, x: &Tensor, p: f64, seed: u64, offset: u64, rng: Option<(&T
 /// tensor, `_unsafe_view`) to `indices.shape + [embedding_dim]`.
 fn embedding(e: &Emit, weight: &Tensor, indices: &Tensor) -> Result<Tensor> {
     let ishape = indices.shape();
-    let flat = e.reshape(indices, vec![Dim::product(&ishape)])?;
+    let flat = e.reshape(indices, aotgrad_ir::dims![Dim::product(&ishape)])?;
     let rows = e.index_select(weight, 0, &flat)?;
     let mut shape = ishape;
     let d = weight.shape().get(1).cloned().ok_or_else(|| e.internal("weight is not 2-D"))?;
     shape.push(d);
-    e.unsafe_view(&rows, shape)
+    e.unsafe_view(&rows, shape.into())
 }
 
 /// `-mean(gather(log_softmax(logits, c), c, target.unsqueeze(c)))` with the class dim

@@ -12,6 +12,7 @@ use crate::decomp::apply_composite;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use crate::RngSeed;
+use aotgrad_ir::Dims;
 use aotgrad_ir::{CompositeOp, DType, Dim, Scalar, SourceLoc};
 
 fn concrete_size(t: &Tensor, op: &str, d: usize, loc: &SourceLoc) -> Result<i64> {
@@ -311,7 +312,7 @@ impl Tensor {
             }
         }
         let p = self.to(DType::F64)?;
-        let mut lead: Vec<Dim> = self.shape();
+        let mut lead: Dims = self.shape().into();
         lead.pop();
         if replacement {
             // idx = #{j : cdf[j] <= u * total}, clamped to the last category (a u
@@ -421,8 +422,8 @@ impl Tensor {
         let len = if offset >= 0 { n1.min(n2 - offset) } else { (n1 + offset).min(n2) }.max(0);
         let m = self.meta();
         let (s1, s2) = (m.strides[d1].clone(), m.strides[d2].clone());
-        let mut size: Vec<Dim> = Vec::with_capacity(rank - 1);
-        let mut stride: Vec<Dim> = Vec::with_capacity(rank - 1);
+        let mut size: Dims = (Vec::with_capacity(rank - 1)).into();
+        let mut stride: Dims = (Vec::with_capacity(rank - 1)).into();
         for d in (0..rank).filter(|&d| d != d1 && d != d2) {
             size.push(m.shape[d].clone());
             stride.push(m.strides[d].clone());

@@ -13,6 +13,7 @@
 
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
+use aotgrad_ir::Dims;
 use aotgrad_ir::{Dim, SourceLoc};
 
 /// A 2-D convolution's or pooling's geometry.
@@ -122,7 +123,7 @@ fn taps(
         if p == 0 {
             continue;
         }
-        let mut blk: Vec<Dim> = xp.shape();
+        let mut blk: Dims = xp.shape().into();
         blk[a + 2] = Dim::Const(p as i64);
         let side = Tensor::full_dims(&blk, pad, xp.dtype())?;
         xp = Tensor::cat(&[&side, &xp, &side], (a + 2) as i64)?;

@@ -6,11 +6,12 @@ use crate::dispatch::dispatch;
 use crate::error::Result;
 use crate::rng::RngSeed;
 use crate::tensor::Tensor;
+use aotgrad_ir::Dims;
 use aotgrad_ir::{BinaryOp, DType, Dim, Op, Scalar, SourceLoc};
 
 /// The sizes of a `&[usize]` shape as dims, or an error naming a size too large for a
 /// tensor dimension (at most `i64::MAX`, as in PyTorch).
-pub(crate) fn dims_at(op: &str, shape: &[usize], loc: &SourceLoc) -> Result<Vec<Dim>> {
+pub(crate) fn dims_at(op: &str, shape: &[usize], loc: &SourceLoc) -> Result<Dims> {
     match shape.iter().find(|&&s| s > i64::MAX as usize) {
         Some(s) => Err(crate::error::Error::invalid(
             op,
@@ -46,7 +47,7 @@ impl Tensor {
     /// [`Tensor::full`] with possibly symbolic sizes.
     #[track_caller]
     pub fn full_dims(shape: &[Dim], value: impl Into<Scalar>, dtype: DType) -> Result<Tensor> {
-        dispatch(Op::Full { shape: shape.to_vec(), value: value.into(), dtype }, &[], &SourceLoc::caller())
+        dispatch(Op::Full { shape: shape.into(), value: value.into(), dtype }, &[], &SourceLoc::caller())
     }
     /// A tensor of zeros.
     #[track_caller]
@@ -57,7 +58,7 @@ impl Tensor {
     /// [`Tensor::zeros`] with possibly symbolic sizes.
     #[track_caller]
     pub fn zeros_dims(shape: &[Dim], dtype: DType) -> Result<Tensor> {
-        dispatch(Op::Full { shape: shape.to_vec(), value: Scalar::Int(0), dtype }, &[], &SourceLoc::caller())
+        dispatch(Op::Full { shape: shape.into(), value: Scalar::Int(0), dtype }, &[], &SourceLoc::caller())
     }
     /// A tensor of ones.
     #[track_caller]
@@ -68,7 +69,7 @@ impl Tensor {
     /// [`Tensor::ones`] with possibly symbolic sizes.
     #[track_caller]
     pub fn ones_dims(shape: &[Dim], dtype: DType) -> Result<Tensor> {
-        dispatch(Op::Full { shape: shape.to_vec(), value: Scalar::Int(1), dtype }, &[], &SourceLoc::caller())
+        dispatch(Op::Full { shape: shape.into(), value: Scalar::Int(1), dtype }, &[], &SourceLoc::caller())
     }
     /// `start, start + step, ...` below `end` (1-D).
     #[track_caller]
@@ -95,7 +96,7 @@ impl Tensor {
             ),
             None => {
                 let ones = dispatch(
-                    Op::Full { shape: vec![end.clone()], value: Scalar::Int(1), dtype: DType::I64 },
+                    Op::Full { shape: aotgrad_ir::dims![end.clone()], value: Scalar::Int(1), dtype: DType::I64 },
                     &[],
                     &loc,
                 )?;
@@ -115,7 +116,7 @@ impl Tensor {
     #[track_caller]
     pub fn rand_dims(shape: &[Dim], dtype: DType, seed: impl Into<RngSeed>) -> Result<Tensor> {
         random(
-            |seed, offset| Op::Rand { shape: shape.to_vec(), dtype, seed, offset },
+            |seed, offset| Op::Rand { shape: shape.into(), dtype, seed, offset },
             &[],
             seed.into(),
             &SourceLoc::caller(),
@@ -132,7 +133,7 @@ impl Tensor {
     #[track_caller]
     pub fn randn_dims(shape: &[Dim], dtype: DType, seed: impl Into<RngSeed>) -> Result<Tensor> {
         random(
-            |seed, offset| Op::Randn { shape: shape.to_vec(), dtype, seed, offset },
+            |seed, offset| Op::Randn { shape: shape.into(), dtype, seed, offset },
             &[],
             seed.into(),
             &SourceLoc::caller(),

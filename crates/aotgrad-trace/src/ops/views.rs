@@ -8,6 +8,7 @@ use crate::error::{Error, Result};
 use crate::grad_mode::NoGradGuard;
 use crate::tensor::{Repr, Tensor};
 use aotgrad_ir::infer::{normalize_slice, resolve_expand_shape, resolve_view_shape, squeeze_dims, view_strides};
+use aotgrad_ir::Dims;
 use aotgrad_ir::{contiguous_strides, Dim, Op, Scalar, ShapeError, SourceLoc};
 
 /// `-1` stands for "infer"/"keep" in view and expand sizes.
@@ -94,7 +95,7 @@ impl Tensor {
     /// PyTorch's `reshape` to resolved sizes (the numel already checked): a view when
     /// the strides allow it, else `_unsafe_view` of a contiguous copy, a fresh tensor
     /// that is not a view of anything. `op` names the oracle's questions and errors.
-    pub(crate) fn reshape_to(&self, op: &str, shape: Vec<Dim>, loc: &SourceLoc) -> Result<Tensor> {
+    pub(crate) fn reshape_to(&self, op: &str, shape: Dims, loc: &SourceLoc) -> Result<Tensor> {
         let (from, strides) = (self.shape(), self.strides());
         let viewable = self.with_oracle(op, loc, |o| Ok(view_strides(&from, &strides, &shape, o).is_some()))?;
         if viewable {
@@ -287,7 +288,7 @@ impl Tensor {
     /// [`Tensor::as_strided`] with possibly symbolic sizes.
     #[track_caller]
     pub fn as_strided_dims(&self, size: &[Dim], stride: &[Dim], offset: Dim) -> Result<Tensor> {
-        let op = Op::AsStrided { size: size.to_vec(), stride: stride.to_vec(), offset };
+        let op = Op::AsStrided { size: size.into(), stride: stride.into(), offset };
         dispatch(op, &[self], &SourceLoc::caller())
     }
     /// A new tensor object with the same metadata, sharing storage.

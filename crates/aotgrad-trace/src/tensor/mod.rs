@@ -202,7 +202,7 @@ impl Tensor {
     }
     /// The size of each dim (symbolic while tracing with dynamic dims).
     pub fn shape(&self) -> Vec<Dim> {
-        self.lock().meta().shape.clone()
+        self.lock().meta().shape.to_vec()
     }
     /// Concrete sizes; an error if a dim is symbolic.
     #[track_caller]
@@ -232,7 +232,7 @@ impl Tensor {
     }
     /// Strides in elements.
     pub fn strides(&self) -> Vec<Dim> {
-        self.lock().meta().strides.clone()
+        self.lock().meta().strides.to_vec()
     }
     /// Storage offset in elements.
     pub fn storage_offset(&self) -> Dim {

@@ -93,7 +93,7 @@ fn kept_composites_are_single_nodes() {
     let node = &t.graph.nodes[0];
     assert_eq!(node.op, Op::Composite(CompositeOp::Softmax { dim: 1 }));
     assert_eq!(node.args, vec![t.graph.inputs[0].id]);
-    assert_eq!(node.meta.shape, vec![Dim::Const(4), Dim::Const(6)]);
+    assert_eq!(node.meta.shape, aotgrad_ir::dims![Dim::Const(4), Dim::Const(6)]);
 }
 
 #[test]

@@ -236,7 +236,7 @@ fn one_call(
         match (g, requires_grad[k]) {
             (Some(g), true) => {
                 let want = before[k].tensor().map(|t| t.meta().shape).unwrap_or_default();
-                if g.shape() != want {
+                if g.shape()[..] != want[..] {
                     return Err(format!("gradient {k} has shape {:?}, argument {k} has {:?}", g.shape(), want));
                 }
             }
