@@ -11,6 +11,13 @@ fn main() -> anyhow::Result<()> {
         .split(',')
         .filter_map(|s| s.parse().ok())
         .collect();
+    println!(
+        "sizes: Node {} B, Op {} B, TensorMeta {} B, Kernel {} B",
+        std::mem::size_of::<aotgrad_ir::Node>(),
+        std::mem::size_of::<aotgrad_ir::Op>(),
+        std::mem::size_of::<aotgrad_ir::TensorMeta>(),
+        std::mem::size_of::<aotgrad_fusion::Kernel>()
+    );
     for n in sizes {
         let x = Tensor::randn(&[4, 4], DType::F32, 0)?.requires_grad(true)?;
         let w = Tensor::randn(&[4, 4], DType::F32, 1)?;

@@ -102,7 +102,7 @@ pub fn parse_program(text: &str, file: &str) -> Result<Program, String> {
         let id = t.strip_prefix('%').and_then(|r| r.split(':').next()).and_then(|n| n.parse::<u32>().ok());
         if let (Some(id), false) = (id, line.contains("graph(")) {
             let col = (line.len() - t.len() + 1) as u32;
-            node_locs.insert(id, aotgrad::ir::SourceLoc { file: file.to_string(), line: i as u32 + 1, col });
+            node_locs.insert(id, aotgrad::ir::SourceLoc { file: file.into(), line: i as u32 + 1, col });
         }
     }
     Ok(Program { graph, requires_grad, title, node_locs })

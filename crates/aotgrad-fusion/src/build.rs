@@ -700,21 +700,24 @@ const MAX_ELEMENT_WRITES: usize = 4;
 /// and the pointwise kernels around them, reading each other's results row by row,
 /// become one [`RowsKernel`] (a softmax, a layer norm and their backward).
 fn group_rows(plan: &mut KernelPlan) {
-    let kernels = std::mem::take(&mut plan.kernels);
-    let mut out: Vec<Kernel> = Vec::with_capacity(kernels.len());
+    // Kernels are moved, never cloned: `pending[i..]` are the ones not placed yet.
+    let mut pending: Vec<Option<Kernel>> = std::mem::take(&mut plan.kernels).into_iter().map(Some).collect();
+    let len = pending.len();
+    let mut out: Vec<Kernel> = Vec::with_capacity(len);
     let mut i = 0;
-    while i < kernels.len() {
-        let split = match &kernels[i] {
-            Kernel::Reduce(r) => trailing_split(&r.shape, &r.reduced)
+    while i < len {
+        let split = match &pending[i] {
+            Some(Kernel::Reduce(r)) => trailing_split(&r.shape, &r.reduced)
                 .filter(|&o| o > 0 && o < r.shape.len())
                 .map(|o| (r.shape.clone(), o)),
             _ => None,
         };
         let Some((shape, outer)) = split else {
-            out.push(kernels[i].clone());
+            out.extend(pending[i].take());
             i += 1;
             continue;
         };
+        let ahead = || pending[i..].iter().flatten();
         // Element-wise kernels over the same space just before it may lead the group.
         let mut lead = 0;
         while lead < MAX_LEADING
@@ -723,20 +726,20 @@ fn group_rows(plan: &mut KernelPlan) {
         {
             lead += 1;
         }
-        let mut n = accepted(out[out.len() - lead..].iter().chain(&kernels[i..]), &shape, outer);
+        let mut n = accepted(out[out.len() - lead..].iter().chain(ahead()), &shape, outer);
         if n <= lead {
             lead = 0;
-            n = accepted(kernels[i..].iter(), &shape, outer);
+            n = accepted(ahead(), &shape, outer);
         } else {
             n -= lead;
         }
         if lead + n < 2 {
-            out.push(kernels[i].clone());
+            out.extend(pending[i].take());
             i += 1;
             continue;
         }
         let mut stages: Vec<Kernel> = out.drain(out.len() - lead..).collect();
-        stages.extend_from_slice(&kernels[i..i + n]);
+        stages.extend(pending[i..i + n].iter_mut().filter_map(Option::take));
         out.push(Kernel::Rows(RowsKernel { shape, outer, stages }));
         i += n;
     }

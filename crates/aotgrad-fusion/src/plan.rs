@@ -304,7 +304,54 @@ impl KernelPlan {
     /// (buffers may be concrete while a view of one is not: an output `[s0]` over a
     /// `[2, 2]` buffer under the guard `s0 == 4`).
     pub fn is_static(&self) -> bool {
-        self.map_dims(&|d: &Dim| d.is_const().then(|| d.clone())).is_some()
+        // A walk, not `map_dims` with a failing map: no copy of the plan.
+        self.inputs.iter().all(TensorMeta::is_concrete)
+            && self.buffers.iter().all(|b| b.layout.is_concrete())
+            && self.outputs.iter().all(|o| o.meta.is_concrete())
+            && self.kernels.iter().all(Kernel::is_static)
+    }
+}
+
+fn consts(ds: &[Dim]) -> bool {
+    ds.iter().all(Dim::is_const)
+}
+
+impl Access {
+    fn is_static(&self) -> bool {
+        consts(&self.shape) && consts(&self.strides) && self.offset.is_const()
+    }
+}
+
+impl PointwiseKernel {
+    fn is_static(&self) -> bool {
+        consts(&self.shape)
+            && self.body.loads.iter().all(Access::is_static)
+            && self.stores.iter().all(|s| s.dst.is_static())
+    }
+}
+
+impl Kernel {
+    /// True when no size, stride or offset of the kernel mentions a symbol.
+    pub fn is_static(&self) -> bool {
+        match self {
+            Kernel::Pointwise(p) => p.is_static(),
+            Kernel::Reduce(r) => consts(&r.shape) && r.body.loads.iter().all(Access::is_static) && r.dst.is_static(),
+            Kernel::Matmul(m) => {
+                m.a.is_static()
+                    && m.b.is_static()
+                    && m.out.is_static()
+                    && m.epilogue.as_ref().is_none_or(|e| e.is_static())
+            }
+            Kernel::Rows(r) => consts(&r.shape) && r.stages.iter().all(Kernel::is_static),
+            Kernel::Extern(e) => {
+                let symbolic = std::cell::Cell::new(false);
+                e.op.map_dims(&|d| {
+                    symbolic.set(symbolic.get() || !d.is_const());
+                    d.clone()
+                });
+                !symbolic.get() && e.meta.is_concrete() && e.args.iter().all(Access::is_static)
+            }
+        }
     }
 }
 

@@ -31,8 +31,9 @@ impl fmt::Display for StorageId {
 /// Where in the user's source an op was called (from `#[track_caller]`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct SourceLoc {
-    /// Source file, as the compiler reports it.
-    pub file: String,
+    /// Source file, as the compiler reports it (shared: every node of a file points
+    /// at one string, so copying a node or a graph copies no file names).
+    pub file: std::sync::Arc<str>,
     /// 1-based line.
     pub line: u32,
     /// 1-based column.
@@ -49,14 +50,24 @@ impl SourceLoc {
         ATTRIBUTIONS.with(|a| {
             let mut cur: Option<SourceLoc> = None;
             for (dir, to) in a.borrow().iter().rev() {
-                let file = cur.as_ref().map_or(l.file(), |c| c.file.as_str());
+                let file = cur.as_ref().map_or(l.file(), |c| &*c.file);
                 if file.strip_prefix(*dir).is_some_and(|rest| rest.starts_with(['/', '\\'])) {
                     cur = Some(to.clone());
                 }
             }
-            cur.unwrap_or_else(|| SourceLoc { file: l.file().to_string(), line: l.line(), col: l.column() })
+            cur.unwrap_or_else(|| SourceLoc { file: interned(l.file()), line: l.line(), col: l.column() })
         })
     }
+}
+
+/// The shared string of a compiler-given file name (one allocation per file and
+/// thread, however many ops a program records there).
+fn interned(file: &'static str) -> std::sync::Arc<str> {
+    thread_local! {
+        static FILES: std::cell::RefCell<std::collections::HashMap<(usize, usize), std::sync::Arc<str>>> =
+            std::cell::RefCell::new(std::collections::HashMap::new());
+    }
+    FILES.with(|f| f.borrow_mut().entry((file.as_ptr() as usize, file.len())).or_insert_with(|| file.into()).clone())
 }
 
 type Attribution = (&'static str, SourceLoc);
@@ -80,7 +91,7 @@ impl AttributeCalls {
     /// Attribute calls made from any file in the directory of `file` (give `file!()`),
     /// or below it, to `to`.
     pub fn new(file: &'static str, to: &'static std::panic::Location<'static>) -> AttributeCalls {
-        AttributeCalls::to(file, SourceLoc { file: to.file().to_string(), line: to.line(), col: to.column() })
+        AttributeCalls::to(file, SourceLoc { file: interned(to.file()), line: to.line(), col: to.column() })
     }
     /// [`AttributeCalls::new`] with the target as a [`SourceLoc`].
     pub fn to(file: &'static str, to: SourceLoc) -> AttributeCalls {

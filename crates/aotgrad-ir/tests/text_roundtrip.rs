@@ -279,7 +279,11 @@ fn file() -> impl Strategy<Value = String> {
 }
 
 fn loc() -> impl Strategy<Value = Option<SourceLoc>> {
-    option::of((file(), any::<u32>(), any::<u32>()).prop_map(|(file, line, col)| SourceLoc { file, line, col }))
+    option::of((file(), any::<u32>(), any::<u32>()).prop_map(|(file, line, col)| SourceLoc {
+        file: file.into(),
+        line,
+        col,
+    }))
 }
 
 fn id() -> impl Strategy<Value = u32> {

@@ -57,7 +57,7 @@ fn composed_ops_record_the_users_line() {
         .graph
         .nodes
         .iter()
-        .filter_map(|n| n.loc.as_ref().filter(|l| l.file != this).map(|l| format!("{} at {l}", n.op.name())))
+        .filter_map(|n| n.loc.as_ref().filter(|l| &*l.file != this).map(|l| format!("{} at {l}", n.op.name())))
         .collect();
     assert!(bad.is_empty(), "nodes pointing into the library:\n{}", bad.join("\n"));
 }

@@ -412,7 +412,7 @@ fn graph_inputs_are_named_and_nodes_point_at_the_users_lines() {
     let mut lines = std::collections::BTreeMap::<u32, usize>::new();
     for n in &g.nodes {
         let loc = n.loc.as_ref().expect("every traced node has a location");
-        assert_eq!(loc.file, this, "{} points into the library: {loc}", n.op.name());
+        assert_eq!(&*loc.file, this, "{} points into the library: {loc}", n.op.name());
         *lines.entry(loc.line).or_default() += 1;
     }
     assert_eq!(lines.keys().copied().collect::<Vec<_>>(), vec![BLOCK_LINE, HEAD_LINE, OWN_LINE], "{lines:?}");
@@ -426,7 +426,7 @@ fn graph_inputs_are_named_and_nodes_point_at_the_users_lines() {
     let g = &blk.function().traced_graphs()[0];
     for n in &g.nodes {
         let loc = n.loc.as_ref().unwrap();
-        assert!(loc.file == this && loc.line == line, "{} at {loc}, not line {line}", n.op.name());
+        assert!(&*loc.file == this && loc.line == line, "{} at {loc}, not line {line}", n.op.name());
     }
     // And so do its errors.
     let bad = data(&[2, 3, 5], DType::F64, 1, 1.0);
@@ -464,6 +464,6 @@ fn nodes_inside_a_sequential_point_at_the_users_lines() {
     no_grad(|| f.call(std::slice::from_ref(&x))).unwrap();
     for n in &f.function().traced_graphs()[0].nodes {
         let loc = n.loc.as_ref().unwrap();
-        assert!(loc.file == this && (loc.line == line || loc.line == double_line), "{} at {loc}", n.op.name());
+        assert!(&*loc.file == this && (loc.line == line || loc.line == double_line), "{} at {loc}", n.op.name());
     }
 }

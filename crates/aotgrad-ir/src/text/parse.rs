@@ -56,12 +56,14 @@ pub(super) struct Params<'s> {
 pub(super) struct Parser<'a> {
     lex: Lexer<'a>,
     peeked: Option<Spanned<'a>>,
+    /// The last source file named: consecutive nodes of one file share its string.
+    last_file: std::cell::RefCell<Option<std::sync::Arc<str>>>,
 }
 
 impl<'a> Parser<'a> {
     /// A parser at the start of `src`.
     pub(super) fn new(src: &'a str) -> Parser<'a> {
-        Parser { lex: Lexer::new(src), peeked: None }
+        Parser { lex: Lexer::new(src), peeked: None, last_file: std::cell::RefCell::new(None) }
     }
 
     /// The whole text.
@@ -333,6 +335,15 @@ impl<'a> Parser<'a> {
         };
         let line = number(line, line_at, "line")?;
         let col = number(col, col_at, "column")?;
+        let mut last = self.last_file.borrow_mut();
+        let file = match &*last {
+            Some(f) if **f == *file => f.clone(),
+            _ => {
+                let f: std::sync::Arc<str> = file.into();
+                *last = Some(f.clone());
+                f
+            }
+        };
         Ok(SourceLoc { file, line, col })
     }
 }

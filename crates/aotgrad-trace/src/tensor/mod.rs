@@ -111,7 +111,7 @@ impl TState {
             grad_fn: None,
             grad_fn_base: None,
             grad_fn_version: 0,
-            view_loc: SourceLoc { file: String::new(), line: 0, col: 0 },
+            view_loc: SourceLoc { file: "".into(), line: 0, col: 0 },
             grad: None,
             retains_grad: false,
         }

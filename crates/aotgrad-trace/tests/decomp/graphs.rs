@@ -211,7 +211,7 @@ fn decomposed_nodes_carry_the_user_line() {
     assert!(t.graph.nodes.len() > 10);
     for n in &t.graph.nodes {
         let loc = n.loc.as_ref().unwrap();
-        assert_eq!(loc.file, file!(), "{loc}");
+        assert_eq!(&*loc.file, file!(), "{loc}");
         assert_eq!(loc.line, line, "node {} ({})", n.out, n.op.name());
     }
 }

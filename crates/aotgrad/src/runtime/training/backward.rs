@@ -120,7 +120,7 @@ impl PendingBackward {
             .iter()
             .find(|e| e.outputs.iter().any(|&j| given_output(j)) || e.inputs.iter().any(|&k| given_input(k)))
         {
-            let loc = e.loc.clone().unwrap_or(aotgrad_ir::SourceLoc { file: String::new(), line: 0, col: 0 });
+            let loc = e.loc.clone().unwrap_or(aotgrad_ir::SourceLoc { file: "".into(), line: 0, col: 0 });
             return Err(crate::Error::Trace(aotgrad_trace::Error::Autograd {
                 op: "backward".into(),
                 loc,
