@@ -195,21 +195,52 @@ pub enum GraphKind {
 type Texts = [Option<String>; 5];
 
 /// The graphs of one compile, kept for logs and introspection: the live graphs of a
-/// fresh compile, or, for a loaded result, their printed forms, decoded only when
-/// asked for (a warm start never pays for them).
+/// fresh compile (encoded when they are large), or, for a loaded result, their printed
+/// forms, decoded only when asked for (a warm start never pays for them).
 #[derive(Clone, Debug)]
 pub struct GraphDumps {
-    live: Option<Arc<[Option<Arc<Graph>>; 5]>>,
+    live: Option<Arc<[Option<Kept>; 5]>>,
     encoded: Arc<OnceLock<Vec<u8>>>,
     texts: Arc<OnceLock<Result<Texts, String>>>,
+}
+
+/// Above this many nodes in all, a fresh compile's graphs are kept encoded (about a
+/// tenth of their size in memory) and decoded when asked for: a long program's
+/// compiled function does not hold its five graphs for its whole life.
+const PACK_ABOVE_NODES: usize = 20_000;
+
+/// One graph of a fresh compile.
+#[derive(Debug)]
+enum Kept {
+    Graph(Arc<Graph>),
+    Packed(Vec<u8>),
+}
+
+impl Kept {
+    fn graph(&self) -> Option<Arc<Graph>> {
+        match self {
+            Kept::Graph(g) => Some(g.clone()),
+            Kept::Packed(bytes) => aotgrad_ir::codec::decode::<Graph>("kept graph", bytes).ok().map(Arc::new),
+        }
+    }
 }
 
 impl GraphDumps {
     /// The graphs of a fresh compile.
     pub fn live(traced: Graph, functional: Graph, joint: Option<Graph>, fw: Option<Graph>, bw: Option<Graph>) -> Self {
-        let a = |g: Option<Graph>| g.map(Arc::new);
+        let graphs = [Some(traced), Some(functional), joint, fw, bw];
+        let total: usize = graphs.iter().flatten().map(|g| g.nodes.len()).sum();
+        let keep = |g: Option<Graph>| {
+            g.map(|g| match total > PACK_ABOVE_NODES {
+                true => match aotgrad_ir::codec::encode("kept graph", &g) {
+                    Ok(bytes) => Kept::Packed(bytes),
+                    Err(_) => Kept::Graph(Arc::new(g)),
+                },
+                false => Kept::Graph(Arc::new(g)),
+            })
+        };
         GraphDumps {
-            live: Some(Arc::new([Some(Arc::new(traced)), Some(Arc::new(functional)), a(joint), a(fw), a(bw)])),
+            live: Some(Arc::new(graphs.map(keep))),
             encoded: Arc::new(OnceLock::new()),
             texts: Arc::new(OnceLock::new()),
         }
@@ -225,7 +256,9 @@ impl GraphDumps {
     fn texts(&self) -> Result<&Texts, String> {
         self.texts
             .get_or_init(|| match &self.live {
-                Some(l) => Ok(std::array::from_fn(|i| l[i].as_ref().map(|g| aotgrad_ir::text::print_graph(g)))),
+                Some(l) => Ok(std::array::from_fn(|i| {
+                    l[i].as_ref().and_then(Kept::graph).map(|g| aotgrad_ir::text::print_graph(&g))
+                })),
                 None => aotgrad_ir::codec::decode::<Texts>("graph dumps", self.encoded.get().map_or(&[][..], |b| b))
                     .map_err(|e| e.to_string()),
             })
@@ -246,8 +279,8 @@ impl GraphDumps {
     /// The printed graph `which` (`None`: this compile has none, or the stored dumps
     /// are unreadable).
     pub fn text(&self, which: GraphKind) -> Option<String> {
-        if let Some(Some(g)) = self.live.as_ref().map(|l| &l[which as usize]) {
-            return Some(aotgrad_ir::text::print_graph(g));
+        if let Some(Some(k)) = self.live.as_ref().map(|l| &l[which as usize]) {
+            return k.graph().map(|g| aotgrad_ir::text::print_graph(&g));
         }
         self.texts().ok()?[which as usize].clone()
     }
@@ -255,7 +288,7 @@ impl GraphDumps {
     /// The graph `which` (parsed from its text for a loaded result).
     pub fn graph(&self, which: GraphKind) -> Option<Arc<Graph>> {
         if let Some(l) = &self.live {
-            return l[which as usize].clone();
+            return l[which as usize].as_ref().and_then(Kept::graph);
         }
         let text = self.texts().ok()?[which as usize].as_ref()?;
         aotgrad_ir::text::parse_graph_unchecked(text).ok().map(Arc::new)

@@ -386,3 +386,37 @@ fn aotgrad_errors_cross_user_functions_and_come_back_as_themselves() {
     let t: aotgrad::trace::Error = aotgrad::Error::from(aotgrad::trace::Error::Internal("x".into())).into();
     assert!(matches!(t, aotgrad::trace::Error::Internal(_)));
 }
+
+#[test]
+fn a_long_programs_graphs_are_kept_compactly_and_read_back_whole() {
+    // ~7,500 ops: the five graphs of the compile hold far more than the 20,000 nodes
+    // above which a compiled function keeps them encoded; asking for them decodes
+    // the very graphs that were compiled.
+    let f = |a: &[Tensor]| -> aotgrad::trace::Result<Vec<Tensor>> {
+        let mut x = a[0].clone();
+        for i in 0..2500 {
+            x = x.mul(&a[1])?.add(0.01 * (i % 5) as f64)?.relu()?;
+        }
+        Ok(vec![x.sum_all()?])
+    };
+    let x = Tensor::randn(&[4, 4], DType::F32, 5).unwrap().requires_grad(true).unwrap();
+    let w = Tensor::randn(&[4, 4], DType::F32, 6).unwrap();
+    let af = aot_function(move |a: &[Tensor]| Ok(f(a)?), AotConfig::default().threads(1)).unwrap();
+    let (outs, back) = af.forward(&[x.clone(), w.clone()]).unwrap();
+    back.backward(&[outs[0].ones_like().unwrap()]).unwrap();
+    // The oracle: the same function traced directly.
+    let direct = aotgrad::trace::trace(f, &[x, w], &aotgrad::trace::TraceConfig::default()).unwrap();
+    let traced = af.traced_graphs();
+    assert_eq!(traced.len(), 1);
+    assert!(traced[0].nodes.len() > 7000, "{} traced nodes", traced[0].nodes.len());
+    assert_eq!(aotgrad::ir::text::print_graph(&traced[0]), aotgrad::ir::text::print_graph(&direct.graph));
+    let (fw, bw, _) = af.training_graphs().pop().unwrap();
+    let joint = af.joint_graphs().pop().unwrap().graph;
+    let total = traced[0].nodes.len() + af.compiled_graphs()[0].nodes.len() + joint.nodes.len();
+    assert!(total + fw.nodes.len() + bw.nodes.len() > 20_000, "{total} nodes");
+    // Every decoded graph is a valid program: it prints and parses back unchanged.
+    for g in [&fw, &bw, &joint] {
+        let text = aotgrad::ir::text::print_graph(g);
+        assert_eq!(aotgrad::ir::text::print_graph(&parse_graph(&text).unwrap()), text);
+    }
+}

@@ -258,8 +258,11 @@ impl CpuCompiledGraph {
         if let (Some(p), Some(i)) = (&plan, &fixed) {
             tracing::debug!(plan = %print_plan(p, Some(&i.lowered.slots)), "kernel plan");
         }
+        let graph: LazyGraph = graph.into();
+        // With a plan the graph itself is only needed to save the artifact.
+        let graph = if plan.is_some() { graph.packed_if_large() } else { graph };
         Ok(CpuCompiledGraph {
-            graph: graph.into(),
+            graph,
             plan,
             fallback,
             threads,
@@ -723,6 +726,21 @@ impl LazyGraph {
         let bytes = self.encoded.get().map(Vec::as_slice).unwrap_or_default();
         let g: Graph = aotgrad_ir::codec::decode("cpu artifact graph", bytes).map_err(err)?;
         Ok(self.full.get_or_init(|| g))
+    }
+    /// A large graph kept only encoded (about a tenth of its size), decoded if ever
+    /// needed again.
+    fn packed_if_large(mut self) -> LazyGraph {
+        const PACK_ABOVE_NODES: usize = 20_000;
+        if self.nodes > PACK_ABOVE_NODES && self.full.get().is_some() {
+            if self.encoded.get().is_none() {
+                let bytes = self.encoded();
+                if bytes.is_empty() {
+                    return self;
+                }
+            }
+            self.full.take();
+        }
+        self
     }
     fn encoded(&self) -> &[u8] {
         self.encoded.get_or_init(|| match self.full.get() {

@@ -120,7 +120,12 @@ pub(crate) fn compile_training(
     timer.stage("joint");
     let joint = if simplify {
         let _span = tracing::debug_span!("simplify").entered();
-        simplify_joint(&joint, &SimplifyLimits::default())?
+        let simplified = simplify_joint(&joint, &SimplifyLimits::default())?;
+        // The unsimplified joint graph is not needed again: free it before the
+        // partitioner and the backend allocate theirs (a shadowed binding would live
+        // to the end of the function).
+        drop(joint);
+        simplified
     } else {
         joint
     };
