@@ -25,7 +25,7 @@ use crate::plan::*;
 use crate::PlanError;
 use aotgrad_ir::{
     contiguous_strides, result_type, Aliasing, CmpOp, DType, Dim, Graph, Op, Operand, ReduceOp, Scalar, TensorMeta,
-    UnaryOp, ValueId,
+    UnaryOp, ValueId, ValueMap,
 };
 use std::collections::HashMap;
 
@@ -158,6 +158,7 @@ fn is_full_contiguous(meta: &TensorMeta) -> bool {
     meta.is_contiguous() && meta.offset == Dim::Const(0)
 }
 
+#[derive(Clone, Copy)]
 enum Def {
     Input(usize),
     Node(usize),
@@ -165,7 +166,7 @@ enum Def {
 
 struct Ctx<'g> {
     g: &'g Graph,
-    def: HashMap<ValueId, Def>,
+    def: ValueMap<Def>,
 }
 
 impl<'g> Ctx<'g> {
@@ -191,7 +192,7 @@ impl<'g> Ctx<'g> {
 /// ([`PlanError::Unsupported`]): the plan is for functional graphs of core ops.
 pub fn plan_graph(g: &Graph) -> Result<KernelPlan, PlanError> {
     let n = g.nodes.len();
-    let mut ctx = Ctx { g, def: HashMap::with_capacity(g.inputs.len() + n) };
+    let mut ctx = Ctx { g, def: ValueMap::for_graph(g) };
     for (i, inp) in g.inputs.iter().enumerate() {
         ctx.def.insert(inp.id, Def::Input(i));
     }

@@ -174,7 +174,7 @@ impl Graph {
     /// `meta_of`, `storage_of` and the next free ids, for callers that look up many
     /// values (the methods of the same names on `Graph` scan the graph each time).
     pub fn index(&self) -> GraphIndex<'_> {
-        let mut defs = HashMap::with_capacity(self.inputs.len() + self.nodes.len());
+        let mut defs = ValueMap::for_graph(self);
         // A repeated id resolves as `def` resolves it: inputs first, then the first node.
         for n in self.nodes.iter().rev() {
             defs.insert(n.out, Def::Node(n));
@@ -265,11 +265,77 @@ fn def_storage(d: Def<'_>) -> StorageId {
     }
 }
 
+/// A map from value ids to `T` for the values of one graph: a table indexed by id for
+/// ids up to a bound sized from the graph (value ids are dense in every graph the
+/// pipeline builds, and a table lookup is much cheaper than hashing), a hash map for
+/// any id beyond it, so sparse ids (a hand-written or parsed graph) cost no memory.
+#[derive(Clone, Debug)]
+pub struct ValueMap<T> {
+    dense: Vec<Option<T>>,
+    sparse: HashMap<ValueId, T>,
+    len: usize,
+}
+
+impl<T> ValueMap<T> {
+    /// An empty map whose table covers ids `0..ids`.
+    pub fn with_table(ids: usize) -> ValueMap<T> {
+        let mut dense = Vec::new();
+        dense.resize_with(ids, || None);
+        ValueMap { dense, sparse: HashMap::new(), len: 0 }
+    }
+    /// An empty map sized for the values of `g`: its table covers every id of `g`
+    /// when they are dense enough (at most four ids per value), else twice as many
+    /// ids as `g` has values.
+    pub fn for_graph(g: &Graph) -> ValueMap<T> {
+        let count = g.inputs.len() + g.nodes.len();
+        let max = g.inputs.iter().map(|i| i.id.0).chain(g.nodes.iter().map(|n| n.out.0)).max().unwrap_or(0) as usize;
+        let dense_bound = count.saturating_mul(4).saturating_add(1024);
+        ValueMap::with_table(if max < dense_bound { max + 1 } else { count.saturating_mul(2).saturating_add(64) })
+    }
+    /// Insert, returning the value `v` had.
+    pub fn insert(&mut self, v: ValueId, t: T) -> Option<T> {
+        let old = match self.dense.get_mut(v.0 as usize) {
+            Some(slot) => slot.replace(t),
+            None => self.sparse.insert(v, t),
+        };
+        if old.is_none() {
+            self.len += 1;
+        }
+        old
+    }
+    /// The value of `v`.
+    pub fn get(&self, v: &ValueId) -> Option<&T> {
+        match self.dense.get(v.0 as usize) {
+            Some(slot) => slot.as_ref(),
+            None => self.sparse.get(v),
+        }
+    }
+    /// The value of `v`, mutably.
+    pub fn get_mut(&mut self, v: &ValueId) -> Option<&mut T> {
+        match self.dense.get_mut(v.0 as usize) {
+            Some(slot) => slot.as_mut(),
+            None => self.sparse.get_mut(v),
+        }
+    }
+    /// Whether `v` has a value.
+    pub fn contains_key(&self, v: &ValueId) -> bool {
+        self.get(v).is_some()
+    }
+    /// Number of values.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
 /// O(1) lookups over a graph's values (see [`Graph::index`]); it borrows the graph, so
 /// it describes the graph as it was when built.
 #[derive(Clone, Debug)]
 pub struct GraphIndex<'a> {
-    defs: HashMap<ValueId, Def<'a>>,
+    defs: ValueMap<Def<'a>>,
     next_value: ValueId,
     next_storage: StorageId,
 }
@@ -360,6 +426,32 @@ mod tests {
     use super::*;
     use crate::dtype::DType;
     use crate::op::UnaryOp;
+
+    #[test]
+    fn value_maps_agree_with_a_hash_map_for_dense_and_sparse_ids() {
+        let mut g = Graph::new();
+        for k in 0..10u32 {
+            g.inputs.push(Input {
+                id: ValueId(k),
+                name: format!("x{k}"),
+                meta: TensorMeta::from_sizes(&[2], crate::DType::F32),
+                storage: StorageId(k),
+            });
+        }
+        let mut m: ValueMap<u64> = ValueMap::for_graph(&g);
+        let mut want: HashMap<ValueId, u64> = HashMap::new();
+        // Ids inside the table, far beyond it, and the largest id there is.
+        for (i, id) in [0u32, 3, 9, 9, 40, 1_000_000, u32::MAX, 3].into_iter().enumerate() {
+            assert_eq!(m.insert(ValueId(id), i as u64), want.insert(ValueId(id), i as u64));
+        }
+        for id in [0u32, 1, 3, 9, 40, 41, 1_000_000, u32::MAX] {
+            assert_eq!(m.get(&ValueId(id)), want.get(&ValueId(id)), "id {id}");
+            assert_eq!(m.contains_key(&ValueId(id)), want.contains_key(&ValueId(id)));
+        }
+        *m.get_mut(&ValueId(u32::MAX)).unwrap() += 1;
+        assert_eq!(m.get(&ValueId(u32::MAX)), Some(&7));
+        assert_eq!(m.len(), want.len());
+    }
 
     #[test]
     fn index_and_appender_agree_with_the_scanning_methods() {

@@ -30,6 +30,7 @@ pub use dtype::{result_type, Category, DType, Operand, Scalar};
 pub use error::{ParseError, ShapeError};
 pub use graph::{
     AttributeCalls, Def, Graph, GraphAppender, GraphIndex, Input, InvalidGraph, Node, SourceLoc, StorageId, ValueId,
+    ValueMap,
 };
 pub use meta::{contiguous_strides, DimList, Dims, TensorMeta};
 #[doc(hidden)]

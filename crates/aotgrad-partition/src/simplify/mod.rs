@@ -120,9 +120,9 @@ pub fn simplify_with_stats(g: &Graph, limits: &SimplifyLimits) -> Result<(Graph,
 const WINDOW: usize = 2048;
 
 fn simplify_windowed(g: &Graph, limits: &SimplifyLimits) -> Result<(Graph, SimplifyStats)> {
-    use aotgrad_ir::{Input, StorageId, TensorMeta};
+    use aotgrad_ir::{Input, StorageId, TensorMeta, ValueMap};
     let n = g.nodes.len();
-    let mut last_use: HashMap<ValueId, usize> = HashMap::new();
+    let mut last_use: ValueMap<usize> = ValueMap::for_graph(g);
     for (k, node) in g.nodes.iter().enumerate() {
         for a in &node.args {
             last_use.insert(*a, k);
@@ -131,7 +131,7 @@ fn simplify_windowed(g: &Graph, limits: &SimplifyLimits) -> Result<(Graph, Simpl
     for o in &g.outputs {
         last_use.insert(*o, n);
     }
-    let mut meta_of: HashMap<ValueId, (&TensorMeta, StorageId)> = HashMap::new();
+    let mut meta_of: ValueMap<(&TensorMeta, StorageId)> = ValueMap::for_graph(g);
     for i in &g.inputs {
         meta_of.insert(i.id, (&i.meta, i.storage));
     }
@@ -140,7 +140,10 @@ fn simplify_windowed(g: &Graph, limits: &SimplifyLimits) -> Result<(Graph, Simpl
     }
     let mut out = Graph { inputs: g.inputs.clone(), nodes: Vec::with_capacity(n), outputs: Vec::new() };
     // Original value -> (value in `out`, its storage in `out`).
-    let mut map: HashMap<ValueId, (ValueId, StorageId)> = g.inputs.iter().map(|i| (i.id, (i.id, i.storage))).collect();
+    let mut map: ValueMap<(ValueId, StorageId)> = ValueMap::for_graph(g);
+    for i in &g.inputs {
+        map.insert(i.id, (i.id, i.storage));
+    }
     let (mut next_v, mut next_s) = (g.next_value().0, g.next_storage().0);
     let mut stats = SimplifyStats {
         nodes_before: n,
