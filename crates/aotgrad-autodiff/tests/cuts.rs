@@ -81,8 +81,8 @@ fn as_strided_root_walk_stops_at_a_detached_view() {
     let a = g.op(Op::Alias, &[s]);
     let v = g.op(
         Op::AsStrided {
-            size: aotgrad_ir::dims![Dim::Const(4)],
-            stride: aotgrad_ir::dims![Dim::Const(1)],
+            size: (aotgrad_ir::dims![Dim::Const(4)]).to_vec(),
+            stride: (aotgrad_ir::dims![Dim::Const(1)]).to_vec(),
             offset: Dim::Const(0),
         },
         &[a],

@@ -117,7 +117,14 @@ fn scatter_views_split_the_gradient_between_base_and_src() {
     let ops = [
         (Op::SliceScatter { dim: 1, start: Dim::Const(1), end: Dim::Const(4), step: 2 }, vec![3usize, 2]),
         (Op::SelectScatter { dim: 0, index: Dim::Const(1) }, vec![4]),
-        (Op::AsStridedScatter { size: (dims(&[2, 2])), stride: (dims(&[1, 4])), offset: Dim::Const(5) }, vec![2, 2]),
+        (
+            Op::AsStridedScatter {
+                size: (dims(&[2, 2])).to_vec(),
+                stride: (dims(&[1, 4])).to_vec(),
+                offset: Dim::Const(5),
+            },
+            vec![2, 2],
+        ),
     ];
     for (op, src_shape) in ops {
         for base in [TensorMeta::from_sizes(&[3, 4], F), transposed(3, 4)] {
@@ -146,8 +153,14 @@ fn overlapping_as_strided_scatter_is_rejected() {
     let mut g = GB::new();
     let b = g.inp("base", &[4], F);
     let s = g.inp("src", &[2, 2], F);
-    let y =
-        g.op(Op::AsStridedScatter { size: (dims(&[2, 2])), stride: (dims(&[1, 1])), offset: Dim::Const(0) }, &[b, s]);
+    let y = g.op(
+        Op::AsStridedScatter {
+            size: (dims(&[2, 2])).to_vec(),
+            stride: (dims(&[1, 1])).to_vec(),
+            offset: Dim::Const(0),
+        },
+        &[b, s],
+    );
     let fw = g.outputs(&[y]);
     assert!(matches!(
         build_joint(&fw, &[true, true], &[true]),

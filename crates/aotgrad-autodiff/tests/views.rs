@@ -123,8 +123,8 @@ fn slice_and_select_scatter_into_zeros() {
 #[test]
 fn as_strided_on_contiguous_and_other_layouts() {
     let v = |size: &[i64], stride: &[i64], offset: i64| Op::AsStrided {
-        size: dims(size),
-        stride: dims(stride),
+        size: dims(size).to_vec(),
+        stride: dims(stride).to_vec(),
         offset: Dim::Const(offset),
     };
     // Contiguous input: one as_strided_scatter into zeros.
@@ -150,7 +150,10 @@ fn as_strided_of_a_symbolic_non_contiguous_view() {
     let mut g = GB::new();
     let x = g.input("x", TensorMeta::contiguous(vec![s0, Dim::Const(4)], F));
     let v = g.op(Op::Slice { dim: 1, start: Dim::Const(0), end: Dim::Const(4), step: 2 }, &[x]);
-    let a = g.op(Op::AsStrided { size: (dims(&[2, 2])), stride: (dims(&[4, 2])), offset: Dim::Const(1) }, &[v]);
+    let a = g.op(
+        Op::AsStrided { size: (dims(&[2, 2])).to_vec(), stride: (dims(&[4, 2])).to_vec(), offset: Dim::Const(1) },
+        &[v],
+    );
     let w = g.inp("w", &[2, 2], F);
     let y = g.op(Op::Binary(BinaryOp::Mul), &[a, w]);
     let fw = g.outputs(&[y]);
@@ -172,7 +175,10 @@ fn as_strided_of_a_symbolic_column_major_input() {
     };
     let mut g = GB::new();
     let x = g.input("x", xm);
-    let a = g.op(Op::AsStrided { size: (dims(&[2, 2])), stride: (dims(&[2, 1])), offset: Dim::Const(1) }, &[x]);
+    let a = g.op(
+        Op::AsStrided { size: (dims(&[2, 2])).to_vec(), stride: (dims(&[2, 1])).to_vec(), offset: Dim::Const(1) },
+        &[x],
+    );
     let fw = g.outputs(&[a]);
     for rows in [2usize, 3] {
         let m = TensorMeta {
@@ -193,7 +199,10 @@ fn as_strided_of_a_symbolic_column_major_input() {
 fn overlapping_as_strided_accumulates() {
     let mut g = GB::new();
     let x = g.inp("x", &[4], F);
-    let v = g.op(Op::AsStrided { size: (dims(&[3, 2])), stride: (dims(&[1, 1])), offset: Dim::Const(0) }, &[x]);
+    let v = g.op(
+        Op::AsStrided { size: (dims(&[3, 2])).to_vec(), stride: (dims(&[1, 1])).to_vec(), offset: Dim::Const(0) },
+        &[x],
+    );
     let y = g.op(Op::Unary(aotgrad_ir::UnaryOp::Sin), &[v]);
     let fw = g.outputs(&[y]);
     let c = gradcheck_all(&fw, &[t64(&[0.1, 0.2, 0.3, 0.4], &[4])]);
@@ -207,7 +216,7 @@ fn overlapping_as_strided_accumulates() {
 /// gradient scatters each element back once.
 #[test]
 fn non_nesting_but_distinct_as_strided_is_differentiated() {
-    let op = Op::AsStrided { size: (dims(&[3, 3])), stride: (dims(&[3, 2])), offset: Dim::Const(0) };
+    let op = Op::AsStrided { size: (dims(&[3, 3])).to_vec(), stride: (dims(&[3, 2])).to_vec(), offset: Dim::Const(0) };
     let c = check_view(op, contiguous(&[11]));
     // Elements 1 and 9 are not read: their gradient is zero.
     assert_eq!(c.grads[0][1], 0.0);

@@ -137,8 +137,8 @@ fn slice_select_and_as_strided_scatter() {
     // as_strided_scatter on the transposed base: the result is the contiguous copy of bt
     // with elements (offset 1, size [2, 2], stride [3, 1]) -> {1, 2, 4, 5} overwritten.
     let op = Op::AsStridedScatter {
-        size: aotgrad_ir::dims![Dim::from(2usize), Dim::from(2usize)],
-        stride: aotgrad_ir::dims![Dim::from(3usize), Dim::from(1usize)],
+        size: (aotgrad_ir::dims![Dim::from(2usize), Dim::from(2usize)]).to_vec(),
+        stride: (aotgrad_ir::dims![Dim::from(3usize), Dim::from(1usize)]).to_vec(),
         offset: Dim::from(1usize),
     };
     let s = tf(&[-1.0, -2.0, -3.0, -4.0], &[2, 2], DType::F64);
@@ -149,8 +149,8 @@ fn slice_select_and_as_strided_scatter() {
     }
     assert_eq!(got.to_vec_f64(), want);
     let op = Op::AsStridedScatter {
-        size: aotgrad_ir::dims![Dim::from(2usize)],
-        stride: aotgrad_ir::dims![Dim::from(11usize)],
+        size: (aotgrad_ir::dims![Dim::from(2usize)]).to_vec(),
+        stride: (aotgrad_ir::dims![Dim::from(11usize)]).to_vec(),
         offset: Dim::from(1usize),
     };
     assert!(matches!(

@@ -65,8 +65,8 @@ fn view_ops_share_storage_and_read_through_their_metadata() {
 fn as_strided_past_the_storage_is_a_kernel_error() {
     let x = iota(6, &[6], DType::F32);
     let op = Op::AsStrided {
-        size: aotgrad_ir::dims![Dim::from(3usize)],
-        stride: aotgrad_ir::dims![Dim::from(2usize)],
+        size: (aotgrad_ir::dims![Dim::from(3usize)]).to_vec(),
+        stride: (aotgrad_ir::dims![Dim::from(2usize)]).to_vec(),
         offset: Dim::from(2usize),
     };
     let err = execute(&op, &[&x], &meta(&[3], &[2], 2, DType::F32)).unwrap_err();
@@ -221,8 +221,8 @@ fn absurd_as_strided_layouts_are_errors_not_overflows() {
     let x = iota(4, &[4], DType::F32);
     let big = 1usize << 62;
     let op = Op::AsStrided {
-        size: aotgrad_ir::dims![Dim::from(big), Dim::from(big)],
-        stride: aotgrad_ir::dims![Dim::from(big), Dim::from(1usize)],
+        size: (aotgrad_ir::dims![Dim::from(big), Dim::from(big)]).to_vec(),
+        stride: (aotgrad_ir::dims![Dim::from(big), Dim::from(1usize)]).to_vec(),
         offset: Dim::from(0usize),
     };
     let err = execute(&op, &[&x], &meta(&[big, big], &[big, 1], 0, DType::F32)).unwrap_err();

@@ -95,7 +95,7 @@ impl<'o> Builder<'o> {
             Op::AsStrided { size, stride, offset } => {
                 let m = self.meta(x)?;
                 let abs_offset = m.offset.add(offset);
-                if *size == m.shape && *stride == m.strides && abs_offset == m.offset {
+                if size[..] == m.shape[..] && stride[..] == m.strides[..] && abs_offset == m.offset {
                     return Ok(x);
                 }
                 let abs = Op::AsStrided { size: size.clone(), stride: stride.clone(), offset: abs_offset };

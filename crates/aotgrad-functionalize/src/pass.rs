@@ -305,7 +305,7 @@ impl Pass<'_, '_> {
                 }
             };
             let rel = inp.meta.offset.sub(&self.roots[r].offset);
-            let op = Op::AsStrided { size: inp.meta.shape.clone(), stride: inp.meta.strides.clone(), offset: rel };
+            let op = Op::AsStrided { size: inp.meta.shape.to_vec(), stride: inp.meta.strides.to_vec(), offset: rel };
             let cur = self.roots[r].cur;
             let fv = self.b.apply_view(&op, cur, &None)?;
             self.vals.insert(
@@ -480,8 +480,8 @@ impl Pass<'_, '_> {
                 .cloned()
                 .ok_or_else(|| FunctionalizeError::Internal(format!("{} has no traced metadata", node.args[0])))?;
             let op = Op::AsStridedScatter {
-                size: target.shape.clone(),
-                stride: target.strides.clone(),
+                size: target.shape.to_vec(),
+                stride: target.strides.to_vec(),
                 offset: target.offset.sub(&root.offset),
             };
             self.b.emit(op, vec![into, new], loc)?

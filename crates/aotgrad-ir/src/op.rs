@@ -315,9 +315,9 @@ pub enum Op {
     /// `[x]`: arbitrary view of the storage of `x`.
     AsStrided {
         /// Result shape.
-        size: Dims,
+        size: Vec<Dim>,
         /// Result strides.
-        stride: Dims,
+        stride: Vec<Dim>,
         /// Result storage offset.
         offset: Dim,
     },
@@ -443,9 +443,9 @@ pub enum Op {
     /// `[base, src]`: `base` (contiguous copy) with `as_strided(size, stride, offset)` replaced by `src`.
     AsStridedScatter {
         /// View shape.
-        size: Dims,
+        size: Vec<Dim>,
         /// View strides.
-        stride: Dims,
+        stride: Vec<Dim>,
         /// View offset.
         offset: Dim,
     },
@@ -704,29 +704,30 @@ impl Op {
     }
     /// The same op with every [`Dim`] parameter passed through `f`.
     pub fn map_dims(&self, f: &dyn Fn(&Dim) -> Dim) -> Op {
-        let v = |xs: &Dims| xs.iter().map(f).collect::<Vec<_>>();
+        let v = |xs: &[Dim]| xs.iter().map(f).collect::<Dims>();
+        let list = |xs: &[Dim]| xs.iter().map(f).collect::<Vec<_>>();
         match self {
-            Op::View(s) => Op::View(v(s).into()),
-            Op::UnsafeView(s) => Op::UnsafeView(v(s).into()),
-            Op::Expand(s) => Op::Expand(v(s).into()),
+            Op::View(s) => Op::View(v(s)),
+            Op::UnsafeView(s) => Op::UnsafeView(v(s)),
+            Op::Expand(s) => Op::Expand(v(s)),
             Op::Slice { dim, start, end, step } => Op::Slice { dim: *dim, start: f(start), end: f(end), step: *step },
             Op::Select { dim, index } => Op::Select { dim: *dim, index: f(index) },
             Op::AsStrided { size, stride, offset } => {
-                Op::AsStrided { size: v(size).into(), stride: v(stride).into(), offset: f(offset) }
+                Op::AsStrided { size: list(size), stride: list(stride), offset: f(offset) }
             }
-            Op::Full { shape, value, dtype } => Op::Full { shape: v(shape).into(), value: *value, dtype: *dtype },
+            Op::Full { shape, value, dtype } => Op::Full { shape: v(shape), value: *value, dtype: *dtype },
             Op::Rand { shape, dtype, seed, offset } => {
-                Op::Rand { shape: v(shape).into(), dtype: *dtype, seed: *seed, offset: *offset }
+                Op::Rand { shape: v(shape), dtype: *dtype, seed: *seed, offset: *offset }
             }
             Op::Randn { shape, dtype, seed, offset } => {
-                Op::Randn { shape: v(shape).into(), dtype: *dtype, seed: *seed, offset: *offset }
+                Op::Randn { shape: v(shape), dtype: *dtype, seed: *seed, offset: *offset }
             }
             Op::SliceScatter { dim, start, end, step } => {
                 Op::SliceScatter { dim: *dim, start: f(start), end: f(end), step: *step }
             }
             Op::SelectScatter { dim, index } => Op::SelectScatter { dim: *dim, index: f(index) },
             Op::AsStridedScatter { size, stride, offset } => {
-                Op::AsStridedScatter { size: v(size).into(), stride: v(stride).into(), offset: f(offset) }
+                Op::AsStridedScatter { size: list(size), stride: list(stride), offset: f(offset) }
             }
             Op::InPlace(inner) => Op::InPlace(Box::new(inner.map_dims(f))),
             Op::MetaInPlace(inner) => Op::MetaInPlace(Box::new(inner.map_dims(f))),

@@ -171,7 +171,11 @@ fn view_op() -> BoxedStrategy<Op> {
             step
         }),
         (usz(), dim()).prop_map(|(dim, index)| Op::Select { dim, index }),
-        (dims(), dims(), dim()).prop_map(|(size, stride, offset)| Op::AsStrided { size, stride, offset }),
+        (dims(), dims(), dim()).prop_map(|(size, stride, offset)| Op::AsStrided {
+            size: size.to_vec(),
+            stride: stride.to_vec(),
+            offset
+        }),
         Just(Op::Alias),
     ]
     .boxed()
@@ -236,7 +240,11 @@ fn other_op(nan: bool) -> BoxedStrategy<Op> {
             step
         }),
         (usz(), dim()).prop_map(|(dim, index)| Op::SelectScatter { dim, index }),
-        (dims(), dims(), dim()).prop_map(|(size, stride, offset)| Op::AsStridedScatter { size, stride, offset }),
+        (dims(), dims(), dim()).prop_map(|(size, stride, offset)| Op::AsStridedScatter {
+            size: size.to_vec(),
+            stride: stride.to_vec(),
+            offset
+        }),
         composite_op(nan),
     ]
     .boxed()

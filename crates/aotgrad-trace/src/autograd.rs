@@ -185,7 +185,7 @@ fn view_of_base(base: &Tensor, b: &TState, v: &TState) -> Result<Arc<GradNode>> 
         return Err(Error::Internal("eager autograd over a fake tensor".into()));
     };
     let vm = v.meta().clone();
-    let op = Op::AsStrided { size: vm.shape.clone(), stride: vm.strides.clone(), offset: vm.offset.clone() };
+    let op = Op::AsStrided { size: vm.shape.to_vec(), stride: vm.strides.to_vec(), offset: vm.offset.clone() };
     let graph = single_op_graph(op, &[&bt.meta], &vm);
     let edge = match &b.grad_fn {
         Some(n) => Edge::Node(n.clone()),
@@ -413,23 +413,31 @@ pub(crate) fn record(
                     },
                     vec![],
                 )?;
-                let put =
-                    Op::AsStridedScatter { size: bm.shape.clone(), stride: bm.strides.clone(), offset: Dim::Const(0) };
+                let put = Op::AsStridedScatter {
+                    size: bm.shape.to_vec(),
+                    stride: bm.strides.to_vec(),
+                    offset: Dim::Const(0),
+                };
                 (add(&mut g, put, vec![z, b0])?, rel)
             } else {
                 (b0, offset)
             };
             let v_old = add(
                 &mut g,
-                Op::AsStrided { size: size.clone(), stride: stride.clone(), offset: offset.clone() },
+                Op::AsStrided { size: size.to_vec(), stride: stride.to_vec(), offset: offset.clone() },
                 vec![frame],
             )?;
             let mut op_args = vec![v_old];
             op_args.extend(rest);
             let v_new = add(&mut g, inner, op_args)?;
-            let mut b_new = add(&mut g, Op::AsStridedScatter { size, stride, offset }, vec![frame, v_new])?;
+            let mut b_new = add(
+                &mut g,
+                Op::AsStridedScatter { size: size.to_vec(), stride: stride.to_vec(), offset },
+                vec![frame, v_new],
+            )?;
             if framed {
-                let take = Op::AsStrided { size: bm.shape.clone(), stride: bm.strides.clone(), offset: Dim::Const(0) };
+                let take =
+                    Op::AsStrided { size: bm.shape.to_vec(), stride: bm.strides.to_vec(), offset: Dim::Const(0) };
                 b_new = add(&mut g, take, vec![b_new])?;
             }
             g.outputs = vec![b_new];

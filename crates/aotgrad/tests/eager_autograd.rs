@@ -382,11 +382,15 @@ fn every_derivative_rule_through_backward() {
         ("unsqueeze", &[3, 4], Op::Unsqueeze(1)),
         ("slice", &[5, 4], Op::Slice { dim: 0, start: 1.into(), end: 5.into(), step: 2 }),
         ("select", &[3, 4], Op::Select { dim: 1, index: 2.into() }),
-        ("as_strided", &[3, 4], Op::AsStrided { size: (sym(&[2, 2])), stride: (sym(&[4, 2])), offset: 1.into() }),
+        (
+            "as_strided",
+            &[3, 4],
+            Op::AsStrided { size: (sym(&[2, 2])).to_vec(), stride: (sym(&[4, 2])).to_vec(), offset: 1.into() },
+        ),
         (
             "as_strided overlapping",
             &[3, 4],
-            Op::AsStrided { size: (sym(&[2, 2])), stride: (sym(&[2, 2])), offset: 0.into() },
+            Op::AsStrided { size: (sym(&[2, 2])).to_vec(), stride: (sym(&[2, 2])).to_vec(), offset: 0.into() },
         ),
         ("alias", &[3, 4], Op::Alias),
         ("clone", &[3, 4], Op::Clone),
@@ -417,7 +421,7 @@ fn every_derivative_rule_through_backward() {
             "as_strided_scatter",
             &[3, 4],
             &[2, 2],
-            Op::AsStridedScatter { size: (sym(&[2, 2])), stride: (sym(&[4, 1])), offset: 5.into() },
+            Op::AsStridedScatter { size: (sym(&[2, 2])).to_vec(), stride: (sym(&[4, 1])).to_vec(), offset: 5.into() },
         ),
     ];
     for (name, a, b, op) in pairs {

@@ -59,8 +59,8 @@ pub(crate) fn vjp(b: &mut Builder, node: &Node, g: ValueId, needs: &[bool]) -> R
                 } else {
                     let z = b.zeros(sshape.clone(), gdt)?;
                     let op = Op::AsStridedScatter {
-                        size: ishape,
-                        stride: contiguous_strides(&sshape),
+                        size: ishape.to_vec(),
+                        stride: contiguous_strides(&sshape).to_vec(),
                         offset: Dim::Const(0),
                     };
                     Some(b.emit(op, vec![z, gathered])?)

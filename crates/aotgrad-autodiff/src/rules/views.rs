@@ -161,7 +161,7 @@ fn overlapping_as_strided(
     let flat_g = b.emit(Op::View(aotgrad_ir::dims![Dim::Const(n)]), vec![flat_g])?;
     let flat = b.zeros(aotgrad_ir::dims![Dim::Const(len)], dtype)?;
     let acc = b.emit(Op::ScatterAdd(0), vec![flat, idx, flat_g])?;
-    let back = Op::AsStrided { size: xm.shape.clone(), stride: xm.strides.clone(), offset: xm.offset.clone() };
+    let back = Op::AsStrided { size: xm.shape.to_vec(), stride: xm.strides.to_vec(), offset: xm.offset.clone() };
     b.emit(back, vec![acc])
 }
 
@@ -204,6 +204,6 @@ fn as_strided(
     let flat = b.zeros(aotgrad_ir::dims![len], dtype)?;
     let op = Op::AsStridedScatter { size: size.into(), stride: stride.into(), offset: offset.clone() };
     let s = b.emit(op, vec![flat, g])?;
-    let back = Op::AsStrided { size: xm.shape.clone(), stride: xm.strides.clone(), offset: xm.offset.clone() };
+    let back = Op::AsStrided { size: xm.shape.to_vec(), stride: xm.strides.to_vec(), offset: xm.offset.clone() };
     b.emit(back, vec![s])
 }

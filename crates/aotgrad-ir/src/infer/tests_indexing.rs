@@ -74,7 +74,7 @@ fn scatters_of_views() {
     check_err(&sel(1, &f(&[4])).unwrap_err(), "invalid", &["select_scatter", "[4]", "[6]"]);
     check_err(&sel(9, &f(&[6])).unwrap_err(), "index", &["select_scatter", "9"]);
     let ass = |size: &[i64], src: &TensorMeta| {
-        let op = Op::AsStridedScatter { size: dims(size), stride: dims(&[1, 2]), offset: 1.into() };
+        let op = Op::AsStridedScatter { size: dims(size).to_vec(), stride: (dims(&[1, 2])).to_vec(), offset: 1.into() };
         run(&op, &[&f(&[6]), src])
     };
     assert_eq!(ass(&[2, 2], &f(&[2, 2])).unwrap(), f(&[6]));

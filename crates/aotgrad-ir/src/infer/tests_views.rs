@@ -66,7 +66,7 @@ fn views_of_views_compose_strides_and_offset() {
     assert_eq!(sq, strided(&[2, 3], &[3, 1], 4, DType::F32));
     let a = strided(&[2, 2], &[1, 0], 3, DType::F64);
     assert_eq!(ok(&Op::Alias, &[&a]), a);
-    let as_ = Op::AsStrided { size: dims(&[2, 2]), stride: dims(&[1, 2]), offset: Dim::Const(1) };
+    let as_ = Op::AsStrided { size: (dims(&[2, 2])).to_vec(), stride: (dims(&[1, 2])).to_vec(), offset: Dim::Const(1) };
     assert_eq!(ok(&as_, &[&f(&[6])]), strided(&[2, 2], &[1, 2], 1, DType::F32));
 }
 
@@ -108,9 +108,9 @@ fn view_op_errors() {
     assert_eq!(e, ShapeError::IndexOutOfRange { op: "select".into(), index: "3".into(), dim: 1, size: "3".into() });
     err(&select(1, -1), &[&x], "index", &["select"]);
     err(&select(0, 0), &[&f(&[])], "invalid", &["select"]);
-    let bad = Op::AsStrided { size: dims(&[2]), stride: dims(&[-1]), offset: Dim::Const(0) };
+    let bad = Op::AsStrided { size: dims(&[2]).to_vec(), stride: (dims(&[-1])).to_vec(), offset: Dim::Const(0) };
     err(&bad, &[&x], "invalid", &["as_strided", "stride"]);
-    let bad = Op::AsStrided { size: dims(&[2, 2]), stride: dims(&[1]), offset: Dim::Const(0) };
+    let bad = Op::AsStrided { size: (dims(&[2, 2])).to_vec(), stride: dims(&[1]).to_vec(), offset: Dim::Const(0) };
     err(&bad, &[&x], "invalid", &["as_strided", "[2, 2]"]);
     err(&Op::View(dims(&[24])), &[&x, &x], "arity", &["view"]);
     let malformed = TensorMeta { shape: dims(&[2, 3]), strides: dims(&[1]), offset: Dim::Const(0), dtype: DType::F32 };
@@ -248,12 +248,23 @@ fn huge_steps_strides_and_offsets_are_errors_not_overflows() {
     let e = slice_len("slice", &Dim::Const(i64::MIN), &s(0), 2).unwrap_err();
     check_err(&e, "invalid", &["slice length overflows i64"]);
     // as_strided whose last element does not fit in i64.
-    let big = Op::AsStrided { size: dims(&[3]), stride: dims(&[i64::MAX / 2 + 1]), offset: Dim::Const(0) };
+    let big = Op::AsStrided {
+        size: dims(&[3]).to_vec(),
+        stride: (dims(&[i64::MAX / 2 + 1])).to_vec(),
+        offset: Dim::Const(0),
+    };
     err(&big, &[&x], "invalid", &["as_strided", "the last element reached overflows i64"]);
-    let off = Op::AsStrided { size: dims(&[2]), stride: dims(&[1]), offset: Dim::Const(i64::MAX) };
+    let off = Op::AsStrided { size: dims(&[2]).to_vec(), stride: dims(&[1]).to_vec(), offset: Dim::Const(i64::MAX) };
     err(&off, &[&x], "invalid", &["as_strided", "overflows i64"]);
     // ... but a size-1 dim with a huge stride reaches only its first element.
-    let tall = ok(&Op::AsStrided { size: dims(&[1, 2]), stride: dims(&[i64::MAX, 1]), offset: Dim::Const(0) }, &[&x]);
+    let tall = ok(
+        &Op::AsStrided {
+            size: (dims(&[1, 2])).to_vec(),
+            stride: (dims(&[i64::MAX, 1])).to_vec(),
+            offset: Dim::Const(0),
+        },
+        &[&x],
+    );
     // Views of it whose stride arithmetic overflows are rejected, not wrapped.
     err(&slice(0, 0, 1, 2), &[&tall], "invalid", &["slice stride overflows i64"]);
     let h = strided(&[2, 2], &[1, i64::MAX / 2 + 1], 0, DType::F32);

@@ -415,9 +415,9 @@ fn parse_params(p: &mut Parser<'_>, base: Base, st: &mut Params<'_>) -> PResult<
         }
         Base::AsStrided | Base::AsStridedScatter => {
             p.named(st, "size")?;
-            let size = p.dim_list(cx("size"))?;
+            let size = p.dim_list(cx("size"))?.to_vec();
             p.named(st, "stride")?;
-            let stride = p.dim_list(cx("stride"))?;
+            let stride = p.dim_list(cx("stride"))?.to_vec();
             let offset = named_dim(p, st, "offset")?;
             if base == Base::AsStrided {
                 Op::AsStrided { size, stride, offset }

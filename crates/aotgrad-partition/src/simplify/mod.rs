@@ -405,8 +405,8 @@ fn collapse_view_chains(g: &Graph) -> Option<Graph> {
             }
             if depth + 1 >= MAX_VIEW_CHAIN && n.meta.is_concrete() {
                 n.op = aotgrad_ir::Op::AsStrided {
-                    size: n.meta.shape.clone(),
-                    stride: n.meta.strides.clone(),
+                    size: n.meta.shape.to_vec(),
+                    stride: n.meta.strides.to_vec(),
                     offset: n.meta.offset.clone(),
                 };
                 n.args = vec![src];
