@@ -228,9 +228,15 @@ fn main() -> Result<()> {
     js.insert("scaling".into(), Value::Array(scale));
 
     // 4b. Pathological program shapes (every stage near-linear in the node count).
-    let _ = writeln!(md, "\n## Compile scaling on pathological shapes (training path, one run per size; µs per op)\n");
-    let _ = writeln!(md, "| shape | ops | whole compile | µs/op | slowest stage | peak RSS growth per op |");
-    let _ = writeln!(md, "|---|---|---|---|---|---|");
+    let _ = writeln!(
+        md,
+        "\n## Compile scaling on pathological shapes (training path, one run per size; per user op and per traced node)\n"
+    );
+    let _ = writeln!(
+        md,
+        "| shape | ops | traced nodes | whole compile | µs/op | µs/node | slowest stage | peak RSS growth per op | per node |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|");
     let mut patho = Vec::new();
     for kind in ["view", "chain", "fanout"] {
         let sizes: &[usize] = if quick { &[1000] } else { &[1000, 10000, 100000] };
@@ -244,18 +250,24 @@ fn main() -> Result<()> {
                 _ => None,
             };
             let r = af.compile_reports().into_iter().next().expect("compiled");
+            let nodes = af.results().first().map_or(n, |r| r.meta.traced_nodes).max(1);
             let total = r.total_seconds();
             let (slow, st) = r.stages.iter().fold(("", 0.0), |a, (s, t)| if *t > a.1 { (s, *t) } else { a });
+            let kb = |per: usize| peak.map_or("n/a".into(), |b| format!("{:.1} KB", b * n as f64 / per as f64 / 1e3));
             let _ = writeln!(
                 md,
-                "| {kind} | {n} | {:.1} ms | {:.1} | {slow} {:.1} ms | {} |",
+                "| {kind} | {n} | {nodes} | {:.1} ms | {:.1} | {:.1} | {slow} {:.1} ms | {} | {} |",
                 total * 1e3,
                 total * 1e6 / n as f64,
+                total * 1e6 / nodes as f64,
                 st * 1e3,
-                peak.map_or("n/a".into(), |b| format!("{:.1} KB", b / 1e3))
+                kb(n),
+                kb(nodes)
             );
-            patho.push(json!({"shape": kind, "ops": n, "compile_s": total, "us_per_op": total * 1e6 / n as f64,
-                "stages": r.stages.iter().map(|(s, t)| json!([s, t])).collect::<Vec<_>>(), "peak_rss_bytes_per_op": peak}));
+            patho.push(json!({"shape": kind, "ops": n, "traced_nodes": nodes, "compile_s": total,
+                "us_per_op": total * 1e6 / n as f64, "us_per_node": total * 1e6 / nodes as f64,
+                "stages": r.stages.iter().map(|(s, t)| json!([s, t])).collect::<Vec<_>>(), "peak_rss_bytes_per_op": peak,
+                "peak_rss_bytes_per_node": peak.map(|b| b * n as f64 / nodes as f64)}));
         }
     }
     js.insert("pathological".into(), Value::Array(patho));
