@@ -166,6 +166,19 @@ fn main() -> Result<()> {
         std::fs::remove_dir_all(&dir)?;
         return Ok(());
     }
+    // `--child WORKLOAD DIR`: one compile of WORKLOAD with the disk cache in DIR, in this
+    // (fresh) process; prints its milliseconds and whether it hit.
+    if let Some(i) = args.iter().position(|a| a == "--child") {
+        let (name, dir) = (&args[i + 1], std::path::PathBuf::from(&args[i + 2]));
+        let w = if name == "mlp" { mlp()? } else { transformer()? };
+        let config = AotConfig::default().threads(1).cache(Arc::new(Cache::disk(&dir)));
+        let f = compiled_step(&w, config)?;
+        let inputs: Vec<aotgrad::Arg> = aotgrad_benches::example_inputs(&w).iter().map(|t| t.into()).collect();
+        let t = Instant::now();
+        f.compile_for(&inputs)?;
+        println!("{} {}", t.elapsed().as_secs_f64() * 1e3, f.cache_stats().hits);
+        return Ok(());
+    }
     let quick = std::env::args().any(|a| a == "--quick");
     let runs = if quick { 1 } else { 5 };
     let redis = Redis::start();

@@ -83,57 +83,56 @@ pub(crate) fn attach(kernels: &mut [CKernel], dtypes: &[DType]) {
     if !available() {
         return;
     }
-    // Every kernel with a body: its code's spec (when covered) and its slot.
-    type Target<'k> = (Result<Spec, &'static str>, &'k mut Option<JitSlot>);
-    let mut targets: Vec<Target<'_>> = Vec::new();
-    fn pw<'k>(p: &'k mut CPointwise, dtypes: &[DType]) -> Target<'k> {
-        let spec = Spec::pointwise(p, dtypes);
-        (spec, &mut p.jit)
-    }
-    for k in kernels.iter_mut() {
-        match k {
-            CKernel::Pointwise(p) => targets.push(pw(p, dtypes)),
-            CKernel::Matmul(m) => {
-                if let Some(e) = &mut m.epilogue {
-                    targets.push(pw(e, dtypes));
-                }
-            }
-            CKernel::Rows(g) => {
-                for st in &mut g.stages {
-                    match st {
-                        CStage::Elem(p) | CStage::Row(p) => targets.push(pw(p, dtypes)),
-                        CStage::Reduce { k, .. } => {
-                            let spec = Spec::reduce(k, dtypes);
-                            targets.push((spec, &mut k.jit));
-                        }
-                    }
-                }
-            }
-            CKernel::Reduce(r) => {
-                let spec = Spec::reduce(r, dtypes);
-                targets.push((spec, &mut r.jit));
-            }
-            CKernel::Extern(_) => {}
-        }
-    }
     // Kernels with the same body, operand count and inner strides have the same code
     // (addresses and outer strides are arguments): each is compiled once per process.
     // A kernel already compiled gets its code now; the others get an empty slot the
-    // JIT worker fills, running on the interpreter until then.
+    // JIT worker fills, running on the interpreter until then. A spec borrows its
+    // kernel's body; only the ones compiled now are copied.
     let mut jobs: Vec<Job> = Vec::new();
     {
         let cache = CACHE.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
-        for (spec, field) in targets {
-            let Ok(spec) = spec else { continue };
+        let mut resolve = |spec: Result<Spec<'_>, &'static str>| -> Option<JitSlot> {
+            let spec = spec.ok()?;
             let key = spec.key();
             let slot: JitSlot = Arc::new(OnceLock::new());
             match cache.get(&key) {
                 Some(k) => {
                     let _ = slot.set(k.clone());
                 }
-                None => jobs.push(Job { key, spec, slot: slot.clone() }),
+                None => jobs.push(Job { key, spec: spec.into_owned(), slot: slot.clone() }),
             }
-            *field = Some(slot);
+            Some(slot)
+        };
+        type Resolve<'r> = dyn FnMut(Result<Spec<'_>, &'static str>) -> Option<JitSlot> + 'r;
+        let pw = |resolve: &mut Resolve<'_>, p: &mut CPointwise| {
+            if let Some(slot) = resolve(Spec::pointwise(p, dtypes)) {
+                p.jit = Some(slot);
+            }
+        };
+        let rd = |resolve: &mut Resolve<'_>, r: &mut CReduce| {
+            if let Some(slot) = resolve(Spec::reduce(r, dtypes)) {
+                r.jit = Some(slot);
+            }
+        };
+        for k in kernels.iter_mut() {
+            match k {
+                CKernel::Pointwise(p) => pw(&mut resolve, p),
+                CKernel::Matmul(m) => {
+                    if let Some(e) = &mut m.epilogue {
+                        pw(&mut resolve, e);
+                    }
+                }
+                CKernel::Rows(g) => {
+                    for st in &mut g.stages {
+                        match st {
+                            CStage::Elem(p) | CStage::Row(p) => pw(&mut resolve, p),
+                            CStage::Reduce { k, .. } => rd(&mut resolve, k),
+                        }
+                    }
+                }
+                CKernel::Reduce(r) => rd(&mut resolve, r),
+                CKernel::Extern(_) => {}
+            }
         }
     }
     if !jobs.is_empty() {
@@ -145,16 +144,20 @@ pub(crate) fn attach(kernels: &mut [CKernel], dtypes: &[DType]) {
 /// are arguments): its body, the loads' inner strides, the stored registers, and for a
 /// reduction the op, the reduced register and its accumulator's inner stride.
 #[derive(Clone, Debug)]
-pub(crate) struct Spec {
+pub(crate) struct Spec<'a> {
     inner_len: usize,
-    body: CBody,
+    body: std::borrow::Cow<'a, CBody>,
     load_inner: Vec<usize>,
     stores: Vec<usize>,
     reduce: Option<(ReduceOp, usize, usize)>,
 }
 
-impl Spec {
-    fn pointwise(p: &CPointwise, dtypes: &[DType]) -> Result<Spec, &'static str> {
+impl<'a> Spec<'a> {
+    fn into_owned(self) -> Spec<'static> {
+        Spec { body: std::borrow::Cow::Owned(self.body.into_owned()), ..self }
+    }
+
+    fn pointwise(p: &'a CPointwise, dtypes: &[DType]) -> Result<Spec<'a>, &'static str> {
         let rank = p.shape.len();
         let inner = |a: &CAccess| a.strides[rank - 1];
         if p.stores.iter().any(|(_, a)| inner(a) != 1) {
@@ -165,7 +168,7 @@ impl Spec {
         }
         let spec = Spec {
             inner_len: p.shape[rank - 1],
-            body: p.body.clone(),
+            body: std::borrow::Cow::Borrowed(&p.body),
             load_inner: p.body.loads.iter().map(inner).collect(),
             stores: p.stores.iter().map(|(r, _)| *r).collect(),
             reduce: None,
@@ -174,7 +177,7 @@ impl Spec {
         Ok(spec)
     }
 
-    fn reduce(r: &CReduce, dtypes: &[DType]) -> Result<Spec, &'static str> {
+    fn reduce(r: &'a CReduce, dtypes: &[DType]) -> Result<Spec<'a>, &'static str> {
         let rank = r.shape.len();
         let dst_inner = r.dst.strides[rank - 1];
         let inner_reduced = r.reduced[rank - 1];
@@ -186,7 +189,7 @@ impl Spec {
         }
         let spec = Spec {
             inner_len: r.shape[rank - 1],
-            body: r.body.clone(),
+            body: std::borrow::Cow::Borrowed(&r.body),
             load_inner: r.body.loads.iter().map(|a| a.strides[rank - 1]).collect(),
             stores: Vec::new(),
             reduce: Some((r.op, r.value, dst_inner)),
@@ -279,7 +282,7 @@ pub(crate) type JitSlot = Arc<OnceLock<JitKernel>>;
 /// A kernel to compile, and the slot its code goes to.
 struct Job {
     key: Vec<u64>,
-    spec: Spec,
+    spec: Spec<'static>,
     slot: JitSlot,
 }
 

@@ -9,11 +9,15 @@ use aotgrad_fusion::{
 };
 use aotgrad_ir::{BinaryOp, CmpOp, DType, Dim, Op, ReduceOp, SourceLoc, TensorMeta, UnaryOp, ValueId};
 
+/// Sizes or strides of a lowered kernel (inline up to rank 4: lowering a plan
+/// loaded from the cache allocates little).
+pub(crate) type Idx = smallvec::SmallVec<[usize; 4]>;
+
 /// A concrete access over a kernel's (coalesced) iteration space.
 #[derive(Clone, Debug)]
 pub(crate) struct CAccess {
     pub buf: usize,
-    pub strides: Vec<usize>,
+    pub strides: Idx,
     pub offset: usize,
 }
 
@@ -52,7 +56,7 @@ pub(crate) struct CBody {
 /// A lowered pointwise kernel.
 #[derive(Clone, Debug)]
 pub(crate) struct CPointwise {
-    pub shape: Vec<usize>,
+    pub shape: Idx,
     pub numel: usize,
     pub body: CBody,
     pub stores: Vec<(usize, CAccess)>,
@@ -64,7 +68,7 @@ pub(crate) struct CPointwise {
 #[derive(Clone, Debug)]
 pub(crate) struct CReduce {
     pub op: ReduceOp,
-    pub shape: Vec<usize>,
+    pub shape: Idx,
     pub reduced: Vec<bool>,
     pub body: CBody,
     pub value: usize,
@@ -207,18 +211,14 @@ fn int(d: &Dim, what: &str) -> Result<usize> {
     }
 }
 
-fn ints(ds: &[Dim], what: &str) -> Result<Vec<usize>> {
+fn ints(ds: &[Dim], what: &str) -> Result<Idx> {
     ds.iter().map(|d| int(d, what)).collect()
 }
 
 /// Merge adjacent dims that every access walks as one (and drop size-1 dims).
-fn coalesce(
-    shape: &[usize],
-    strides: &mut [Vec<usize>],
-    keep_apart: Option<&[bool]>,
-) -> (Vec<usize>, Vec<Vec<usize>>, Vec<bool>) {
-    let mut out_shape: Vec<usize> = Vec::new();
-    let mut out_strides: Vec<Vec<usize>> = vec![Vec::new(); strides.len()];
+fn coalesce(shape: &[usize], strides: &mut [Idx], keep_apart: Option<&[bool]>) -> (Idx, Vec<Idx>, Vec<bool>) {
+    let mut out_shape = Idx::new();
+    let mut out_strides: Vec<Idx> = vec![Idx::new(); strides.len()];
     let mut out_flag: Vec<bool> = Vec::new();
     for d in 0..shape.len() {
         let flag = keep_apart.map(|k| k[d]).unwrap_or(false);
@@ -244,13 +244,13 @@ fn coalesce(
     }
     if out_shape.is_empty() || shape.contains(&0) {
         let n = if shape.contains(&0) { 0 } else { 1 };
-        return (vec![n], vec![vec![0]; strides.len()], vec![false]);
+        return (smallvec::smallvec![n], vec![smallvec::smallvec![0]; strides.len()], vec![false]);
     }
     (out_shape, out_strides, out_flag)
 }
 
 /// A lowered body with its coalesced space, the extra accesses and the dim flags.
-type LoweredBody = (Vec<usize>, CBody, Vec<CAccess>, Vec<bool>);
+type LoweredBody = (Idx, CBody, Vec<CAccess>, Vec<bool>);
 
 struct Lowering {
     /// Per buffer: the largest extent any access needs.
@@ -273,7 +273,7 @@ impl Lowering {
         Ok(())
     }
 
-    fn access_strides(&self, a: &Access) -> Result<(Vec<usize>, usize)> {
+    fn access_strides(&self, a: &Access) -> Result<(Idx, usize)> {
         Ok((ints(&a.strides, "stride")?, int(&a.offset, "offset")?))
     }
 
@@ -311,7 +311,7 @@ impl Lowering {
                 for st in strides.iter_mut() {
                     *st = perm.iter().map(|&d| st[d]).collect();
                 }
-                (perm.iter().map(|&d| shape[d]).collect::<Vec<_>>(), flags)
+                (perm.iter().map(|&d| shape[d]).collect::<Idx>(), flags)
             }
             _ => (shape, flags),
         };
