@@ -62,7 +62,8 @@ pub fn step_inputs(w: &Workload) -> Vec<Tensor> {
     example_inputs(w)
 }
 
-fn node(g: &mut Graph, op: Op, args: &[aotgrad_ir::ValueId]) -> Result<aotgrad_ir::ValueId> {
+/// Append `op(args)` to `g` (its metadata inferred).
+pub fn node(g: &mut Graph, op: Op, args: &[aotgrad_ir::ValueId]) -> Result<aotgrad_ir::ValueId> {
     let metas: Vec<TensorMeta> =
         args.iter().map(|a| g.meta_of(*a).cloned().unwrap_or_else(|| unreachable!())).collect();
     let refs: Vec<&TensorMeta> = metas.iter().collect();
@@ -71,7 +72,8 @@ fn node(g: &mut Graph, op: Op, args: &[aotgrad_ir::ValueId]) -> Result<aotgrad_i
     Ok(g.add_node(op, args.to_vec(), meta, s, None))
 }
 
-fn filled(shape: &[usize], seed: f64) -> Result<CpuTensor> {
+/// A contiguous f32 tensor of `shape` filled with `sin(0.37 i + seed)`.
+pub fn filled(shape: &[usize], seed: f64) -> Result<CpuTensor> {
     let n: usize = shape.iter().product();
     let v: Vec<f64> = (0..n).map(|i| ((i as f64) * 0.37 + seed).sin()).collect();
     Ok(CpuTensor::from_f64(&v, shape, DType::F32)?)

@@ -11,6 +11,9 @@
 //!   (`benches/src/bin/cache.rs`, `target/bench/cache.json`). `cargo xtask bench --compare` runs the bench workloads
 //!   next to their PyTorch versions (`benches/compare/torch_workloads.py`, with the
 //!   Python named by `AOTGRAD_COMPARE_PYTHON`) interleaved in one run, with ratios.
+//!   `cargo xtask bench --backend wgpu [--quick|--full]` runs the wgpu backend's bench
+//!   (`benches/src/bin/wgpu.rs`): GB/s and GFLOP/s next to the compiled CPU backend,
+//!   with the adapter's name (`target/bench/wgpu.{md,json}`).
 
 use anyhow::{bail, Context, Result};
 use std::io::{BufRead, BufReader};
@@ -206,6 +209,22 @@ fn bench(args: &[String]) -> Result<()> {
         }
         return run("compare", &["run", "--release", "-q", "-p", "aotgrad-benches", "--bin", "compare"]);
     }
+    // `--backend wgpu`: the wgpu backend's GB/s and GFLOP/s next to the compiled CPU
+    // backend, with the adapter (benches/src/bin/wgpu.rs; target/bench/wgpu.{md,json}).
+    if let Some(i) = args.iter().position(|a| a == "--backend") {
+        return match args.get(i + 1).map(String::as_str) {
+            Some("wgpu") => {
+                let mut cmd = vec!["run", "--release", "-q", "-p", "aotgrad-benches", "--bin", "wgpu", "--"];
+                cmd.extend(args.iter().filter(|a| *a == "--quick" || *a == "--full").map(String::as_str));
+                run("wgpu bench", &cmd)
+            }
+            Some("cpu") => {
+                bench(&args.iter().filter(|a| *a != "--backend" && *a != "cpu").cloned().collect::<Vec<_>>())
+            }
+            Some(other) => bail!("--backend takes cpu or wgpu, not {other:?}"),
+            None => bail!("--backend takes cpu or wgpu"),
+        };
+    }
     // Criterion benches (per-stage compile times, training step), then the report of
     // saved bytes, recomputation and stage medians. `--report` skips criterion.
     if !args.iter().any(|a| a == "--report") {
@@ -224,7 +243,7 @@ fn main() -> Result<()> {
         Some("bench") => bench(&args[1..]),
         Some("train") => train(&args[1..]),
         Some("help") | None => {
-            println!("usage: cargo xtask <task>\n\ntasks:\n  ci       fmt check, clippy -D warnings, a short main job, all tests\n  train    the main job: install Fashion-MNIST if missing, then `aotgrad train ARGS` (release build; try `-- --help`)\n  bench    criterion benches + the report written to target/bench/report.{{md,json}} (--report: report only;\n           --compare: aotgrad next to PyTorch eager, interleaved, with AOTGRAD_COMPARE_PYTHON=a python with torch)");
+            println!("usage: cargo xtask <task>\n\ntasks:\n  ci       fmt check, clippy -D warnings, a short main job, all tests\n  train    the main job: install Fashion-MNIST if missing, then `aotgrad train ARGS` (release build; try `-- --help`)\n  bench    criterion benches + the report written to target/bench/report.{{md,json}} (--report: report only;\n           --compare: aotgrad next to PyTorch eager, interleaved, with AOTGRAD_COMPARE_PYTHON=a python with torch;\n           --backend wgpu [--quick|--full]: the wgpu backend's GB/s and GFLOP/s next to the CPU backend)");
             Ok(())
         }
         Some(other) => bail!("unknown task `{other}` (try `cargo xtask help`)"),

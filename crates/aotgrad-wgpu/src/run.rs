@@ -414,6 +414,98 @@ impl WgpuCompiledGraph {
     }
 }
 
+impl WgpuCompiledGraph {
+    /// Device time of one run of this graph's kernels, host↔device transfers
+    /// excluded (what `cargo xtask bench --backend wgpu` reports as GB/s and
+    /// GFLOP/s): the inputs are uploaded once and the bind groups made once, one run
+    /// warms up, then `reps` runs are recorded into one command buffer, submitted, and
+    /// waited for; the wall time of that submission divided by `reps`. Graphs with
+    /// host-run steps or on the interpreter are refused (their time is not the
+    /// device's).
+    pub fn device_seconds(&self, inputs: &[CpuTensor], reps: usize) -> Result<f64, BackendError> {
+        self.device_seconds_inner(inputs, reps.max(1)).map_err(backend_err)
+    }
+
+    fn device_seconds_inner(&self, inputs: &[CpuTensor], reps: usize) -> Result<f64, WgpuError> {
+        let unsupported = |reason: &str| WgpuError::Unsupported { what: "device timing".into(), reason: reason.into() };
+        if self.plan.is_none() {
+            return Err(unsupported("the graph runs on the reference interpreter"));
+        }
+        let env = aotgrad_cpu::bind_inputs(&self.graph, inputs, &[])?;
+        let gpu = gpu()?;
+        gpu.check_health()?;
+        let inst = self.instance_for(gpu, &env)?;
+        if inst.steps.iter().any(|s| matches!(s, Step::Host(_))) {
+            return Err(unsupported("the graph has host-run steps"));
+        }
+        let arena = inst.arena(gpu)?;
+        let mut uploaded: Vec<Option<wgpu::Buffer>> = vec![None; inst.loc.len()];
+        let mut passes = Vec::new();
+        for (si, step) in inst.steps.iter().enumerate() {
+            let Step::Gpu(k) = step else { continue };
+            let mut entries = Vec::with_capacity(k.bindings.len());
+            for (b, _) in &k.bindings {
+                let buf = match inst.loc[*b] {
+                    Loc::Slot(s) => arena.slots[s].clone(),
+                    Loc::Output(o) => arena.outs[o].clone(),
+                    Loc::Input(i) => match &uploaded[*b] {
+                        Some(u) => u.clone(),
+                        None => {
+                            let guard = inputs[i].storage.read();
+                            let bytes = to_device_bytes(&guard, inst.input_need[i] as usize, &k.what)?;
+                            let u = create_buffer(gpu, &format!("upload b{b}"), (bytes.len() as u64).max(4), STORAGE)?;
+                            gpu.queue.write_buffer(&u, 0, &bytes);
+                            gpu.counters.upload(bytes.len() as u64);
+                            uploaded[*b] = Some(u.clone());
+                            u
+                        }
+                    },
+                    Loc::Extern => {
+                        return Err(WgpuError::Internal(format!("kernel {} reads an extern buffer", k.entry)))
+                    }
+                };
+                entries.push(buf);
+            }
+            if k.groups.contains(&0) {
+                continue;
+            }
+            let pipe = inst.pipelines[si].as_ref().ok_or_else(|| WgpuError::Internal("no pipeline".into()))?;
+            let bind: Vec<wgpu::BindGroupEntry> = entries
+                .iter()
+                .enumerate()
+                .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
+                .collect();
+            let group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(&k.entry),
+                layout: &pipe.get_bind_group_layout(0),
+                entries: &bind,
+            });
+            passes.push((pipe, group, k.groups));
+        }
+        let run = |n: usize| -> Result<f64, WgpuError> {
+            let mut encoder =
+                gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("aotgrad timing") });
+            for _ in 0..n {
+                for (pipe, group, groups) in &passes {
+                    let mut pass = encoder
+                        .begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
+                    pass.set_pipeline(pipe);
+                    pass.set_bind_group(0, group, &[]);
+                    pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+                }
+            }
+            let t = std::time::Instant::now();
+            gpu.queue.submit([encoder.finish()]);
+            gpu.counters.submit();
+            gpu.wait()?;
+            Ok(t.elapsed().as_secs_f64())
+        };
+        let result = run(1).and_then(|_| run(reps)).map(|s| s / reps as f64);
+        inst.pool.lock().unwrap_or_else(|e| e.into_inner()).push(arena);
+        result
+    }
+}
+
 fn kernel_list(inst: &Instance) -> String {
     let mut s = String::new();
     for step in &inst.steps {

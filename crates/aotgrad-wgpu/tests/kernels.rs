@@ -162,3 +162,29 @@ fn kernels_the_backend_cannot_run_are_clear_errors() {
     let e = f.call(&[x]).unwrap_err().to_string();
     assert!(e.contains("wgpu") && e.contains("f64"), "{e}");
 }
+
+#[test]
+fn device_timing_runs_the_kernels_and_refuses_graphs_with_host_steps() {
+    if gpu::adapter_or_skip().is_none() {
+        return;
+    }
+    // The bench's measurement: a positive time per run, and the graph still computes
+    // the same values afterwards (the timing shares its buffers).
+    let g = pointwise_graph();
+    let c = WgpuBackend::new().compile_graph(&g).unwrap();
+    let ins: Vec<_> = g.inputs.iter().enumerate().map(|(i, x)| tensor_for(&x.meta, i as f64, false)).collect();
+    let before = aotgrad_ir::CompiledGraph::run(&c, &ins).unwrap()[0].to_vec_f64();
+    let s = c.device_seconds(&ins, 3).unwrap();
+    assert!(s.is_finite() && s > 0.0, "{s}");
+    assert_eq!(aotgrad_ir::CompiledGraph::run(&c, &ins).unwrap()[0].to_vec_f64(), before);
+    // cumsum runs on the host: its time would not be the device's.
+    let mut g = Graph::new();
+    let x = input(&mut g, "x", m(&[4, 8], DType::F32));
+    let y = node(&mut g, Op::Cumsum(1), &[x]);
+    let z = node(&mut g, Op::Unary(UnaryOp::Exp), &[y]);
+    g.outputs = vec![z];
+    let c = WgpuBackend::new().compile_graph(&g).unwrap();
+    let ins = vec![tensor_for(&g.inputs[0].meta, 0.0, false)];
+    let e = c.device_seconds(&ins, 1).unwrap_err().to_string();
+    assert!(e.contains("device timing") && e.contains("host-run steps"), "{e}");
+}
