@@ -23,6 +23,12 @@ fn arg<'a>(op: &Op, args: &[&'a CpuTensor], i: usize) -> Result<&'a CpuTensor> {
 
 /// Run one op. See the crate docs of [`crate::execute`].
 pub fn execute(op: &Op, args: &[&CpuTensor], out: &TensorMeta) -> Result<CpuTensor> {
+    // Elements on a device come back first (a view needs none of them).
+    if !matches!(op.aliasing(), Aliasing::View | Aliasing::MutatesMeta) {
+        for a in args {
+            a.storage.sync_host().map_err(CpuError::Device)?;
+        }
+    }
     match op.aliasing() {
         Aliasing::View | Aliasing::MutatesMeta => {
             let x = arg(op, args, 0)?;

@@ -33,7 +33,7 @@ mod tensor;
 
 pub use backend::{InterpretedGraph, ReferenceBackend};
 pub use compiled::{cpu_target, wait_for_jit_idle, AllocStats, CpuBackend, CpuCompiledGraph};
-pub use storage::{release_recycled, take_recycled, Buffer, CpuTensor, Storage};
+pub use storage::{release_recycled, take_recycled, Buffer, CpuTensor, DeviceBuffer, Storage};
 
 use aotgrad_ir::{Graph, Op, ShapeError, SourceLoc, TensorMeta, ValueId};
 use thiserror::Error;
@@ -75,6 +75,9 @@ pub enum CpuError {
         #[source]
         source: Box<CpuError>,
     },
+    /// A tensor's elements live on a device, and reading them back failed.
+    #[error("reading a device tensor back to the host failed: {0}")]
+    Device(String),
     /// Memory for a result could not be allocated.
     #[error("out of memory: cannot allocate {bytes} bytes ({}) for {what}", human_bytes(*.bytes))]
     OutOfMemory {

@@ -46,6 +46,7 @@ impl CpuTensor {
     }
 
     fn gather_kind(&self, kind: Kind) -> Result<Vals> {
+        self.storage.sync_host().map_err(CpuError::Device)?;
         let layout = Layout::from_meta(&self.meta)?;
         let guard = self.storage.read();
         gather_buffer("to_vec", &guard, &layout, kind)
@@ -107,6 +108,7 @@ impl CpuTensor {
     /// A contiguous copy of the elements in their own dtype, or an error if the
     /// metadata does not fit the storage.
     pub fn try_contiguous_buffer(&self) -> Result<Buffer> {
+        self.storage.sync_host().map_err(CpuError::Device)?;
         let layout = Layout::from_meta(&self.meta)?;
         let guard = self.storage.read();
         copy_strided("contiguous", &guard, &layout)

@@ -5,9 +5,10 @@
 //! fusion groups, views as index arithmetic, liveness slots) and, for static shapes,
 //! lowers every kernel to a WGSL entry point and creates its pipeline right away; a
 //! dynamic graph is lowered once per binding of its symbols and cached. A call
-//! uploads the inputs the kernels read, records every kernel of the graph into one
-//! command buffer (split only around host-run ops), and reads back the outputs. The
-//! buffer plan's slots become GPU buffers allocated on the first call and reused.
+//! uploads the host inputs the kernels read, records every kernel of the graph into
+//! one command buffer (split only around host-run ops), submits it and returns
+//! without waiting. The buffer plan's slots become GPU buffers allocated on the first
+//! call and reused.
 //!
 //! What runs where (see `wgsl` for the lowering):
 //! - pointwise chains, reductions with their prologue, and matmul / bmm with their
@@ -18,8 +19,12 @@
 //! - graphs the planner does not cover (mutations, composite ops kept whole) run on
 //!   the reference interpreter, as on the compiled CPU backend.
 //!
-//! Tensors are [`aotgrad_cpu::CpuTensor`]s at the graph boundary: every call uploads
-//! its inputs and returns host tensors (device-resident tensors are not built yet).
+//! Tensors are [`aotgrad_cpu::CpuTensor`]s at the graph boundary, and they stay on
+//! the device: a call's outputs are storages holding only a device buffer
+//! ([`aotgrad_cpu::Storage::on_device`]), read back when the host needs their
+//! elements (`to_vec_f64`, printing, an eager op); an input already on the device is
+//! bound as it is, and a host input uploaded whole keeps its upload until the host
+//! writes it. [`transfers`] counts what crossed.
 //!
 //! Adapter choice: a hardware adapter when there is one, else the software Vulkan
 //! driver (lavapipe, Debian's `mesa-vulkan-drivers`); [`ADAPTER_ENV`] picks one by

@@ -19,10 +19,47 @@ enum Loc {
     Extern,
 }
 
-/// Device buffers one call uses, kept for the next call of the same instance.
+/// Device buffers one call uses: the slots (kept for the next call of the same
+/// instance) and the outputs (new every call: they become the results' storages).
 struct Arena {
     slots: Vec<wgpu::Buffer>,
     outs: Vec<wgpu::Buffer>,
+}
+
+/// A result's elements in a device buffer: the storage of a tensor the backend
+/// returns, read back only when the host needs it, and bound directly when a later
+/// call reads it.
+#[derive(Debug)]
+pub(crate) struct GpuBuffer {
+    buf: wgpu::Buffer,
+    dtype: DType,
+    len: usize,
+}
+
+impl aotgrad_cpu::DeviceBuffer for GpuBuffer {
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn read_back(&self) -> Result<HostBuffer, String> {
+        let gpu = gpu().map_err(|e| e.to_string())?;
+        let encoder = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("readback") });
+        let mut v = read_back(gpu, encoder, &[(&self.buf, self.dtype, self.len as u64)]).map_err(|e| e.to_string())?;
+        v.pop().ok_or_else(|| "no buffer came back".to_string())
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// The device buffer holding `t`'s storage, when it is one of ours of the right
+/// dtype and at least `need` elements.
+fn resident(t: &CpuTensor, need: u64) -> Option<wgpu::Buffer> {
+    let dev = t.storage.device_copy()?;
+    let g = dev.as_any().downcast_ref::<GpuBuffer>()?;
+    (g.dtype == t.meta.dtype && g.len as u64 >= need).then(|| g.buf.clone())
 }
 
 /// A plan lowered for one binding of its symbols.
@@ -36,7 +73,8 @@ struct Instance {
     out_bufs: Vec<(usize, DType, u64)>,
     /// Per graph input: elements the kernels read.
     input_need: Vec<u64>,
-    pool: Mutex<Vec<Arena>>,
+    /// Slot buffers of earlier calls, for reuse.
+    pool: Mutex<Vec<Vec<wgpu::Buffer>>>,
 }
 
 fn bytes_of(dtype: DType, elems: u64) -> u64 {
@@ -144,16 +182,17 @@ impl Instance {
     }
 
     fn arena(&self, gpu: &Gpu) -> Result<Arena, WgpuError> {
-        if let Some(a) = self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop() {
-            return Ok(a);
-        }
-        let slots = self
-            .slots
-            .slots
-            .iter()
-            .enumerate()
-            .map(|(i, s)| create_buffer(gpu, &format!("slot {i}"), bytes_of(s.dtype, s.elems as u64), STORAGE))
-            .collect::<Result<Vec<_>, _>>()?;
+        let pooled = self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let slots = match pooled {
+            Some(s) => s,
+            None => self
+                .slots
+                .slots
+                .iter()
+                .enumerate()
+                .map(|(i, s)| create_buffer(gpu, &format!("slot {i}"), bytes_of(s.dtype, s.elems as u64), STORAGE))
+                .collect::<Result<Vec<_>, _>>()?,
+        };
         let outs = self
             .out_bufs
             .iter()
@@ -409,7 +448,7 @@ impl WgpuCompiledGraph {
         }
         let arena = inst.arena(gpu)?;
         let result = run_steps(gpu, &inst, &arena, inputs);
-        inst.pool.lock().unwrap_or_else(|e| e.into_inner()).push(arena);
+        inst.pool.lock().unwrap_or_else(|e| e.into_inner()).push(arena.slots);
         result
     }
 }
@@ -448,9 +487,13 @@ impl WgpuCompiledGraph {
                 let buf = match inst.loc[*b] {
                     Loc::Slot(s) => arena.slots[s].clone(),
                     Loc::Output(o) => arena.outs[o].clone(),
-                    Loc::Input(i) => match &uploaded[*b] {
-                        Some(u) => u.clone(),
+                    Loc::Input(i) => match uploaded[*b].clone().or_else(|| resident(&inputs[i], inst.input_need[i])) {
+                        Some(u) => {
+                            uploaded[*b] = Some(u.clone());
+                            u
+                        }
                         None => {
+                            inputs[i].storage.sync_host().map_err(aotgrad_cpu::CpuError::Device)?;
                             let guard = inputs[i].storage.read();
                             let bytes = to_device_bytes(&guard, inst.input_need[i] as usize, &k.what)?;
                             let u = create_buffer(gpu, &format!("upload b{b}"), (bytes.len() as u64).max(4), STORAGE)?;
@@ -501,7 +544,7 @@ impl WgpuCompiledGraph {
             Ok(t.elapsed().as_secs_f64())
         };
         let result = run(1).and_then(|_| run(reps)).map(|s| s / reps as f64);
-        inst.pool.lock().unwrap_or_else(|e| e.into_inner()).push(arena);
+        inst.pool.lock().unwrap_or_else(|e| e.into_inner()).push(arena.slots);
         result
     }
 }
@@ -543,6 +586,14 @@ fn run_steps(gpu: &Gpu, inst: &Instance, arena: &Arena, inputs: &[CpuTensor]) ->
                 let mut entries = Vec::with_capacity(k.bindings.len());
                 for (b, _) in &k.bindings {
                     if device_buf(*b, &uploaded).is_none() {
+                        if let Loc::Input(i) = inst.loc[*b] {
+                            // A tensor already on the device is bound as it is.
+                            if let Some(d) = resident(&inputs[i], inst.input_need[i]) {
+                                uploaded[*b] = Some(d);
+                            }
+                        }
+                    }
+                    if device_buf(*b, &uploaded).is_none() {
                         let storage = match inst.loc[*b] {
                             Loc::Input(i) => inputs[i].storage.clone(),
                             _ => host
@@ -550,6 +601,7 @@ fn run_steps(gpu: &Gpu, inst: &Instance, arena: &Arena, inputs: &[CpuTensor]) ->
                                 .cloned()
                                 .ok_or_else(|| WgpuError::Internal(format!("buffer b{b} read before it exists")))?,
                         };
+                        storage.sync_host().map_err(aotgrad_cpu::CpuError::Device)?;
                         let guard = storage.read();
                         let elems = match inst.loc[*b] {
                             Loc::Input(i) => inst.input_need[i] as usize,
@@ -559,6 +611,13 @@ fn run_steps(gpu: &Gpu, inst: &Instance, arena: &Arena, inputs: &[CpuTensor]) ->
                         let buf = create_buffer(gpu, &format!("upload b{b}"), (bytes.len() as u64).max(4), STORAGE)?;
                         gpu.queue.write_buffer(&buf, 0, &bytes);
                         gpu.counters.upload(bytes.len() as u64);
+                        // A whole input uploaded stays with its storage: the next
+                        // call binds it until the host writes the storage.
+                        if matches!(inst.loc[*b], Loc::Input(_)) && elems == guard.len() {
+                            let copy = GpuBuffer { buf: buf.clone(), dtype: guard.dtype(), len: elems };
+                            storage.attach_device_copy(Arc::new(copy));
+                        }
+                        drop(guard);
                         uploaded[*b] = Some(buf);
                     }
                     entries
@@ -639,32 +698,41 @@ fn run_steps(gpu: &Gpu, inst: &Instance, arena: &Arena, inputs: &[CpuTensor]) ->
             }
         }
     }
-    // Outputs: device buffers come back in one submission.
-    let mut wanted: Vec<usize> = Vec::new();
+    // Outputs stay on the device: each output buffer of this call becomes a result's
+    // storage (a slot holding an output is copied into a buffer of its own first),
+    // read back only when the host needs it. The recorded kernels are submitted
+    // without waiting; a readback waits for them.
+    let mut results: HashMap<usize, Arc<Storage>> = HashMap::new();
     for o in &inst.plan.outputs {
-        if matches!(inst.loc[o.buf], Loc::Output(_) | Loc::Slot(_))
-            && !host.contains_key(&o.buf)
-            && !wanted.contains(&o.buf)
-        {
-            wanted.push(o.buf);
+        if results.contains_key(&o.buf) || matches!(inst.loc[o.buf], Loc::Input(_)) {
+            continue;
         }
+        if let Some(h) = host.get(&o.buf) {
+            results.insert(o.buf, h.clone());
+            continue;
+        }
+        let layout = &inst.plan.buffers[o.buf].layout;
+        let elems = extent(layout).unwrap_or(0) as u64;
+        let buf = match inst.loc[o.buf] {
+            Loc::Output(i) => arena.outs[i].clone(),
+            Loc::Slot(sl) => {
+                let own = create_buffer(gpu, &format!("output b{}", o.buf), bytes_of(layout.dtype, elems), STORAGE)?;
+                if elems > 0 {
+                    encoder.copy_buffer_to_buffer(&arena.slots[sl], 0, &own, 0, elems * 4);
+                    recorded = true;
+                }
+                own
+            }
+            Loc::Input(_) | Loc::Extern => {
+                return Err(WgpuError::Internal(format!("output b{} was never computed", o.buf)));
+            }
+        };
+        let dev = GpuBuffer { buf, dtype: layout.dtype, len: elems as usize };
+        results.insert(o.buf, Storage::on_device(Arc::new(dev)));
     }
-    if !wanted.is_empty() || recorded {
-        let bufs: Vec<(wgpu::Buffer, DType, u64)> = wanted
-            .iter()
-            .map(|b| {
-                let layout = &inst.plan.buffers[*b].layout;
-                let elems = extent(layout).unwrap_or(0) as u64;
-                device_buf(*b, &uploaded)
-                    .map(|d| (d, layout.dtype, elems))
-                    .ok_or_else(|| WgpuError::Internal(format!("output b{b} was never computed")))
-            })
-            .collect::<Result<_, _>>()?;
-        let refs: Vec<(&wgpu::Buffer, DType, u64)> = bufs.iter().map(|(b, d, n)| (b, *d, *n)).collect();
-        let vals = read_back(gpu, encoder, &refs)?;
-        for (b, v) in wanted.iter().zip(vals) {
-            host.insert(*b, Storage::new(v));
-        }
+    if recorded {
+        gpu.queue.submit([encoder.finish()]);
+        gpu.counters.submit();
     }
     inst.plan
         .outputs
@@ -672,7 +740,7 @@ fn run_steps(gpu: &Gpu, inst: &Instance, arena: &Arena, inputs: &[CpuTensor]) ->
         .map(|o| {
             let storage = match inst.loc[o.buf] {
                 Loc::Input(i) => inputs[i].storage.clone(),
-                _ => host
+                _ => results
                     .get(&o.buf)
                     .cloned()
                     .ok_or_else(|| WgpuError::Internal(format!("output b{} was never computed", o.buf)))?,

@@ -633,6 +633,10 @@ impl CompiledGraph<CpuTensor> for CpuCompiledGraph {
         if self.plan.is_none() {
             return interpret_with_symbols(self.graph.full()?, inputs, symbols).map_err(err);
         }
+        // Inputs whose elements are on a device come back first.
+        for t in inputs {
+            t.storage.sync_host().map_err(|e| err(CpuError::Device(e)))?;
+        }
         self.run_planned(inputs, symbols).map_err(err)
     }
     fn serialize(&self) -> Vec<u8> {

@@ -235,6 +235,8 @@ pub struct AdamW {
     update: Option<(Vec<String>, AotFunction)>,
     /// The result cache of the compiled update (the environment's by default).
     cache: Option<std::sync::Arc<crate::Cache>>,
+    /// The backend the update compiles for (`AotConfig::default`'s unless set).
+    backend: Option<std::sync::Arc<dyn aotgrad_ir::Backend<aotgrad_cpu::CpuTensor>>>,
 }
 
 impl std::fmt::Debug for AdamW {
@@ -282,6 +284,7 @@ impl AdamW {
             moments: HashMap::new(),
             update: None,
             cache: AotConfig::default().cache,
+            backend: None,
         })
     }
 
@@ -303,6 +306,14 @@ impl AdamW {
     /// environment decides, as for [`AotConfig::default`].
     pub fn with_cache(mut self, cache: Option<std::sync::Arc<crate::Cache>>) -> AdamW {
         self.cache = cache;
+        self.update = None;
+        self
+    }
+
+    /// Compile the update for `backend` (e.g. the wgpu backend, so that parameters
+    /// and moments a device holds stay there); by default `AotConfig::default`'s.
+    pub fn with_backend(mut self, backend: std::sync::Arc<dyn aotgrad_ir::Backend<aotgrad_cpu::CpuTensor>>) -> AdamW {
+        self.backend = Some(backend);
         self.update = None;
         self
     }
@@ -345,10 +356,14 @@ impl AdamW {
                     }
                     Ok(Vec::new())
                 },
-                AotConfig {
-                    name: if decoupled { "adamw_update" } else { "adam_update" }.into(),
-                    cache: self.cache.clone(),
-                    ..AotConfig::default()
+                {
+                    let base = AotConfig::default();
+                    AotConfig {
+                        name: if decoupled { "adamw_update" } else { "adam_update" }.into(),
+                        cache: self.cache.clone(),
+                        backend: self.backend.clone().unwrap_or(base.backend.clone()),
+                        ..base
+                    }
                 },
             )?;
             self.update = Some((names.to_vec(), f));

@@ -23,6 +23,32 @@ fn view_of(base: &Tensor, meta: &TensorMeta) -> Result<Tensor> {
     Ok(v)
 }
 
+/// Whether `t` covers its whole storage in row-major order.
+fn covers_storage(t: &CpuTensor) -> bool {
+    t.meta.is_contiguous()
+        && t.meta.concrete_offset() == Some(0)
+        && t.meta.numel().as_const() == Some(t.storage.len() as i64)
+}
+
+/// Copy a mutated input's new value `src` into the caller's storage `dst`. A value a
+/// device backend left on its device replaces a storage it covers whole without
+/// coming back to the host (device copies are never written after they are made,
+/// so the two storages may share one); anything else is an element copy.
+fn write_back(dst: &CpuTensor, src: &CpuTensor) -> Result<()> {
+    if let Some(dev) = src.storage.device_copy() {
+        if !src.storage.on_host()
+            && dst.meta.dtype == src.meta.dtype
+            && dst.meta.shape == src.meta.shape
+            && covers_storage(dst)
+            && covers_storage(src)
+        {
+            return dst.storage.set_device(dev).map_err(Error::Internal);
+        }
+    }
+    aotgrad_cpu::execute(&Op::InPlace(Box::new(Op::Copy)), &[dst, src], &dst.meta)?;
+    Ok(())
+}
+
 /// Run the inference graph of `entry` on the call's arguments, then the epilogue.
 pub(crate) fn run(name: &str, entry: &Entry, args: &[Arg], env: &Bindings) -> Result<Vec<Tensor>> {
     let inputs = graph_inputs(name, entry, args)?;
@@ -56,8 +82,7 @@ pub(crate) fn apply(
     let _no_grad = NoGradGuard::new();
     // 1. data mutations
     for (k, &g) in meta.mutated_inputs.iter().enumerate() {
-        let dst = &inputs[g];
-        aotgrad_cpu::execute(&Op::InPlace(Box::new(Op::Copy)), &[dst, &outs[k]], &dst.meta)?;
+        write_back(&inputs[g], &outs[k])?;
     }
     // 2. metadata mutations
     for (k, info) in meta.inputs.iter().enumerate() {
