@@ -136,7 +136,7 @@ fn main() -> Result<()> {
     }
     let (rounds, target) = if quick { (1, 0.02) } else { (5, 0.2) };
     let mut md = String::new();
-    writeln!(md, "adapter: {} ({}, {}) — {}", a.name, a.backend, a.driver, a.reason)?;
+    writeln!(md, "adapter: {} ({}, {}) — {}; SHADER_F16: {}", a.name, a.backend, a.driver, a.reason, a.shader_f16)?;
     if a.software {
         writeln!(
             md,

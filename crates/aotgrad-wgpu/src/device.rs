@@ -29,6 +29,9 @@ pub struct AdapterSummary {
     pub max_buffer_bytes: u64,
     /// Storage buffers one kernel may bind.
     pub max_storage_buffers: u32,
+    /// Whether kernels may hold f16 values (wgpu's `SHADER_F16`: f16 arithmetic and
+    /// 16-bit storage); f16 graphs need it.
+    pub shader_f16: bool,
 }
 
 /// Host↔device traffic of the process, for residency tests and logs.
@@ -163,9 +166,10 @@ fn open() -> Result<Gpu, String> {
     let adapter = &adapters[index];
     let info = &infos[index];
     let limits = adapter.limits();
+    let shader_f16 = adapter.features().contains(wgpu::Features::SHADER_F16);
     let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
         label: Some("aotgrad"),
-        required_features: wgpu::Features::empty(),
+        required_features: if shader_f16 { wgpu::Features::SHADER_F16 } else { wgpu::Features::empty() },
         required_limits: limits.clone(),
         experimental_features: wgpu::ExperimentalFeatures::disabled(),
         memory_hints: wgpu::MemoryHints::Performance,
@@ -193,6 +197,7 @@ fn open() -> Result<Gpu, String> {
         max_binding_bytes: limits.max_storage_buffer_binding_size as u64,
         max_buffer_bytes: limits.max_buffer_size,
         max_storage_buffers: limits.max_storage_buffers_per_shader_stage,
+        shader_f16,
     };
     tracing::info!(adapter = %summary.name, backend = %summary.backend, reason = %summary.reason, "wgpu adapter");
     let timeout = std::env::var("AOTGRAD_WGPU_TIMEOUT_S")

@@ -77,10 +77,19 @@ struct Instance {
     pool: Mutex<Vec<Vec<wgpu::Buffer>>>,
 }
 
+/// Bytes of a device element: f16 is 2, every other device type 4 (bool as u32).
+fn elem_bytes(dtype: DType) -> u64 {
+    if dtype == DType::F16 {
+        2
+    } else {
+        4
+    }
+}
+
+/// Bytes of a device buffer of `elems` elements: a multiple of 4 (what copies and
+/// writes need), never empty (bindings must not be).
 fn bytes_of(dtype: DType, elems: u64) -> u64 {
-    // Every device element is 4 bytes; bindings must not be empty.
-    let _ = dtype;
-    (elems * 4).max(4)
+    (elems * elem_bytes(dtype)).next_multiple_of(4).max(4)
 }
 
 fn create_buffer(gpu: &Gpu, label: &str, bytes: u64, usage: wgpu::BufferUsages) -> Result<wgpu::Buffer, WgpuError> {
@@ -240,11 +249,15 @@ fn pipeline(gpu: &Gpu, entry: &str, wgsl: &str) -> Result<wgpu::ComputePipeline,
     Ok(p)
 }
 
-/// Host buffer → device bytes (4 per element).
+/// Host buffer → device bytes (4 per element, 2 for f16; padded to a multiple of 4).
 fn to_device_bytes(buf: &HostBuffer, elems: usize, what: &str) -> Result<Vec<u8>, WgpuError> {
     elem_type(buf.dtype(), what)?;
-    let mut out = Vec::with_capacity(elems * 4);
+    let mut out = Vec::with_capacity(bytes_of(buf.dtype(), elems as u64) as usize);
     match buf {
+        HostBuffer::F16(v) => {
+            v[..elems].iter().for_each(|x| out.extend_from_slice(&x.to_bits().to_le_bytes()));
+            out.resize(out.len().next_multiple_of(4), 0);
+        }
         HostBuffer::F32(v) => v[..elems].iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
         HostBuffer::Bool(v) => v[..elems].iter().for_each(|x| out.extend_from_slice(&(*x as u32).to_le_bytes())),
         HostBuffer::I32(v) => v[..elems].iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
@@ -254,6 +267,10 @@ fn to_device_bytes(buf: &HostBuffer, elems: usize, what: &str) -> Result<Vec<u8>
 }
 
 fn from_device_bytes(dtype: DType, bytes: &[u8], elems: usize) -> Result<HostBuffer, WgpuError> {
+    if dtype == DType::F16 {
+        let halves = bytes.chunks_exact(2).take(elems).map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])));
+        return Ok(HostBuffer::F16(halves.collect()));
+    }
     let words = bytes.chunks_exact(4).take(elems).map(|c| [c[0], c[1], c[2], c[3]]);
     Ok(match dtype {
         DType::F32 => HostBuffer::F32(words.map(f32::from_le_bytes).collect()),
@@ -271,12 +288,12 @@ fn read_back(
     bufs: &[(&wgpu::Buffer, DType, u64)],
 ) -> Result<Vec<HostBuffer>, WgpuError> {
     let mut staging = Vec::with_capacity(bufs.len());
-    for (i, (b, _, n)) in bufs.iter().enumerate() {
-        let bytes = n * 4;
-        if bytes == 0 {
+    for (i, (b, dtype, n)) in bufs.iter().enumerate() {
+        if *n == 0 {
             staging.push(None);
             continue;
         }
+        let bytes = bytes_of(*dtype, *n);
         let s = create_buffer(
             gpu,
             &format!("readback {i}"),
@@ -313,7 +330,7 @@ fn read_back(
                 out.push(from_device_bytes(*dtype, &view, *n as usize)?);
                 drop(view);
                 s.unmap();
-                gpu.counters.readback(n * 4);
+                gpu.counters.readback(n * elem_bytes(*dtype));
             }
         }
     }
@@ -718,7 +735,7 @@ fn run_steps(gpu: &Gpu, inst: &Instance, arena: &Arena, inputs: &[CpuTensor]) ->
             Loc::Slot(sl) => {
                 let own = create_buffer(gpu, &format!("output b{}", o.buf), bytes_of(layout.dtype, elems), STORAGE)?;
                 if elems > 0 {
-                    encoder.copy_buffer_to_buffer(&arena.slots[sl], 0, &own, 0, elems * 4);
+                    encoder.copy_buffer_to_buffer(&arena.slots[sl], 0, &own, 0, bytes_of(layout.dtype, elems));
                     recorded = true;
                 }
                 own

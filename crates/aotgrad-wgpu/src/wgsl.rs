@@ -106,15 +106,29 @@ pub(crate) fn elem_type(dtype: DType, what: &str) -> Result<&'static str, WgpuEr
             what: what.to_string(),
             reason: "f64 values: WGSL has no 64-bit floats (cast to f32, or use the CPU backend)".into(),
         }),
-        DType::F16 | DType::BF16 => Err(WgpuError::Unsupported {
+        DType::F16 if f16_available() => Ok("f16"),
+        DType::F16 => Err(WgpuError::Unsupported {
             what: what.to_string(),
-            reason: format!("{dtype} values: this backend computes in f32 only (cast to f32, or use the CPU backend)"),
+            reason: format!(
+                "f16 values need an adapter with SHADER_F16 (f16 arithmetic and 16-bit storage), and {} lacks it \
+                 (cast to f32, or use the CPU backend)",
+                crate::device::gpu().map_or_else(|_| "this adapter".to_string(), |g| g.summary.name.clone())
+            ),
+        }),
+        DType::BF16 => Err(WgpuError::Unsupported {
+            what: what.to_string(),
+            reason: "bf16 values: WGSL has no bf16 type (cast to f32 or f16, or use the CPU backend)".into(),
         }),
         DType::I64 => Err(WgpuError::Unsupported {
             what: what.to_string(),
             reason: "i64 values on the device (i64 tensors stay on the host; a fused kernel cannot read them)".into(),
         }),
     }
+}
+
+/// Whether the device takes f16 values (the adapter has `SHADER_F16`).
+pub(crate) fn f16_available() -> bool {
+    crate::device::gpu().is_ok_and(|g| g.summary.shader_f16)
 }
 
 /// Largest index any thread computes must fit in `u32`.
@@ -222,6 +236,20 @@ fn lit(v: f64) -> String {
         format!("bitcast<f32>({:#010x}u)", f.to_bits())
     }
 }
+
+/// f32 to f16 as the CPU rounds it: nearest even, overflow to ±inf (WGSL leaves a
+/// conversion out of f16's range indeterminate, so overflow is made by doubling the
+/// largest finite f16 at run time; naga cannot bitcast a u32 to f16 bits), NaN
+/// converted as it is (IEEE hardware, lavapipe included, keeps it). Only in shaders
+/// that enable f16.
+const PRELUDE_F16: &str = r#"fn ag_f16(x: f32) -> f16 {
+  // The largest finite f16 with x's sign; doubled at run time it overflows to inf.
+  let m = f16(65504.0) * f16(select(1.0, -1.0, x < 0.0));
+  if (abs(x) >= 65520.0) { return m + m; }
+  if (ag_isnan(x)) { return f16(x); }
+  return f16(clamp(x, -65504.0, 65504.0));
+}
+"#;
 
 /// Helper functions every shader may call (unused ones are dropped by the compiler).
 const PRELUDE: &str = r#"fn ag_isnan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }
@@ -394,11 +422,15 @@ fn emit_body(
                 format!("select({e}, {}, ag_isnan({}))", r(*x), r(*x))
             }
             Instr::Round(DType::F32, a) => r(*a),
+            Instr::Round(DType::F16, a) if f16_available() => format!("f32(ag_f16({}))", r(*a)),
             Instr::Round(DType::Bool, a) => format!("select(0.0, 1.0, {} != 0.0)", r(*a)),
             Instr::Round(d, _) => {
                 return Err(WgpuError::Unsupported {
                     what: what.to_string(),
-                    reason: format!("rounding to {d}: this backend computes in f32 only"),
+                    reason: format!(
+                        "rounding to {d}: the device holds no {d} values (f16 needs an adapter with SHADER_F16; \
+                         WGSL has no bf16)"
+                    ),
                 })
             }
         };
@@ -421,6 +453,7 @@ fn store_stmt(binds: &Binds, a: &Access, vars: &[Option<String>], reg: &str) -> 
     let b = binds.slot(a.buf);
     let v = match a.dtype {
         DType::F32 => reg.to_string(),
+        DType::F16 => format!("ag_f16({reg})"),
         DType::Bool => format!("select(0u, 1u, {reg} != 0.0)"),
         _ => format!("i32({reg})"),
     };
@@ -499,7 +532,7 @@ fn lower_reduce(r: &ReduceKernel, entry: &str) -> Result<GpuKernel, WgpuError> {
     }
     binds.add(&r.dst, true, &what)?;
     check_u32(access_extent(&r.dst)?, &what)?;
-    if r.dst.dtype != DType::F32 {
+    if !matches!(r.dst.dtype, DType::F32 | DType::F16) {
         return Err(WgpuError::Unsupported { what, reason: format!("a {} result", r.dst.dtype) });
     }
     let groups = grid(n_out, &what)?;
@@ -605,8 +638,11 @@ fn lower_matmul(m: &MatmulKernel, entry: &str, plan: &KernelPlan, kernel: usize)
         binds.add(acc, false, &what)?;
         check_u32(access_extent(acc)?, &what)?;
     }
-    if m.a.dtype != DType::F32 {
-        return Err(WgpuError::Unsupported { what, reason: format!("{} operands: WGSL matmuls are f32", m.a.dtype) });
+    if !matches!(m.a.dtype, DType::F32 | DType::F16) || m.b.dtype != m.a.dtype {
+        return Err(WgpuError::Unsupported {
+            what,
+            reason: format!("{} x {} operands: WGSL matmuls take f32 or f16", m.a.dtype, m.b.dtype),
+        });
     }
     // The product itself is stored unless only the fused epilogue reads it.
     let only_epilogue = fused.is_some()
@@ -661,13 +697,13 @@ fn lower_matmul(m: &MatmulKernel, entry: &str, plan: &KernelPlan, kernel: usize)
     let _ = writeln!(src, "      var va: f32 = 0.0;\n      if (row0 + ar < {n}u && k0 + ak < {k}u) {{");
     let _ = writeln!(
         src,
-        "        va = b{ba}[{a_off}u + z * {asb}u + (row0 + ar) * {asn}u + (k0 + ak) * {ask}u];\n      }}"
+        "        va = f32(b{ba}[{a_off}u + z * {asb}u + (row0 + ar) * {asn}u + (k0 + ak) * {ask}u]);\n      }}"
     );
     src.push_str("      ta[ak * 64u + ar] = va;\n      let bk = li / 64u;\n      let bc = li % 64u;\n");
     let _ = writeln!(src, "      var vb: f32 = 0.0;\n      if (k0 + bk < {k}u && col0 + bc < {mm}u) {{");
     let _ = writeln!(
         src,
-        "        vb = b{bb}[{b_off}u + z * {bsb}u + (k0 + bk) * {bsk}u + (col0 + bc) * {bsm}u];\n      }}"
+        "        vb = f32(b{bb}[{b_off}u + z * {bsb}u + (k0 + bk) * {bsk}u + (col0 + bc) * {bsm}u]);\n      }}"
     );
     src.push_str("      tb[bk * 64u + bc] = vb;\n    }\n    workgroupBarrier();\n");
     src.push_str("    for (var kk: u32 = 0u; kk < 16u; kk = kk + 1u) {\n");
@@ -736,7 +772,11 @@ pub(crate) fn lower_plan(plan: &KernelPlan) -> Result<Vec<Step>, WgpuError> {
     }
     for s in &mut steps {
         if let Step::Gpu(g) = s {
-            g.wgsl = format!("{PRELUDE}\n{}", g.wgsl);
+            g.wgsl = if g.wgsl.contains("f16") {
+                format!("enable f16;\n{PRELUDE}{PRELUDE_F16}\n{}", g.wgsl)
+            } else {
+                format!("{PRELUDE}\n{}", g.wgsl)
+            };
         }
     }
     Ok(steps)

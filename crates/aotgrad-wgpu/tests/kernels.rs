@@ -10,6 +10,8 @@ mod gpu;
 
 use aotgrad::nn::TransformerBlock;
 use aotgrad::prelude::*;
+use aotgrad_cpu::CpuTensor;
+use aotgrad_ir::CompiledGraph;
 use aotgrad_ir::{BinaryOp, Graph, Op, UnaryOp};
 use aotgrad_wgpu::WgpuBackend;
 use differential::{input, m, node, pointwise_graph, tensor_for, Suite};
@@ -173,10 +175,10 @@ fn device_timing_runs_the_kernels_and_refuses_graphs_with_host_steps() {
     let g = pointwise_graph();
     let c = WgpuBackend::new().compile_graph(&g).unwrap();
     let ins: Vec<_> = g.inputs.iter().enumerate().map(|(i, x)| tensor_for(&x.meta, i as f64, false)).collect();
-    let before = aotgrad_ir::CompiledGraph::run(&c, &ins).unwrap()[0].to_vec_f64();
+    let before = c.run(&ins).unwrap()[0].to_vec_f64();
     let s = c.device_seconds(&ins, 3).unwrap();
     assert!(s.is_finite() && s > 0.0, "{s}");
-    assert_eq!(aotgrad_ir::CompiledGraph::run(&c, &ins).unwrap()[0].to_vec_f64(), before);
+    assert_eq!(c.run(&ins).unwrap()[0].to_vec_f64(), before);
     // cumsum runs on the host: its time would not be the device's.
     let mut g = Graph::new();
     let x = input(&mut g, "x", m(&[4, 8], DType::F32));
@@ -187,4 +189,75 @@ fn device_timing_runs_the_kernels_and_refuses_graphs_with_host_steps() {
     let ins = vec![tensor_for(&g.inputs[0].meta, 0.0, false)];
     let e = c.device_seconds(&ins, 1).unwrap_err().to_string();
     assert!(e.contains("device timing") && e.contains("host-run steps"), "{e}");
+}
+
+#[test]
+fn f16_kernels_match_the_interpreter_where_the_adapter_has_shader_f16() {
+    let Some(a) = gpu::adapter_or_skip() else { return };
+    let h = DType::F16;
+    let mut x_sin = Graph::new();
+    {
+        // x.sin().mul(2).add(y).relu(), stored as f16.
+        let g = &mut x_sin;
+        let x = input(g, "x", m(&[4, 8], h));
+        let y = input(g, "y", m(&[8], h));
+        let s = node(g, Op::Unary(UnaryOp::Sin), &[x]);
+        let t = node(g, Op::BinaryScalar(BinaryOp::Mul, aotgrad_ir::Scalar::Float(2.0)), &[s]);
+        let u = node(g, Op::Binary(BinaryOp::Add), &[t, y]);
+        let r = node(g, Op::Unary(UnaryOp::Relu), &[u]);
+        g.outputs = vec![r];
+    }
+    if !a.shader_f16 {
+        // Without the feature: a clear error naming the kernel and what is missing.
+        let e = WgpuBackend::new().compile_graph(&x_sin).unwrap_err().to_string();
+        assert!(e.contains("f16") && e.contains("SHADER_F16"), "{e}");
+        return;
+    }
+    let suite = Suite { backends: vec![("wgpu".into(), Box::new(WgpuBackend::new()))], f64: false, tol_scale: 1.0 };
+    let ins = |g: &Graph, scale: f64| -> Vec<CpuTensor> {
+        g.inputs
+            .iter()
+            .enumerate()
+            .map(|(i, x)| {
+                let t = tensor_for(&x.meta, i as f64, false);
+                let v: Vec<f64> = t.to_vec_f64().iter().map(|v| v * scale).collect();
+                CpuTensor::from_f64(&v, &t.meta.concrete_shape().unwrap(), x.meta.dtype).unwrap()
+            })
+            .collect()
+    };
+    // One f16 ulp is about 1e-3 relative.
+    suite.check(&x_sin, &ins(&x_sin, 1.0), 2e-3);
+    // Overflow rounds to infinity, as on the CPU: x * 1000 for |x| up to 1000.
+    let mut g = Graph::new();
+    let x = input(&mut g, "x", m(&[64], h));
+    let y = node(&mut g, Op::BinaryScalar(BinaryOp::Mul, aotgrad_ir::Scalar::Float(1000.0)), &[x]);
+    g.outputs = vec![y];
+    let big = ins(&g, 1000.0);
+    suite.check(&g, &big, 2e-3);
+    let got = WgpuBackend::new().compile_graph(&g).unwrap().run(&big).unwrap()[0].to_vec_f64();
+    assert!(got.iter().any(|v| v.is_infinite()), "{got:?}");
+    // NaN stays NaN: log of negative values.
+    let mut g = Graph::new();
+    let x = input(&mut g, "x", m(&[16], h));
+    let y = node(&mut g, Op::Unary(UnaryOp::Log), &[x]);
+    g.outputs = vec![y];
+    let xs = ins(&g, 1.0);
+    suite.check(&g, &xs, 2e-3);
+    let got = WgpuBackend::new().compile_graph(&g).unwrap().run(&xs).unwrap()[0].to_vec_f64();
+    assert!(got.iter().any(|v| v.is_nan()) && got.iter().any(|v| v.is_finite()), "{got:?}");
+    // A reduction and a matmul over f16 operands (f32 accumulation, f16 results).
+    let mut g = Graph::new();
+    let x = input(&mut g, "x", m(&[6, 16], h));
+    let w = input(&mut g, "w", m(&[16, 5], h));
+    let p = node(&mut g, Op::Mm, &[x, w]);
+    let s = node(&mut g, Op::Reduce { op: aotgrad_ir::ReduceOp::Sum, dims: vec![1], keepdim: false }, &[x]);
+    g.outputs = vec![p, s];
+    suite.check(&g, &ins(&g, 1.0), 4e-3);
+    // Mixed: f16 in, f32 out.
+    let mut g = Graph::new();
+    let x = input(&mut g, "x", m(&[3, 7], h));
+    let c = node(&mut g, Op::Cast(DType::F32), &[x]);
+    let e = node(&mut g, Op::Unary(UnaryOp::Exp), &[c]);
+    g.outputs = vec![e];
+    suite.check(&g, &ins(&g, 1.0), 1e-5);
 }
