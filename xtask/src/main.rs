@@ -1,6 +1,7 @@
 //! `cargo xtask`: project chores.
 //!
-//! - `cargo xtask ci`: formatting check, clippy with warnings denied, the whole test suite.
+//! - `cargo xtask ci`: formatting check, clippy with warnings denied, the whole test suite,
+//!   then the inference contract suite again with `AOTGRAD_BACKEND=wgpu`.
 //!   This is what `.ci/run` and the README's test command run.
 //! - `cargo xtask train [ARGS]`: the main job — installs Fashion-MNIST when it is missing
 //!   (Debian's `dataset-fashion-mnist`, when running as root with apt), then runs
@@ -45,11 +46,18 @@ fn run_with(step: &str, args: &[&str], envs: &[(&str, &str)]) -> Result<()> {
 /// Run a `cargo test` command, echoing its output, and count the tests of every
 /// `test result:` line it prints: `(passed, failed)`.
 fn run_tests(step: &str, args: &[&str]) -> Result<(u64, u64)> {
+    run_tests_with(step, args, &[])
+}
+
+/// [`run_tests`] with environment variables set.
+fn run_tests_with(step: &str, args: &[&str], envs: &[(&str, &str)]) -> Result<(u64, u64)> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-    eprintln!("==> {step}: cargo {}", args.join(" "));
+    let shown: Vec<String> = envs.iter().map(|(k, v)| format!("{k}={v} ")).collect();
+    eprintln!("==> {step}: {}cargo {}", shown.concat(), args.join(" "));
     let start = Instant::now();
     let mut child = Command::new(&cargo)
         .args(args)
+        .envs(envs.iter().copied())
         .stdout(Stdio::piped())
         .spawn()
         .with_context(|| format!("could not start {cargo}"))?;
@@ -192,8 +200,21 @@ fn ci() -> Result<()> {
     ensure_vulkan()?;
     let (p1, f1) = run_tests("test", &["test", "--workspace", "--all-targets"])?;
     let (p2, f2) = run_tests("doctest", &["test", "--workspace", "--doc"])?;
+    // The inference contract suite again with wgpu as the default backend (on
+    // lavapipe here): device-resident results through every aliasing and mutation
+    // case of the contract.
+    let (p3, f3) = if std::env::var("AOTGRAD_SKIP_GPU_TESTS").is_ok_and(|v| v == "1") {
+        eprintln!("==> contract on wgpu: skipped (AOTGRAD_SKIP_GPU_TESTS=1)");
+        (0, 0)
+    } else {
+        run_tests_with(
+            "contract on wgpu",
+            &["test", "-p", "aotgrad", "--features", "wgpu", "--test", "inference"],
+            &[("AOTGRAD_BACKEND", "wgpu")],
+        )?
+    };
     // The plain closing line: the whole suite's count.
-    println!("ci: {} passed, {} failed", p1 + p2, f1 + f2);
+    println!("ci: {} passed, {} failed", p1 + p2 + p3, f1 + f2 + f3);
     Ok(())
 }
 

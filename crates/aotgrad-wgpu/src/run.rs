@@ -261,6 +261,19 @@ fn to_device_bytes(buf: &HostBuffer, elems: usize, what: &str) -> Result<Vec<u8>
         HostBuffer::F32(v) => v[..elems].iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
         HostBuffer::Bool(v) => v[..elems].iter().for_each(|x| out.extend_from_slice(&(*x as u32).to_le_bytes())),
         HostBuffer::I32(v) => v[..elems].iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        // i64 lives on the device as i32: every value must fit.
+        HostBuffer::I64(v) => {
+            for (k, x) in v[..elems].iter().enumerate() {
+                let w = i32::try_from(*x).map_err(|_| WgpuError::Unsupported {
+                    what: what.to_string(),
+                    reason: format!(
+                        "the i64 value {x} (element {k} of an operand) is beyond i32: the wgpu backend holds i64 \
+                         values as i32 on the device (use the CPU backend for larger integers)"
+                    ),
+                })?;
+                out.extend_from_slice(&w.to_le_bytes());
+            }
+        }
         other => return Err(WgpuError::Internal(format!("upload of {}", other.dtype()))),
     }
     Ok(out)
@@ -276,6 +289,7 @@ fn from_device_bytes(dtype: DType, bytes: &[u8], elems: usize) -> Result<HostBuf
         DType::F32 => HostBuffer::F32(words.map(f32::from_le_bytes).collect()),
         DType::Bool => HostBuffer::Bool(words.map(|w| u32::from_le_bytes(w) != 0).collect()),
         DType::I32 => HostBuffer::I32(words.map(i32::from_le_bytes).collect()),
+        DType::I64 => HostBuffer::I64(words.map(|w| i32::from_le_bytes(w) as i64).collect()),
         d => return Err(WgpuError::Internal(format!("readback of {d}"))),
     })
 }

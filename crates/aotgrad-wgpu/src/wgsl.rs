@@ -119,10 +119,8 @@ pub(crate) fn elem_type(dtype: DType, what: &str) -> Result<&'static str, WgpuEr
             what: what.to_string(),
             reason: "bf16 values: WGSL has no bf16 type (cast to f32 or f16, or use the CPU backend)".into(),
         }),
-        DType::I64 => Err(WgpuError::Unsupported {
-            what: what.to_string(),
-            reason: "i64 values on the device (i64 tensors stay on the host; a fused kernel cannot read them)".into(),
-        }),
+        // i64 values live on the device as i32, checked when uploaded (`run`).
+        DType::I64 => Ok("i32"),
     }
 }
 

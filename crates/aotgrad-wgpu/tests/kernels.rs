@@ -261,3 +261,24 @@ fn f16_kernels_match_the_interpreter_where_the_adapter_has_shader_f16() {
     g.outputs = vec![e];
     suite.check(&g, &ins(&g, 1.0), 1e-5);
 }
+
+#[test]
+fn i64_values_live_on_the_device_as_checked_i32() {
+    if gpu::adapter_or_skip().is_none() {
+        return;
+    }
+    // An i64 tensor read by a fused kernel: `x * 2.5` is f32 (type promotion).
+    let mut g = Graph::new();
+    let x = input(&mut g, "x", m(&[2, 5], DType::I64));
+    let y = node(&mut g, Op::BinaryScalar(BinaryOp::Mul, aotgrad_ir::Scalar::Float(2.5)), &[x]);
+    g.outputs = vec![y];
+    let suite = Suite { backends: vec![("wgpu".into(), Box::new(WgpuBackend::new()))], f64: false, tol_scale: 1.0 };
+    let small =
+        CpuTensor::from_i64(&[-7, 0, 3, 2_147_483_647, -2_147_483_648, 1, 2, 3, 4, 5], &[2, 5], DType::I64).unwrap();
+    suite.check(&g, std::slice::from_ref(&small), 1e-6);
+    // A value beyond i32: a clear error naming the kernel and the value, not a wrap.
+    let big = CpuTensor::from_i64(&[0, 1, 2, 3, 4, 5, 6, 7, 8, 3_000_000_000], &[2, 5], DType::I64).unwrap();
+    let c = WgpuBackend::new().compile_graph(&g).unwrap();
+    let e = c.run(&[big]).unwrap_err().to_string();
+    assert!(e.contains("pointwise mul") && e.contains("3000000000") && e.contains("i32"), "{e}");
+}

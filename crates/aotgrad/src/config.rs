@@ -100,8 +100,50 @@ pub fn default_backend() -> (Arc<dyn Backend<CpuTensor>>, String) {
         .clone()
 }
 
-#[cfg(feature = "wgpu")]
+/// Environment variable that forces the default backend: `cpu` (the compiled CPU
+/// backend) or `wgpu` (the wgpu backend on whatever adapter it opens, a software one
+/// included: how the contract tests run on lavapipe). Anything else is ignored with a
+/// warning.
+pub const BACKEND_ENV: &str = "AOTGRAD_BACKEND";
+
 fn choose_backend() -> (Arc<dyn Backend<CpuTensor>>, String) {
+    match std::env::var(BACKEND_ENV).ok().as_deref().map(str::trim) {
+        None | Some("") => choose_default_backend(),
+        Some("cpu") => (Arc::new(CpuBackend::default()), format!("compiled CPU: {BACKEND_ENV}=cpu")),
+        Some("wgpu") => forced_wgpu(),
+        Some(other) => {
+            let (b, why) = choose_default_backend();
+            tracing::warn!(target: "aotgrad", "{BACKEND_ENV}={other:?} is neither `cpu` nor `wgpu`; ignored");
+            (b, format!("{why} ({BACKEND_ENV}={other:?} ignored: not `cpu` or `wgpu`)"))
+        }
+    }
+}
+
+#[cfg(feature = "wgpu")]
+fn forced_wgpu() -> (Arc<dyn Backend<CpuTensor>>, String) {
+    match aotgrad_wgpu::adapter() {
+        Ok(a) => (
+            Arc::new(aotgrad_wgpu::WgpuBackend::new()),
+            format!("wgpu on {} ({}): {BACKEND_ENV}=wgpu", a.name, a.backend),
+        ),
+        Err(e) => {
+            tracing::warn!(target: "aotgrad", "{BACKEND_ENV}=wgpu, but {e}; using the compiled CPU backend");
+            (Arc::new(CpuBackend::default()), format!("compiled CPU: {BACKEND_ENV}=wgpu, but {e}"))
+        }
+    }
+}
+
+#[cfg(not(feature = "wgpu"))]
+fn forced_wgpu() -> (Arc<dyn Backend<CpuTensor>>, String) {
+    tracing::warn!(target: "aotgrad", "{BACKEND_ENV}=wgpu, but aotgrad was built without the `wgpu` feature");
+    (
+        Arc::new(CpuBackend::default()),
+        format!("compiled CPU: {BACKEND_ENV}=wgpu, but aotgrad was built without the `wgpu` feature"),
+    )
+}
+
+#[cfg(feature = "wgpu")]
+fn choose_default_backend() -> (Arc<dyn Backend<CpuTensor>>, String) {
     match aotgrad_wgpu::adapter() {
         Ok(a) if !a.software => {
             (Arc::new(aotgrad_wgpu::WgpuBackend::new()), format!("wgpu on {} ({}): {}", a.name, a.backend, a.reason))
@@ -115,7 +157,7 @@ fn choose_backend() -> (Arc<dyn Backend<CpuTensor>>, String) {
 }
 
 #[cfg(not(feature = "wgpu"))]
-fn choose_backend() -> (Arc<dyn Backend<CpuTensor>>, String) {
+fn choose_default_backend() -> (Arc<dyn Backend<CpuTensor>>, String) {
     (Arc::new(CpuBackend::default()), "compiled CPU: aotgrad was built without the `wgpu` feature".into())
 }
 

@@ -37,7 +37,7 @@ pub mod runtime;
 #[cfg(feature = "wgpu")]
 pub use aotgrad_wgpu as wgpu;
 pub use autograd::{backward_from_edges, Backward};
-pub use config::{default_backend, AotConfig, Cache};
+pub use config::{default_backend, AotConfig, Cache, BACKEND_ENV};
 pub use error::{Error, Result};
 pub use export::{aot_export_joint_simple, aot_export_module};
 pub use logging::init_logging;

@@ -57,6 +57,17 @@ pub fn tensor(a: &Arg) -> aotgrad::Result<&Tensor> {
     a.tensor().ok_or_else(|| aotgrad::Error::Internal("argument is not a tensor".into()))
 }
 
+/// Whether a test about f64 values must skip: the default backend is wgpu
+/// (`AOTGRAD_BACKEND=wgpu`), which has no f64 (WGSL has none; such graphs are a clear
+/// error, tested in `aotgrad-wgpu`). Says so on stderr.
+pub fn skip_f64_on_wgpu(test: &str) -> bool {
+    let wgpu = aotgrad::default_backend().0.name() == "wgpu";
+    if wgpu {
+        eprintln!("{test}: skipped on the wgpu backend, which has no f64 values");
+    }
+    wgpu
+}
+
 /// An f32 tensor holding `start, start+1, ...` in row-major order.
 pub fn seq(shape: &[usize], start: f64) -> Tensor {
     let n: usize = shape.iter().product();

@@ -99,6 +99,9 @@ fn non_dense_operands_give_dense_results_in_their_order() {
 
 #[test]
 fn like_ops_keep_the_layout_and_contiguous_does_not() {
+    if crate::contract::skip_f64_on_wgpu("like_ops_keep_the_layout_and_contiguous_does_not") {
+        return;
+    }
     let got = layouts(
         |a| {
             let xt = tensor(&a[0])?.t()?;
@@ -111,6 +114,9 @@ fn like_ops_keep_the_layout_and_contiguous_does_not() {
 
 #[test]
 fn a_transposed_result_changes_what_as_strided_reads() {
+    if crate::contract::skip_f64_on_wgpu("a_transposed_result_changes_what_as_strided_reads") {
+        return;
+    }
     // PyTorch: `(a.t() * 2).as_strided([2], [3], 1)` is [0.4, 1.0] for
     // a = [[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]] (the product has strides [1, 3]).
     let f = |a: &[Arg]| Ok(vec![tensor(&a[0])?.t()?.mul(2)?.as_strided(&[2], &[3], 1)?]);

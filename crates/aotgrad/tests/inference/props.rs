@@ -270,7 +270,9 @@ fn run(p: &Program, args: &[Arg]) -> Result<Vec<Tensor>> {
                 vals.push(v);
             }
             Step::To(a, d) => {
-                let dtype = [DType::F64, DType::I64, DType::F32][*d as usize % 3];
+                // The wgpu backend has no f64 (WGSL): f16 takes its place there.
+                let wide = if aotgrad::default_backend().0.name() == "wgpu" { DType::F16 } else { DType::F64 };
+                let dtype = [wide, DType::I64, DType::F32][*d as usize % 3];
                 let v = pick(&vals, *a).to(dtype)?;
                 vals.push(v);
             }
