@@ -1,7 +1,7 @@
 //! `cargo xtask`: project chores.
 //!
 //! - `cargo xtask ci`: formatting check, clippy with warnings denied, the whole test suite,
-//!   then the inference contract suite again with `AOTGRAD_BACKEND=wgpu`.
+//!   then the inference and training contract suites again with `AOTGRAD_BACKEND=wgpu`.
 //!   This is what `.ci/run` and the README's test command run.
 //! - `cargo xtask train [ARGS]`: the main job — installs Fashion-MNIST when it is missing
 //!   (Debian's `dataset-fashion-mnist`, when running as root with apt), then runs
@@ -200,16 +200,16 @@ fn ci() -> Result<()> {
     ensure_vulkan()?;
     let (p1, f1) = run_tests("test", &["test", "--workspace", "--all-targets"])?;
     let (p2, f2) = run_tests("doctest", &["test", "--workspace", "--doc"])?;
-    // The inference contract suite again with wgpu as the default backend (on
-    // lavapipe here): device-resident results through every aliasing and mutation
-    // case of the contract.
+    // The inference and training contract suites again with wgpu as the default
+    // backend (on lavapipe here): device-resident results through every aliasing,
+    // mutation and gradient case of the contract (in f32: WGSL has no f64).
     let (p3, f3) = if std::env::var("AOTGRAD_SKIP_GPU_TESTS").is_ok_and(|v| v == "1") {
         eprintln!("==> contract on wgpu: skipped (AOTGRAD_SKIP_GPU_TESTS=1)");
         (0, 0)
     } else {
         run_tests_with(
             "contract on wgpu",
-            &["test", "-p", "aotgrad", "--features", "wgpu", "--test", "inference"],
+            &["test", "-p", "aotgrad", "--features", "wgpu", "--test", "inference", "--test", "training"],
             &[("AOTGRAD_BACKEND", "wgpu")],
         )?
     };

@@ -18,7 +18,8 @@ fn plain_function() {
         || vec![leaf(&[2, 3], 1).into(), leaf(&[3, 4], 2).into()],
         AotConfig::default(),
     );
-    expect![[r#"
+    crate::checker::golden(
+        expect![[r#"
         forward:
         graph(%0: f64[2, 3] #0 "arg0", %1: f64[3, 4] #1 "arg1") {
           %7: f64[2, 4] #7 = mm(%0, %1)
@@ -45,7 +46,9 @@ fn plain_function() {
           %0 "arg0": f64[2, 3] (48 bytes)
           %1 "arg1": f64[3, 4] (96 bytes)
           %14 (gt): bool[2, 4] (8 bytes)
-        recomputed 3 ops, 0 FLOPs: %15 (full), %17 (t), %19 (t)"#]].assert_eq(&c.text);
+        recomputed 3 ops, 0 FLOPs: %15 (full), %17 (t), %19 (t)"#]],
+        &c.text,
+    );
 }
 
 /// An output that is a view of an input requiring grad, next to a fresh one.
@@ -59,7 +62,8 @@ fn output_is_a_view_of_an_input() {
         || vec![leaf(&[2, 3], 1).into()],
         AotConfig::default(),
     );
-    expect![[r#"
+    crate::checker::golden(
+        expect![[r#"
         forward:
         graph(%0: f64[2, 3] #0 "arg0") {
           %4: f64[3, 2] strides=[1, 3] #0 = t(%0)
@@ -74,8 +78,9 @@ fn output_is_a_view_of_an_input() {
         }
         saved 1 value, 48 bytes (0 activation bytes):
           %0 "arg0": f64[2, 3] (48 bytes)
-        recomputed 0 ops, 0 FLOPs"#]]
-    .assert_eq(&c.text);
+        recomputed 0 ops, 0 FLOPs"#]],
+        &c.text,
+    );
 }
 
 /// The only output is a view of the input: no tangent at all, the gradient is the
@@ -87,7 +92,8 @@ fn only_output_is_a_view_of_an_input() {
         || vec![leaf(&[2, 3], 1).into()],
         AotConfig::default(),
     );
-    expect![[r#"
+    crate::checker::golden(
+        expect![[r#"
         forward:
         graph(%0: f64[2, 3] #0 "arg0") {
           %1: f64[2] strides=[3] offset=2 #0 = select(%0, dim=1, index=2)
@@ -99,8 +105,9 @@ fn only_output_is_a_view_of_an_input() {
           return (%2)
         }
         saved 0 values, 0 bytes (0 activation bytes):
-        recomputed 1 op, 0 FLOPs: %2 (full)"#]]
-    .assert_eq(&c.text);
+        recomputed 1 op, 0 FLOPs: %2 (full)"#]],
+        &c.text,
+    );
 }
 
 /// The output is the input itself (mutated first): the same object, whose gradient
@@ -116,7 +123,8 @@ fn output_is_the_mutated_input() {
         || vec![nonleaf(&[3], 1).into()],
         AotConfig::default(),
     );
-    expect![[r#"
+    crate::checker::golden(
+        expect![[r#"
         forward:
         graph(%0: f64[3] #0 "arg0") {
           %5: f64[3] #5 = sub(%0, 1)
@@ -130,8 +138,9 @@ fn output_is_the_mutated_input() {
           return (%8)
         }
         saved 0 values, 0 bytes (0 activation bytes):
-        recomputed 0 ops, 0 FLOPs"#]]
-    .assert_eq(&c.text);
+        recomputed 0 ops, 0 FLOPs"#]],
+        &c.text,
+    );
 }
 
 /// An output viewing an intermediate: its gradient reaches the intermediate base.
@@ -142,7 +151,8 @@ fn output_is_a_view_of_an_intermediate() {
         || vec![leaf(&[2, 3], 1).into()],
         AotConfig::default(),
     );
-    expect![[r#"
+    crate::checker::golden(
+        expect![[r#"
         forward:
         graph(%0: f64[2, 3] #0 "arg0") {
           %4: f64[2, 3] #3 = exp(%0)
@@ -157,8 +167,9 @@ fn output_is_a_view_of_an_intermediate() {
         }
         saved 1 value, 48 bytes (0 activation bytes):
           %0 "arg0": f64[2, 3] (48 bytes)
-        recomputed 1 op, 6 FLOPs: %4 (exp)"#]]
-    .assert_eq(&c.text);
+        recomputed 1 op, 6 FLOPs: %4 (exp)"#]],
+        &c.text,
+    );
 }
 
 /// The seed's case 3: `(x.t(), x.mul(2).view(-1))`.
@@ -172,7 +183,8 @@ fn outputs_alias_an_input_and_an_intermediate() {
         || vec![leaf(&[2, 3], 1).into()],
         AotConfig::default(),
     );
-    expect![[r#"
+    crate::checker::golden(
+        expect![[r#"
         forward:
         graph(%0: f64[2, 3] #0 "arg0") {
           %5: f64[3, 2] strides=[1, 3] #0 = t(%0)
@@ -186,8 +198,9 @@ fn outputs_alias_an_input_and_an_intermediate() {
           return (%8)
         }
         saved 0 values, 0 bytes (0 activation bytes):
-        recomputed 0 ops, 0 FLOPs"#]]
-    .assert_eq(&c.text);
+        recomputed 0 ops, 0 FLOPs"#]],
+        &c.text,
+    );
 }
 
 /// An intermediate and its view, both returned: the view's gradient joins the
@@ -202,7 +215,8 @@ fn an_intermediate_and_its_view_both_returned() {
         || vec![leaf(&[2, 3], 1).into()],
         AotConfig::default(),
     );
-    expect![[r#"
+    crate::checker::golden(
+        expect![[r#"
         forward:
         graph(%0: f64[2, 3] #0 "arg0") {
           %4: f64[2, 3] #3 = sin(%0)
@@ -217,8 +231,9 @@ fn an_intermediate_and_its_view_both_returned() {
         }
         saved 1 value, 48 bytes (0 activation bytes):
           %0 "arg0": f64[2, 3] (48 bytes)
-        recomputed 1 op, 6 FLOPs: %6 (cos)"#]]
-    .assert_eq(&c.text);
+        recomputed 1 op, 6 FLOPs: %6 (cos)"#]],
+        &c.text,
+    );
 }
 
 /// Outputs aliasing each other (two views of one intermediate, one of them twice).
@@ -233,7 +248,8 @@ fn outputs_alias_each_other() {
         || vec![leaf(&[2, 3], 1).into(), leaf(&[3], 2).into()],
         AotConfig::default(),
     );
-    expect![[r#"
+    crate::checker::golden(
+        expect![[r#"
         forward:
         graph(%0: f64[2, 3] #0 "arg0", %1: f64[3] #1 "arg1") {
           %6: f64[2, 3] #4 = mul(%0, %1)
@@ -252,8 +268,9 @@ fn outputs_alias_each_other() {
         saved 2 values, 72 bytes (0 activation bytes):
           %0 "arg0": f64[2, 3] (48 bytes)
           %1 "arg1": f64[3] (24 bytes)
-        recomputed 0 ops, 0 FLOPs"#]]
-    .assert_eq(&c.text);
+        recomputed 0 ops, 0 FLOPs"#]],
+        &c.text,
+    );
 }
 
 /// A view of a view of an input, and an overlapping `as_strided` of an input: the
@@ -268,7 +285,8 @@ fn views_of_views_and_overlapping_as_strided() {
         || vec![leaf(&[2, 3], 1).into()],
         AotConfig::default(),
     );
-    expect![[r#"
+    crate::checker::golden(
+        expect![[r#"
         forward:
         graph(%0: f64[2, 3] #0 "arg0") {
           %1: f64[3, 2] strides=[1, 3] #0 = t(%0)
@@ -282,8 +300,9 @@ fn views_of_views_and_overlapping_as_strided() {
           return (%4)
         }
         saved 0 values, 0 bytes (0 activation bytes):
-        recomputed 1 op, 0 FLOPs: %4 (full)"#]]
-    .assert_eq(&c.text);
+        recomputed 1 op, 0 FLOPs: %4 (full)"#]],
+        &c.text,
+    );
 }
 
 /// An overlapping `as_strided` of an intermediate, returned.
@@ -294,7 +313,8 @@ fn overlapping_view_of_an_intermediate() {
         || vec![leaf(&[6], 1).into()],
         AotConfig::default(),
     );
-    expect![[r#"
+    crate::checker::golden(
+        expect![[r#"
         forward:
         graph(%0: f64[6] #0 "arg0") {
           %4: f64[6] #3 = tanh(%0)
@@ -312,6 +332,7 @@ fn overlapping_view_of_an_intermediate() {
         }
         saved 1 value, 48 bytes (0 activation bytes):
           %0 "arg0": f64[6] (48 bytes)
-        recomputed 4 ops, 24 FLOPs: %4 (tanh), %6 (mul), %7 (neg), %8 (add)"#]]
-    .assert_eq(&c.text);
+        recomputed 4 ops, 24 FLOPs: %4 (tanh), %6 (mul), %7 (neg), %8 (add)"#]],
+        &c.text,
+    );
 }

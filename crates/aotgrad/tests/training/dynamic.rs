@@ -8,7 +8,7 @@
 
 use crate::checker::{check, leaf, rand_vals, tensor};
 use aotgrad::runtime::Partitioner;
-use aotgrad::trace::{DType, Tensor};
+use aotgrad::trace::Tensor;
 use aotgrad::{aot_function_args, AotConfig, AotFunction, Arg};
 use std::sync::Arc;
 
@@ -27,7 +27,9 @@ fn step(c: &AotFunction, shapes: &[Vec<usize>], seed: u64) -> Result<Step, Strin
         let strides = o.meta().strides.iter().map(|d| d.as_const().unwrap_or(-1)).collect();
         seen.push((shape.clone(), strides, o.to_vec_f64().map_err(|e| e.to_string())?));
         let n = shape.iter().product();
-        grads.push(Tensor::from_f64(&rand_vals(n, seed + 50 + j as u64), &shape, DType::F64).expect("grad"));
+        grads.push(
+            Tensor::from_f64(&rand_vals(n, seed + 50 + j as u64), &shape, crate::checker::float_dtype()).expect("grad"),
+        );
     }
     let g = pending.backward(&grads).map_err(|e| format!("backward: {e}"))?;
     let g = g.iter().map(|g| g.as_ref().map(|t| t.to_vec_f64().expect("values"))).collect();
@@ -37,7 +39,7 @@ fn step(c: &AotFunction, shapes: &[Vec<usize>], seed: u64) -> Result<Step, Strin
 fn close(what: &str, a: &[f64], b: &[f64]) {
     assert_eq!(a.len(), b.len(), "{what}: lengths differ");
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        let ok = (x.is_nan() && y.is_nan()) || (x - y).abs() <= 1e-9 * (1.0 + y.abs());
+        let ok = (x.is_nan() && y.is_nan()) || (x - y).abs() <= crate::checker::tol_of(1e-9) * (1.0 + y.abs());
         assert!(ok, "{what}[{i}]: {x} (dynamic) != {y} (static)");
     }
 }
@@ -118,7 +120,7 @@ fn outputs_sized_by_a_sum_of_symbols() {
 fn full_sized_by_an_input_inside_the_function() {
     let f = arc(|a| {
         let x = tensor(&a[0])?;
-        let w = Tensor::full_dims(&[x.size(0)?], 2.0, DType::F64)?;
+        let w = Tensor::full_dims(&[x.size(0)?], 2.0, crate::checker::float_dtype())?;
         Ok(vec![x.mul(&w)?.exp()?, w.sum(&[0], false)?])
     });
     let sizes = [shapes(&[&[3]]), shapes(&[&[4]]), shapes(&[&[9]])];
@@ -241,7 +243,8 @@ fn module_step(m: &aotgrad::AotModule, x: &Tensor) -> ModuleStep {
         .enumerate()
         .map(|(j, o)| {
             let shape = o.sizes().expect("sizes");
-            Tensor::from_f64(&rand_vals(shape.iter().product(), 90 + j as u64), &shape, DType::F64).expect("grad")
+            Tensor::from_f64(&rand_vals(shape.iter().product(), 90 + j as u64), &shape, crate::checker::float_dtype())
+                .expect("grad")
         })
         .collect();
     let g = bw.backward(&grads).expect("backward");
@@ -254,12 +257,14 @@ fn module_step(m: &aotgrad::AotModule, x: &Tensor) -> ModuleStep {
 #[test]
 fn transformer_block_with_dynamic_batch_and_sequence() {
     use aotgrad::nn::{Module, TransformerBlock};
-    let block: Arc<dyn Module> = Arc::new(TransformerBlock::new(8, 2, DType::F64, 0).expect("block").causal(true));
+    let block: Arc<dyn Module> =
+        Arc::new(TransformerBlock::new(8, 2, crate::checker::float_dtype(), 0).expect("block").causal(true));
     let dynamic =
         aotgrad::aot_module(block.clone(), AotConfig { dynamic: vec![(0, 0), (0, 1)], ..AotConfig::default() })
             .expect("aot_module");
     for (k, (b, s)) in [(2usize, 3usize), (3, 5), (2, 1), (1, 1), (4, 2), (0, 3)].into_iter().enumerate() {
-        let x = Tensor::from_f64(&rand_vals(b * s * 8, k as u64), &[b, s, 8], DType::F64).expect("x");
+        let x =
+            Tensor::from_f64(&rand_vals(b * s * 8, k as u64), &[b, s, 8], crate::checker::float_dtype()).expect("x");
         let got = module_step(&dynamic, &x);
         let fixed = aotgrad::aot_module(block.clone(), AotConfig::default()).expect("aot_module");
         let want = module_step(&fixed, &x);

@@ -23,7 +23,8 @@ fn mutated_input_requiring_grad() {
         || vec![nonleaf(&[2, 3], 1).into()],
         AotConfig::default(),
     );
-    expect![[r#"
+    crate::checker::golden(
+        expect![[r#"
         forward:
         graph(%0: f64[2, 3] #0 "arg0") {
           %5: f64[2, 3] #5 = mul(%0, 2)
@@ -38,14 +39,15 @@ fn mutated_input_requiring_grad() {
           return (%9)
         }
         saved 0 values, 0 bytes (0 activation bytes):
-        recomputed 0 ops, 0 FLOPs"#]]
-    .assert_eq(&c.text);
+        recomputed 0 ops, 0 FLOPs"#]],
+        &c.text,
+    );
     // The updated input got a gradient of its own: grad x = 2 * (h + 3 g).
     assert_eq!(c.updated_grads.len(), 1);
     let (g, h) = (vals(&c.out_grads[0]), vals(&c.updated_grads[0].1));
     let got = vals(c.grads[0].as_ref().expect("gradient"));
     for i in 0..6 {
-        assert!((got[i] - 2.0 * (h[i] + 3.0 * g[i])).abs() < 1e-12);
+        assert!((got[i] - 2.0 * (h[i] + 3.0 * g[i])).abs() < crate::checker::tol_of(1e-12));
     }
 }
 
@@ -90,7 +92,8 @@ fn input_mutated_with_a_value_requiring_grad() {
         || vec![data(&[2, 3], 1).into(), leaf(&[3], 2).into()],
         AotConfig::default(),
     );
-    expect![[r#"
+    crate::checker::golden(
+        expect![[r#"
         forward:
         graph(%0: f64[2, 3] #0 "arg0", %1: f64[3] #1 "arg1") {
           %6: f64[2, 3] #6 = mul(%0, %1)
@@ -109,8 +112,9 @@ fn input_mutated_with_a_value_requiring_grad() {
         }
         saved 1 value, 48 bytes (0 activation bytes):
           %0 "arg0": f64[2, 3] (48 bytes)
-        recomputed 0 ops, 0 FLOPs"#]]
-    .assert_eq(&c.text);
+        recomputed 0 ops, 0 FLOPs"#]],
+        &c.text,
+    );
     assert!(c.grads[0].is_none());
     assert!(tensor(&c.inputs[0]).expect("tensor").is_requires_grad());
 }
@@ -127,7 +131,8 @@ fn metadata_mutation_of_input_requiring_grad() {
         || vec![nonleaf(&[2, 3], 1).into()],
         AotConfig::default(),
     );
-    expect![[r#"
+    crate::checker::golden(
+        expect![[r#"
         forward:
         graph(%0: f64[2, 3] #0 "arg0") {
           %4: f64[3, 2] strides=[1, 3] #0 = t(%0)
@@ -142,8 +147,9 @@ fn metadata_mutation_of_input_requiring_grad() {
           return (%8)
         }
         saved 0 values, 0 bytes (0 activation bytes):
-        recomputed 0 ops, 0 FLOPs"#]]
-    .assert_eq(&c.text);
+        recomputed 0 ops, 0 FLOPs"#]],
+        &c.text,
+    );
 }
 
 /// Data and metadata mutation of one input.
@@ -159,7 +165,8 @@ fn data_and_metadata_mutation() {
         || vec![nonleaf(&[2, 3], 1).into(), leaf(&[3], 2).into()],
         AotConfig::default(),
     );
-    expect![[r#"
+    crate::checker::golden(
+        expect![[r#"
         forward:
         graph(%0: f64[2, 3] #0 "arg0", %1: f64[3] #1 "arg1") {
           %7: f64[2, 3] #6 = mul(%0, %1)
@@ -180,8 +187,9 @@ fn data_and_metadata_mutation() {
         saved 2 values, 72 bytes (0 activation bytes):
           %0 "arg0": f64[2, 3] (48 bytes)
           %1 "arg1": f64[3] (24 bytes)
-        recomputed 0 ops, 0 FLOPs"#]]
-    .assert_eq(&c.text);
+        recomputed 0 ops, 0 FLOPs"#]],
+        &c.text,
+    );
 }
 
 /// Mutation through a strided slice and a select of an input requiring grad.
@@ -197,7 +205,8 @@ fn mutation_through_strided_views() {
         || vec![nonleaf(&[2, 4], 1).into(), leaf(&[2, 2], 2).into()],
         AotConfig::default(),
     );
-    expect![[r#"
+    crate::checker::golden(
+        expect![[r#"
         forward:
         graph(%0: f64[2, 4] #0 "arg0", %1: f64[2, 2] #1 "arg1") {
           %11: f64[2, 2] strides=[4, 2] #0 = slice(%0, dim=1, start=0, end=4, step=2)
@@ -232,7 +241,9 @@ fn mutation_through_strided_views() {
           %1 "arg1": f64[2, 2] (32 bytes)
           %11 (slice): f64[2, 2] strides=[4, 2] (32 bytes)
           %17 (exp): f64[2, 4] (64 bytes)
-        recomputed 3 ops, 0 FLOPs: %20 (full), %23 (full), %26 (full)"#]].assert_eq(&c.text);
+        recomputed 3 ops, 0 FLOPs: %20 (full), %23 (full), %26 (full)"#]],
+        &c.text,
+    );
 }
 
 /// Several inputs mutated, one of them not requiring grad.
@@ -249,7 +260,8 @@ fn several_inputs_mutated() {
         || vec![nonleaf(&[2, 3], 1).into(), nonleaf(&[3], 2).into(), data(&[2, 3], 3).into()],
         AotConfig::default(),
     );
-    expect![[r#"
+    crate::checker::golden(
+        expect![[r#"
         forward:
         graph(%0: f64[2, 3] #0 "arg0", %1: f64[3] #1 "arg1", %2: f64[2, 3] #2 "arg2") {
           %12: f64[2, 3] #11 = add(%0, 1)
@@ -276,7 +288,9 @@ fn several_inputs_mutated() {
         saved 2 values, 48 bytes (24 activation bytes):
           %1 "arg1": f64[3] (24 bytes)
           %13 (select): f64[3] offset=3 (24 bytes)
-        recomputed 1 op, 0 FLOPs: %24 (full)"#]].assert_eq(&c.text);
+        recomputed 1 op, 0 FLOPs: %24 (full)"#]],
+        &c.text,
+    );
 }
 
 /// A mutation under no-grad of a leaf requiring grad is hidden from autograd: the
@@ -294,7 +308,8 @@ fn mutation_under_no_grad_is_hidden_from_autograd() {
         AotConfig::default(),
         Grads::ByTheTest,
     );
-    expect![[r#"
+    crate::checker::golden(
+        expect![[r#"
         forward:
         graph(%0: f64[2, 3] #0 "arg0") {
           %5: f64[2, 3] #5 = mul(%0, 2)
@@ -308,15 +323,16 @@ fn mutation_under_no_grad_is_hidden_from_autograd() {
           return (%8)
         }
         saved 0 values, 0 bytes (0 activation bytes):
-        recomputed 0 ops, 0 FLOPs"#]]
-    .assert_eq(&c.text);
+        recomputed 0 ops, 0 FLOPs"#]],
+        &c.text,
+    );
     let x = tensor(&c.inputs[0]).expect("tensor");
     assert!(x.is_leaf() && x.is_requires_grad(), "still a leaf requiring grad");
     let (g, got) = (vals(&c.out_grads[0]), vals(c.grads[0].as_ref().expect("gradient")));
     assert_eq!(c.updated_grads.len(), 1, "the new value of x gets a gradient");
     let h = vals(&c.updated_grads[0].1);
     for i in 0..6 {
-        assert!((got[i] - (3.0 * g[i] + h[i])).abs() < 1e-12, "{got:?}");
+        assert!((got[i] - (3.0 * g[i] + h[i])).abs() < crate::checker::tol_of(1e-12), "{got:?}");
     }
 }
 
@@ -333,7 +349,8 @@ fn mutation_through_a_detached_alias_is_hidden() {
         AotConfig::default(),
         Grads::ByTheTest,
     );
-    expect![[r#"
+    crate::checker::golden(
+        expect![[r#"
         forward:
         graph(%0: f64[3] #0 "arg0") {
           %7: f64[3] #5 = add(%0, 1)
@@ -350,14 +367,15 @@ fn mutation_through_a_detached_alias_is_hidden() {
         }
         saved 1 value, 24 bytes (0 activation bytes):
           %0 "arg0": f64[3] (24 bytes)
-        recomputed 1 op, 3 FLOPs: %7 (add)"#]]
-    .assert_eq(&c.text);
+        recomputed 1 op, 3 FLOPs: %7 (add)"#]],
+        &c.text,
+    );
     let x_new = vals(tensor(&c.inputs[0]).expect("tensor"));
     let (g, got) = (vals(&c.out_grads[0]), vals(c.grads[0].as_ref().expect("gradient")));
     assert_eq!(c.updated_grads.len(), 1, "the new value of x gets a gradient");
     let h = vals(&c.updated_grads[0].1);
     for i in 0..3 {
-        assert!((got[i] - (2.0 * x_new[i] * g[i] + h[i])).abs() < 1e-12, "{got:?}");
+        assert!((got[i] - (2.0 * x_new[i] * g[i] + h[i])).abs() < crate::checker::tol_of(1e-12), "{got:?}");
     }
 }
 

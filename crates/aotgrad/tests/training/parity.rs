@@ -6,7 +6,7 @@ use aotgrad::trace::{no_grad, DType, Tensor};
 use aotgrad::{aot_function_args, AotConfig, Arg};
 
 fn leaf(v: &[f64], shape: &[usize]) -> Tensor {
-    Tensor::from_f64(v, shape, DType::F64).expect("data").requires_grad(true).expect("leaf")
+    Tensor::from_f64(v, shape, crate::checker::float_dtype()).expect("data").requires_grad(true).expect("leaf")
 }
 
 /// Outputs' values, their `requires_grad` flags, and the arguments' gradients.
@@ -89,7 +89,7 @@ fn an_in_place_op_on_a_detached_alias_is_hidden_from_the_original() {
         vec![leaf(&[0.1, 0.2, 0.3], &[3]).into()],
     );
     for (v, w) in vals[0].iter().zip([0.06, 0.24, 0.54]) {
-        assert!((v - w).abs() < 1e-12, "{:?}", vals[0]);
+        assert!((v - w).abs() < crate::checker::tol_of(1e-12), "{:?}", vals[0]);
     }
     assert_eq!(g[0].as_deref(), Some(&[2.0; 3][..]));
 }
@@ -134,7 +134,7 @@ fn an_as_strided_view_repeating_elements_is_differentiated() {
     for (o, w) in outs[0].to_vec_f64().expect("values").iter().zip(want_out) {
         assert!((o - w).abs() < 1e-4, "{o} vs {w}");
     }
-    let w = Tensor::from_f64(&[1.0, 2.0, 3.0, 4.0], &[2, 2], DType::F64).expect("weights");
+    let w = Tensor::from_f64(&[1.0, 2.0, 3.0, 4.0], &[2, 2], crate::checker::float_dtype()).expect("weights");
     let g = pending.backward(&[w]).expect("backward")[0].as_ref().expect("grad").to_vec_f64().expect("values");
     for (x, w) in g.iter().zip([0.9950, 0.0, 4.7767, 0.0, 3.5103, 0.0]) {
         assert!((x - w).abs() < 1e-4, "{g:?}");
@@ -173,7 +173,7 @@ fn outputs_of_multi_output_view_ops_refuse_in_place_ops_as_in_pytorch() {
     a.split(2, 0).unwrap()[0].detach().unwrap().add_(1.0).expect("detached output");
     a.split(2, 0).unwrap()[0].clone_tensor().unwrap().add_(1.0).expect("clone");
     no_grad(|| a.split(2, 0).unwrap()[0].add_(1.0)).expect("no-grad mode");
-    let plain = Tensor::ones(&[6], DType::F64).unwrap();
+    let plain = Tensor::ones(&[6], crate::checker::float_dtype()).unwrap();
     plain.split(2, 0).unwrap()[0].add_(1.0).expect("nothing requires grad");
     assert_eq!(plain.to_vec_f64().unwrap(), vec![2.0, 2.0, 1.0, 1.0, 1.0, 1.0]);
     // A base without grad but an operand requiring it: PyTorch's no-grad wording.
@@ -208,7 +208,7 @@ fn detach_in_place_and_requires_grad_in_place_are_spelled_as_in_pytorch() {
     assert!(same.same_object(&c) && c.is_leaf() && !c.is_requires_grad());
     for v in [
         leaf(&[1.0; 6], &[6]).mul(1.0).unwrap().view(&[2, 3]).unwrap(),
-        Tensor::ones(&[6], DType::F64).unwrap().split(2, 0).unwrap().remove(0),
+        Tensor::ones(&[6], crate::checker::float_dtype()).unwrap().split(2, 0).unwrap().remove(0),
     ] {
         let e = v.detach_().expect_err("detach_ on a view").to_string();
         assert!(e.contains("Can't detach views in-place. Use detach() instead."), "{e}");
@@ -236,13 +236,13 @@ fn a_detached_alias_mutated_with_a_grad_value_passes_its_gradient_to_that_value(
     );
     for v in &vals {
         for (v, w) in v.iter().zip([0.06, 0.24, 0.54]) {
-            assert!((v - w).abs() < 1e-12, "{vals:?}");
+            assert!((v - w).abs() < crate::checker::tol_of(1e-12), "{vals:?}");
         }
     }
     assert_eq!(rg, vec![true, true]);
     let g = g[0].clone().expect("a gradient");
     for (v, w) in g.iter().zip([2.6, 3.2, 3.8]) {
-        assert!((v - w).abs() < 1e-12, "{g:?}");
+        assert!((v - w).abs() < crate::checker::tol_of(1e-12), "{g:?}");
     }
 }
 
@@ -268,8 +268,8 @@ fn a_detached_alias_written_under_and_out_of_autograd_keeps_both_histories() {
         v2.mul_(&s)?;
         Ok(vec![v1, v2])
     };
-    let w = Tensor::arange(0, 24, 1, DType::F64).unwrap().view(&[6, 4]).unwrap().div(7.0).unwrap();
-    let l = Tensor::arange(0, 24, 1, DType::F64).unwrap().div(10.0).unwrap().sub(1.0).unwrap();
+    let w = Tensor::arange(0, 24, 1, crate::checker::float_dtype()).unwrap().view(&[6, 4]).unwrap().div(7.0).unwrap();
+    let l = Tensor::arange(0, 24, 1, crate::checker::float_dtype()).unwrap().div(10.0).unwrap().sub(1.0).unwrap();
     let l = l.requires_grad(true).unwrap();
     let x0 = l.mul(1.0).unwrap().view(&[4, 6]).unwrap().t().unwrap();
     let edge = x0.grad_edge().unwrap();
@@ -301,21 +301,23 @@ fn a_detached_alias_keeps_its_own_history_when_its_storage_is_written_through_an
         Ok(vec![v1.clone(), v2])
     };
     let vals = |k: usize, m: usize, c: f64| -> Vec<f64> { (0..24).map(|i| ((i * k) % m) as f64 / 10.0 - c).collect() };
-    let l0 = Tensor::from_f64(&vals(7, 11, 0.4), &[24], DType::F64).unwrap().requires_grad(true).unwrap();
-    let l1 = Tensor::from_f64(&vals(5, 13, 0.6), &[24], DType::F64).unwrap().requires_grad(true).unwrap();
+    let l0 =
+        Tensor::from_f64(&vals(7, 11, 0.4), &[24], crate::checker::float_dtype()).unwrap().requires_grad(true).unwrap();
+    let l1 =
+        Tensor::from_f64(&vals(5, 13, 0.6), &[24], crate::checker::float_dtype()).unwrap().requires_grad(true).unwrap();
     let v0 = l1.mul(1.0).unwrap().view(&[2, 12]).unwrap();
     let v1 = l0.mul(1.0).unwrap().view(&[-1]).unwrap();
     let edges = [v0.grad_edge().unwrap(), v1.grad_edge().unwrap()];
     let f = aot_function_args(prog, AotConfig::default().no_cache()).expect("compile");
     let (outs, pending) = f.forward_args(&[v0.into(), v1.into()]).expect("forward");
     assert!(outs[1].is_requires_grad());
-    let w = Tensor::arange(0, 24, 1, DType::F64).unwrap().view(&[12, 2]).unwrap();
-    let ones = Tensor::ones(&[24], DType::F64).unwrap();
+    let w = Tensor::arange(0, 24, 1, crate::checker::float_dtype()).unwrap().view(&[12, 2]).unwrap();
+    let ones = Tensor::ones(&[24], crate::checker::float_dtype()).unwrap();
     let g = pending.backward(&[ones, w]).expect("backward");
     let roots: Vec<_> = edges.into_iter().zip(g).filter_map(|(e, g)| Some((e, g?))).collect();
     aotgrad::backward_from_edges(&roots, false).unwrap();
     for v in l0.grad().unwrap().to_vec_f64().unwrap() {
-        assert!((v - 2.31).abs() < 1e-9, "{v}");
+        assert!((v - 2.31).abs() < crate::checker::tol_of(1e-9), "{v}");
     }
     assert!(l1.grad().is_none_or(|g| g.to_vec_f64().unwrap().iter().all(|v| *v == 0.0)));
 }
@@ -335,13 +337,16 @@ fn requires_grad_inside_a_compiled_function_reaches_the_callers_tensor() {
         Ok(vec![before.add(&x.mul(x)?)?, x.t()?])
     };
     let f = aot_function_args(prog, AotConfig::default().no_cache()).expect("compile");
-    let x = Tensor::from_f64(&[1.0, 2.0, 3.0, 4.0], &[2, 2], DType::F64).unwrap();
-    let y = Tensor::from_f64(&[0.5, 0.25, 2.0, 1.0], &[2, 2], DType::F64).unwrap().requires_grad(true).unwrap();
+    let x = Tensor::from_f64(&[1.0, 2.0, 3.0, 4.0], &[2, 2], crate::checker::float_dtype()).unwrap();
+    let y = Tensor::from_f64(&[0.5, 0.25, 2.0, 1.0], &[2, 2], crate::checker::float_dtype())
+        .unwrap()
+        .requires_grad(true)
+        .unwrap();
     let (outs, pending) = f.forward_args(&[x.clone().into(), y.into()]).expect("forward");
     assert!(x.is_requires_grad() && x.is_leaf());
     assert!(outs.iter().all(|o| o.is_requires_grad() && !o.is_leaf()));
-    let w = Tensor::from_f64(&[1.0, 10.0, 100.0, 1000.0], &[2, 2], DType::F64).unwrap();
-    let g = pending.backward(&[Tensor::ones(&[2, 2], DType::F64).unwrap(), w]).expect("backward");
+    let w = Tensor::from_f64(&[1.0, 10.0, 100.0, 1000.0], &[2, 2], crate::checker::float_dtype()).unwrap();
+    let g = pending.backward(&[Tensor::ones(&[2, 2], crate::checker::float_dtype()).unwrap(), w]).expect("backward");
     let vals = |k: usize| g[k].as_ref().expect("a gradient").to_vec_f64().unwrap();
     assert_eq!(vals(0), vec![3.0, 104.0, 16.0, 1008.0]);
     assert_eq!(vals(1), vec![1.0, 2.0, 3.0, 4.0]);
@@ -355,12 +360,15 @@ fn requires_grad_inside_a_compiled_function_reaches_the_callers_tensor() {
         Ok(vec![v.mul(2.0)?, v.select(0, 0)?])
     };
     let f = aot_function_args(prog, AotConfig::default().no_cache()).expect("compile");
-    let d = Tensor::from_f64(&[1.0, 2.0, 3.0, 4.0], &[2, 2], DType::F64).unwrap();
+    let d = Tensor::from_f64(&[1.0, 2.0, 3.0, 4.0], &[2, 2], crate::checker::float_dtype()).unwrap();
     let v = d.t().unwrap();
     let (outs, pending) = f.forward_args(&[v.clone().into()]).expect("forward");
     assert!(v.is_requires_grad() && v.is_leaf() && !d.is_requires_grad());
     assert!(outs.iter().all(|o| o.is_requires_grad() && !o.is_leaf()));
-    let g = pending.backward(&[Tensor::ones(&[2, 2], DType::F64).unwrap(), Tensor::ones(&[2], DType::F64).unwrap()]);
+    let g = pending.backward(&[
+        Tensor::ones(&[2, 2], crate::checker::float_dtype()).unwrap(),
+        Tensor::ones(&[2], crate::checker::float_dtype()).unwrap(),
+    ]);
     let g = g.expect("backward")[0].clone().expect("a gradient").to_vec_f64().unwrap();
     assert_eq!(g, vec![3.0, 3.0, 2.0, 2.0]);
 
@@ -374,7 +382,7 @@ fn requires_grad_inside_a_compiled_function_reaches_the_callers_tensor() {
         AotConfig::default().no_cache(),
     )
     .expect("compile");
-    let x = Tensor::ones(&[2], DType::F64).unwrap().requires_grad(true).unwrap();
+    let x = Tensor::ones(&[2], crate::checker::float_dtype()).unwrap().requires_grad(true).unwrap();
     let e = f.call(&[x]).unwrap_err().to_string();
     assert!(e.contains("requires_grad_(false)"), "{e}");
 }
@@ -391,8 +399,8 @@ fn returned_views_of_inputs_without_grad_are_leaves_that_do_not_require_grad() {
         AotConfig::default().no_cache(),
     )
     .expect("compile");
-    let z = Tensor::ones(&[2, 3], DType::F64).unwrap();
-    let w = Tensor::ones(&[3], DType::F64).unwrap().requires_grad(true).unwrap();
+    let z = Tensor::ones(&[2, 3], crate::checker::float_dtype()).unwrap();
+    let w = Tensor::ones(&[3], crate::checker::float_dtype()).unwrap().requires_grad(true).unwrap();
     let (outs, _) = f.forward_args(&[z.into(), w.into()]).expect("forward");
     let flags: Vec<(bool, bool)> = outs.iter().map(|o| (o.is_requires_grad(), o.is_leaf())).collect();
     assert_eq!(flags, vec![(false, true), (false, true), (true, false)]);
@@ -414,14 +422,14 @@ fn arguments_viewing_one_another_get_their_own_gradients() {
         AotConfig::default().no_cache(),
     )
     .expect("compile");
-    let l = Tensor::ones(&[2, 3], DType::F64).unwrap().requires_grad(true).unwrap();
+    let l = Tensor::ones(&[2, 3], crate::checker::float_dtype()).unwrap().requires_grad(true).unwrap();
     let b = l.mul(1.0).unwrap();
     let a = b.select(0, 0).unwrap();
     a.retain_grad().unwrap();
     b.retain_grad().unwrap();
     let edges = [a.grad_edge().unwrap(), b.grad_edge().unwrap()];
     let (_, pending) = f.forward_args(&[a.clone().into(), b.clone().into()]).expect("forward");
-    let g = pending.backward(&[Tensor::ones(&[], DType::F64).unwrap()]).expect("backward");
+    let g = pending.backward(&[Tensor::ones(&[], crate::checker::float_dtype()).unwrap()]).expect("backward");
     let vals = |t: &Option<Tensor>| t.as_ref().expect("a gradient").to_vec_f64().unwrap();
     assert_eq!(vals(&g[0]), vec![2.0; 3]);
     assert_eq!(vals(&g[1]), vec![3.0; 6]);
@@ -452,7 +460,7 @@ fn the_compiled_backward_refuses_a_saved_value_changed_in_place_as_pytorch_does(
     let a = leaf(&[1.0, 2.0, 3.0], &[3]);
     let (outs, pending) = f.forward_args(&[a.into()]).expect("forward");
     assert_eq!(outs[0].to_vec_f64().unwrap(), vec![1.0, 4.0, 9.0]);
-    let e = pending.backward(&[Tensor::ones(&[3], DType::F64).unwrap()]).unwrap_err().to_string();
+    let e = pending.backward(&[Tensor::ones(&[3], crate::checker::float_dtype()).unwrap()]).unwrap_err().to_string();
     assert!(e.contains("modified by an inplace operation") && e.contains("is at version 1; expected version 0"), "{e}");
     // Without the in-place op on a saved value, the same function differentiates.
     let f = aot_function_args(
@@ -465,7 +473,7 @@ fn the_compiled_backward_refuses_a_saved_value_changed_in_place_as_pytorch_does(
     )
     .expect("compile");
     let (_, pending) = f.forward_args(&[leaf(&[1.0, 2.0, 3.0], &[3]).into()]).expect("forward");
-    let g = pending.backward(&[Tensor::ones(&[3], DType::F64).unwrap()]).expect("backward");
+    let g = pending.backward(&[Tensor::ones(&[3], crate::checker::float_dtype()).unwrap()]).expect("backward");
     assert_eq!(g[0].as_ref().unwrap().to_vec_f64().unwrap(), vec![2.0, 4.0, 6.0]);
 }
 
@@ -487,7 +495,7 @@ fn the_compiled_backward_refuses_a_gradient_whose_shape_a_no_grad_metadata_op_ch
     let x = leaf(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
     let (outs, pending) = f.forward_args(&[x.into()]).expect("forward");
     assert_eq!(outs[0].shape().len(), 2);
-    let e = pending.backward(&[Tensor::ones(&[3, 2], DType::F64).unwrap()]).unwrap_err().to_string();
+    let e = pending.backward(&[Tensor::ones(&[3, 2], crate::checker::float_dtype()).unwrap()]).unwrap_err().to_string();
     assert!(
         e.contains(
             "Function MulBackward0 returned an invalid gradient at index 0 - got [3, 2] but expected shape \
@@ -506,7 +514,7 @@ fn an_expanded_argument_whose_base_is_written_through_another_argument() {
         |a: &[Arg]| -> aotgrad::Result<Vec<Tensor>> {
             let (b, e) = (tensor(&a[0])?, tensor(&a[1])?);
             b.mul_(2.0)?;
-            let w = Tensor::arange(1, 7, 1, DType::F64)?.view(&[2, 3])?;
+            let w = Tensor::arange(1, 7, 1, crate::checker::float_dtype())?.view(&[2, 3])?;
             Ok(vec![e.mul(&w)?.sum_all()?])
         },
         AotConfig::default().no_cache(),
@@ -517,7 +525,7 @@ fn an_expanded_argument_whose_base_is_written_through_another_argument() {
     let e = b.expand(&[2, 3]).unwrap();
     let edges = [b.grad_edge().unwrap(), e.grad_edge().unwrap()];
     let (_, pending) = f.forward_args(&[b.into(), e.into()]).expect("forward");
-    let g = pending.backward(&[Tensor::ones(&[], DType::F64).unwrap()]).expect("backward");
+    let g = pending.backward(&[Tensor::ones(&[], crate::checker::float_dtype()).unwrap()]).expect("backward");
     let roots: Vec<_> = edges.into_iter().zip(g).filter_map(|(e, g)| Some((e, g?))).collect();
     aotgrad::backward_from_edges(&roots, false).unwrap();
     assert_eq!(l.grad().unwrap().to_vec_f64().unwrap(), vec![10.0, 14.0, 18.0]);

@@ -5,7 +5,7 @@
 
 use crate::checker::{check, data, leaf, rand_vals, tensor};
 use aotgrad::runtime::Partitioner;
-use aotgrad::trace::{DType, Tensor};
+use aotgrad::trace::Tensor;
 use aotgrad::{aot_function_args, AotConfig, Arg};
 use expect_test::expect;
 
@@ -40,8 +40,9 @@ fn config(partitioner: Partitioner, simplify: bool) -> AotConfig {
 fn run(cfg: AotConfig) -> (Vec<Vec<u64>>, u64, u64) {
     let compiled = aot_function_args(mlp, cfg).expect("compile");
     let (outs, pending) = compiled.forward_args(&inputs()).expect("forward");
-    let g = Tensor::from_f64(&rand_vals(24, 9), &[4, 6], DType::F64).expect("g");
-    let grads = pending.backward(&[Tensor::ones(&[], DType::F64).expect("ones"), g]).expect("backward");
+    let g = Tensor::from_f64(&rand_vals(24, 9), &[4, 6], crate::checker::float_dtype()).expect("g");
+    let grads =
+        pending.backward(&[Tensor::ones(&[], crate::checker::float_dtype()).expect("ones"), g]).expect("backward");
     let bits = |t: &Tensor| t.to_vec_f64().expect("values").iter().map(|v| v.to_bits()).collect::<Vec<u64>>();
     let mut all: Vec<Vec<u64>> = outs.iter().map(bits).collect();
     all.extend(grads.iter().flatten().map(bits));
@@ -73,7 +74,8 @@ fn partitioners_give_identical_results() {
 #[test]
 fn budget_zero_passes_the_contract() {
     let c = check(mlp, inputs, config(Partitioner::MinCut { activation_memory_budget: 0.0 }, true));
-    expect![[r#"
+    crate::checker::golden(
+        expect![[r#"
         forward:
         graph(%0: f64[4, 5] #0 "arg0", %1: f64[5, 6] #1 "arg1", %2: f64[6] #2 "arg2", %3: f64[6, 3] #3 "arg3", %4: f64[3] #4 "arg4", %5: f64[4, 3] #5 "arg5") {
           %21: f64[4, 6] #21 = mm(%0, %1)
@@ -142,5 +144,7 @@ fn budget_zero_passes_the_contract() {
           %5 "arg5": f64[4, 3] (96 bytes)
           %21 (mm): f64[4, 6] (192 bytes)
           %28 (mm): f64[4, 3] (96 bytes)
-        recomputed 18 ops, 288 FLOPs: %22 (add), %23 (mul), %24 (erf), %25 (add), %26 (mul), %27 (mul), %29 (add), %30 (tanh), %31 (sub), %39 (mul), %40 (neg), %41 (add), %45 (t), %47 (t), %53 (mul), %54 (neg), %55 (exp), %62 (t)"#]].assert_eq(&c.text);
+        recomputed 18 ops, 288 FLOPs: %22 (add), %23 (mul), %24 (erf), %25 (add), %26 (mul), %27 (mul), %29 (add), %30 (tanh), %31 (sub), %39 (mul), %40 (neg), %41 (add), %45 (t), %47 (t), %53 (mul), %54 (neg), %55 (exp), %62 (t)"#]],
+        &c.text,
+    );
 }

@@ -144,7 +144,7 @@ fn view_any(x: &Tensor, recipe: u64) -> aotgrad::Result<Tensor> {
 }
 
 fn base_values(k: u64) -> Tensor {
-    Tensor::from_f64(&rand_vals(24, 500 + k), &[24], aotgrad::trace::DType::F64).expect("base")
+    Tensor::from_f64(&rand_vals(24, 500 + k), &[24], crate::checker::float_dtype()).expect("base")
 }
 
 fn build_args(specs: &[ArgSpec]) -> Vec<Arg> {
