@@ -218,6 +218,17 @@ pub fn adapter() -> Result<AdapterSummary, WgpuError> {
     gpu().map(|g| g.summary.clone())
 }
 
+/// Lose the device on purpose (it is destroyed), as a driver reset or an unplugged
+/// GPU would: for tests of what every later call and readback reports. The process
+/// has no device afterwards.
+#[doc(hidden)]
+pub fn lose_device_for_tests() {
+    if let Ok(g) = gpu() {
+        *g.lost.lock().unwrap_or_else(|p| p.into_inner()) = Some("destroyed by lose_device_for_tests".into());
+        g.device.destroy();
+    }
+}
+
 /// Host↔device traffic so far (every graph of the process).
 pub fn transfers() -> Transfers {
     gpu().map(|g| g.counters.snapshot()).unwrap_or_default()

@@ -36,7 +36,7 @@ mod device;
 mod run;
 mod wgsl;
 
-pub use device::{adapter, transfers, AdapterSummary, Transfers, ADAPTER_ENV};
+pub use device::{adapter, lose_device_for_tests, transfers, AdapterSummary, Transfers, ADAPTER_ENV};
 pub use run::WgpuCompiledGraph;
 
 use aotgrad_cpu::CpuTensor;
@@ -117,6 +117,7 @@ impl Backend<CpuTensor> for WgpuBackend {
         // The artifact is the graph; its shaders are generated again for the adapter
         // that loads it, so the adapter is part of the identity.
         let a = adapter().ok()?;
-        Some(format!("{NAME} {} adapter {} ({}, {})", env!("CARGO_PKG_VERSION"), a.name, a.backend, a.driver))
+        let f16 = if a.shader_f16 { ", shader-f16" } else { "" };
+        Some(format!("{NAME} {} adapter {} ({}, {}{f16})", env!("CARGO_PKG_VERSION"), a.name, a.backend, a.driver))
     }
 }

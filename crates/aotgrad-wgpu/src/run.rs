@@ -45,6 +45,7 @@ impl aotgrad_cpu::DeviceBuffer for GpuBuffer {
     }
     fn read_back(&self) -> Result<HostBuffer, String> {
         let gpu = gpu().map_err(|e| e.to_string())?;
+        gpu.check_health().map_err(|e| e.to_string())?;
         let encoder = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("readback") });
         let mut v = read_back(gpu, encoder, &[(&self.buf, self.dtype, self.len as u64)]).map_err(|e| e.to_string())?;
         v.pop().ok_or_else(|| "no buffer came back".to_string())
