@@ -10,6 +10,11 @@ use std::time::Duration;
 /// its name, e.g. `llvmpipe` or `nvidia`).
 pub const ADAPTER_ENV: &str = "AOTGRAD_WGPU_ADAPTER";
 
+/// Environment variable that makes the backend treat the adapter as lacking
+/// `SHADER_F16` (`1`): f16 kernels are then refused as on such an adapter (for tests
+/// of that error, or to keep f16 graphs off the device).
+pub const NO_F16_ENV: &str = "AOTGRAD_WGPU_NO_F16";
+
 /// How the adapter was chosen, what it is, and what it can do.
 #[derive(Clone, Debug)]
 pub struct AdapterSummary {
@@ -166,7 +171,8 @@ fn open() -> Result<Gpu, String> {
     let adapter = &adapters[index];
     let info = &infos[index];
     let limits = adapter.limits();
-    let shader_f16 = adapter.features().contains(wgpu::Features::SHADER_F16);
+    let f16_off = std::env::var(NO_F16_ENV).is_ok_and(|v| v == "1");
+    let shader_f16 = adapter.features().contains(wgpu::Features::SHADER_F16) && !f16_off;
     let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
         label: Some("aotgrad"),
         required_features: if shader_f16 { wgpu::Features::SHADER_F16 } else { wgpu::Features::empty() },

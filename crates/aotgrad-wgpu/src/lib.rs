@@ -36,7 +36,7 @@ mod device;
 mod run;
 mod wgsl;
 
-pub use device::{adapter, lose_device_for_tests, transfers, AdapterSummary, Transfers, ADAPTER_ENV};
+pub use device::{adapter, lose_device_for_tests, transfers, AdapterSummary, Transfers, ADAPTER_ENV, NO_F16_ENV};
 pub use run::WgpuCompiledGraph;
 
 use aotgrad_cpu::CpuTensor;
