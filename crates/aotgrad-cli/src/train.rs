@@ -331,6 +331,11 @@ pub fn train(
         BackendChoice::Wgpu => wgpu_config()?,
     };
     let config = AotConfig { cache: cache.clone(), ..config };
+    if opts.backend == BackendChoice::Wgpu {
+        // The update runs where the gradients are: parameters and moments stay on the
+        // device between steps.
+        opt = opt.with_backend(config.backend.clone());
+    }
     let threads = if opts.threads == 0 {
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
     } else {
