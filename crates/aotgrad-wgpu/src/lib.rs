@@ -37,7 +37,7 @@ mod run;
 mod wgsl;
 
 pub use device::{adapter, lose_device_for_tests, transfers, AdapterSummary, Transfers, ADAPTER_ENV, NO_F16_ENV};
-pub use run::WgpuCompiledGraph;
+pub use run::{WgpuArtifact, WgpuCompiledGraph, ARTIFACT_FORMAT};
 
 use aotgrad_cpu::CpuTensor;
 use aotgrad_ir::{Backend, BackendError, CompiledGraph, Graph};
@@ -109,15 +109,22 @@ impl Backend<CpuTensor> for WgpuBackend {
         Ok(Box::new(self.compile_graph(graph)?))
     }
     fn deserialize(&self, bytes: &[u8]) -> Result<Box<dyn CompiledGraph<CpuTensor>>, BackendError> {
-        let text = std::str::from_utf8(bytes).map_err(|e| backend_err(format!("artifact is not UTF-8: {e}")))?;
-        let graph = aotgrad_ir::text::parse_graph(text).map_err(backend_err)?;
-        self.compile(&graph)
+        Ok(Box::new(WgpuCompiledGraph::from_untrusted(bytes).map_err(backend_err)?))
+    }
+    fn load_verified(&self, bytes: &[u8]) -> Result<Box<dyn CompiledGraph<CpuTensor>>, BackendError> {
+        Ok(Box::new(WgpuCompiledGraph::from_trusted(bytes).map_err(backend_err)?))
     }
     fn cache_identity(&self) -> Option<String> {
-        // The artifact is the graph; its shaders are generated again for the adapter
-        // that loads it, so the adapter is part of the identity.
+        // The artifact's shaders were generated for this adapter (and its features): a
+        // different adapter compiles afresh.
         let a = adapter().ok()?;
         let f16 = if a.shader_f16 { ", shader-f16" } else { "" };
-        Some(format!("{NAME} {} adapter {} ({}, {}{f16})", env!("CARGO_PKG_VERSION"), a.name, a.backend, a.driver))
+        Some(format!(
+            "{NAME} {} {ARTIFACT_FORMAT} adapter {} ({}, {}{f16})",
+            env!("CARGO_PKG_VERSION"),
+            a.name,
+            a.backend,
+            a.driver
+        ))
     }
 }

@@ -123,6 +123,17 @@ const STORAGE: wgpu::BufferUsages =
 impl Instance {
     fn new(gpu: &Gpu, plan: KernelPlan) -> Result<Instance, WgpuError> {
         let steps = lower_plan(&plan)?;
+        Instance::from_lowered(gpu, plan, steps, None)
+    }
+
+    /// An instance of a plan lowered already (`steps`), with its slot plan when one
+    /// is given (checked: every intermediate fits its slot), else planned here.
+    fn from_lowered(
+        gpu: &Gpu,
+        plan: KernelPlan,
+        steps: Vec<Step>,
+        slots: Option<SlotPlan>,
+    ) -> Result<Instance, WgpuError> {
         let mut extents = Vec::with_capacity(plan.buffers.len());
         for (b, buf) in plan.buffers.iter().enumerate() {
             extents.push(
@@ -140,7 +151,34 @@ impl Instance {
                 return Err(WgpuError::Internal(format!("an access reads past the end of buffer b{}", a.buf)));
             }
         }
-        let slots = plan_slots(&plan, &extents);
+        let slots = match slots {
+            Some(s) => {
+                let fits = s.slot_of.len() == plan.buffers.len()
+                    && s.slot_of.iter().enumerate().all(|(b, slot)| {
+                        slot.is_none_or(|i| {
+                            s.slots.get(i).is_some_and(|sl| {
+                                sl.dtype == plan.buffers[b].layout.dtype
+                                    && sl.elems >= extents[b]
+                                    && plan.buffers[b].kind == BufferKind::Intermediate
+                            })
+                        })
+                    });
+                if !fits {
+                    return Err(WgpuError::Internal("a stored buffer plan does not fit its kernel plan".into()));
+                }
+                s
+            }
+            None => plan_slots(&plan, &extents),
+        };
+        // Every buffer a step names exists (stored steps are checked like fresh ones).
+        let n = plan.buffers.len();
+        let in_range = steps.iter().all(|st| match st {
+            Step::Gpu(k) => k.bindings.iter().all(|(b, _)| *b < n),
+            Step::Host(e) => e.out < n && e.args.iter().all(|a| a.buf < n),
+        });
+        if !in_range || plan.outputs.iter().any(|o| o.buf >= n) {
+            return Err(WgpuError::Internal("a step names a buffer its kernel plan does not have".into()));
+        }
         let mut loc = Vec::with_capacity(plan.buffers.len());
         let mut out_bufs = Vec::new();
         for (b, buf) in plan.buffers.iter().enumerate() {
@@ -356,6 +394,36 @@ fn meta_of(a: &aotgrad_fusion::Access) -> TensorMeta {
     TensorMeta { shape: a.shape.clone(), strides: a.strides.clone(), offset: a.offset.clone(), dtype: a.dtype }
 }
 
+/// The format tag of [`WgpuArtifact`]s.
+pub const ARTIFACT_FORMAT: &str = "aotgrad-wgpu/2";
+
+/// The wgpu backend's artifact, plain data encoded with [`aotgrad_ir::codec`]: the
+/// graph's text, the adapter features its kernels need, and for a static planned
+/// graph its kernel plan, the WGSL sources with their launch plan (steps in order:
+/// entry point, bindings, workgroups; host steps), and the buffer plan.
+/// [`aotgrad_ir::Backend::deserialize`] plans the graph again and rejects an artifact
+/// whose stored plan differs; [`aotgrad_ir::Backend::load_verified`] (a checked cache
+/// entry) creates the pipelines from the stored sources without planning or lowering.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct WgpuArtifact {
+    /// [`ARTIFACT_FORMAT`].
+    pub format: String,
+    /// The functional graph in the text format.
+    pub graph: String,
+    /// Adapter features the kernels need (`shader-f16`).
+    pub features: Vec<String>,
+    /// The static graph's lowered kernels (`None`: dynamic shapes or the interpreter).
+    kernels: Option<StoredKernels>,
+}
+
+/// A static graph's kernels as [`WgpuArtifact`] stores them.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+struct StoredKernels {
+    plan: KernelPlan,
+    steps: Vec<Step>,
+    slots: SlotPlan,
+}
+
 /// The symbol values of a call, sorted: the key of a lowered plan.
 type Binding = Vec<(SymId, i64)>;
 
@@ -400,6 +468,91 @@ impl WgpuCompiledGraph {
             tracing::debug!(plan = %print_plan(p, fixed.as_ref().map(|i| &i.slots)), "kernel plan");
         }
         Ok(WgpuCompiledGraph { graph, plan, fallback, fixed, by_binding: Mutex::new(HashMap::new()) })
+    }
+
+    /// The artifact of this compiled graph (see [`WgpuArtifact`]).
+    pub fn artifact(&self) -> WgpuArtifact {
+        let kernels = self.fixed.as_ref().map(|i| StoredKernels {
+            plan: i.plan.clone(),
+            steps: i.steps.clone(),
+            slots: i.slots.clone(),
+        });
+        let f16 = kernels
+            .as_ref()
+            .is_some_and(|k| k.steps.iter().any(|s| matches!(s, Step::Gpu(g) if g.wgsl.starts_with("enable f16;"))));
+        WgpuArtifact {
+            format: ARTIFACT_FORMAT.into(),
+            graph: aotgrad_ir::text::print_graph(&self.graph),
+            features: if f16 { vec!["shader-f16".into()] } else { Vec::new() },
+            kernels,
+        }
+    }
+
+    /// Decode an artifact's bytes (format checked).
+    pub(crate) fn decode_artifact(bytes: &[u8]) -> Result<WgpuArtifact, WgpuError> {
+        let a: WgpuArtifact = aotgrad_ir::codec::decode("wgpu artifact", bytes).map_err(|e| {
+            WgpuError::Unsupported { what: "artifact".into(), reason: format!("not a wgpu artifact: {e}") }
+        })?;
+        if a.format != ARTIFACT_FORMAT {
+            return Err(WgpuError::Unsupported {
+                what: "artifact".into(),
+                reason: format!("format {:?}; this build reads {ARTIFACT_FORMAT:?}", a.format),
+            });
+        }
+        Ok(a)
+    }
+
+    /// Rebuild from bytes nobody vouched for: the graph is parsed and planned again,
+    /// and stored kernels must equal what planning makes now.
+    pub(crate) fn from_untrusted(bytes: &[u8]) -> Result<WgpuCompiledGraph, WgpuError> {
+        let a = Self::decode_artifact(bytes)?;
+        let graph = aotgrad_ir::text::parse_graph(&a.graph).map_err(|e| WgpuError::Unsupported {
+            what: "artifact".into(),
+            reason: format!("its graph does not parse: {e}"),
+        })?;
+        let fresh = WgpuCompiledGraph::new(graph)?;
+        if a.kernels.is_some() && fresh.artifact().kernels != a.kernels {
+            return Err(WgpuError::Unsupported {
+                what: "artifact".into(),
+                reason: "its stored kernels differ from what its graph plans to here".into(),
+            });
+        }
+        Ok(fresh)
+    }
+
+    /// Rebuild from a checked cache entry: a static graph's pipelines come from the
+    /// stored WGSL, with no planning or lowering (the features they need are checked
+    /// against the adapter).
+    pub(crate) fn from_trusted(bytes: &[u8]) -> Result<WgpuCompiledGraph, WgpuError> {
+        let a = Self::decode_artifact(bytes)?;
+        let graph = aotgrad_ir::text::parse_graph(&a.graph).map_err(|e| WgpuError::Unsupported {
+            what: "artifact".into(),
+            reason: format!("its graph does not parse: {e}"),
+        })?;
+        let Some(k) = a.kernels else {
+            return WgpuCompiledGraph::new(graph);
+        };
+        let g = gpu()?;
+        for f in &a.features {
+            let has = match f.as_str() {
+                "shader-f16" => g.summary.shader_f16,
+                _ => false,
+            };
+            if !has {
+                return Err(WgpuError::Unsupported {
+                    what: "artifact".into(),
+                    reason: format!("its kernels need the adapter feature {f}, which {} lacks", g.summary.name),
+                });
+            }
+        }
+        let inst = Instance::from_lowered(g, k.plan.clone(), k.steps, Some(k.slots))?;
+        Ok(WgpuCompiledGraph {
+            graph,
+            plan: Some(k.plan),
+            fallback: None,
+            fixed: Some(Arc::new(inst)),
+            by_binding: Mutex::new(HashMap::new()),
+        })
     }
 
     /// Why the graph runs on the reference interpreter, when it does.
@@ -790,6 +943,7 @@ impl CompiledGraph<CpuTensor> for WgpuCompiledGraph {
         self.run_planned(inputs, symbols).map_err(backend_err)
     }
     fn serialize(&self) -> Vec<u8> {
-        aotgrad_ir::text::print_graph(&self.graph).into_bytes()
+        // Encoding plain data cannot fail; an empty artifact would be rejected on load.
+        aotgrad_ir::codec::encode("wgpu artifact", &self.artifact()).unwrap_or_default()
     }
 }

@@ -43,7 +43,7 @@ const MM_TILE: u64 = 64;
 pub(crate) const MAX_GROUPS: u64 = 65_535;
 
 /// One step of a lowered plan.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(crate) enum Step {
     /// A compute shader dispatch.
     Gpu(GpuKernel),
@@ -52,7 +52,7 @@ pub(crate) enum Step {
 }
 
 /// A WGSL kernel and how to launch it.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct GpuKernel {
     /// Entry point name (`k3_pointwise`).
     pub entry: String,

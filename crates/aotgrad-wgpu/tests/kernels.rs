@@ -282,3 +282,52 @@ fn i64_values_live_on_the_device_as_checked_i32() {
     let e = c.run(&[big]).unwrap_err().to_string();
     assert!(e.contains("pointwise mul") && e.contains("3000000000") && e.contains("i32"), "{e}");
 }
+
+#[test]
+fn artifacts_hold_the_wgsl_launch_and_buffer_plans_and_reload() {
+    use aotgrad_ir::Backend;
+    if gpu::adapter_or_skip().is_none() {
+        return;
+    }
+    let g = pointwise_graph();
+    let c = WgpuBackend::new().compile_graph(&g).unwrap();
+    let a = c.artifact();
+    assert_eq!(a.format, aotgrad_wgpu::ARTIFACT_FORMAT);
+    assert!(a.features.is_empty());
+    let bytes = c.serialize();
+    let ins: Vec<_> = g.inputs.iter().enumerate().map(|(i, x)| tensor_for(&x.meta, i as f64, false)).collect();
+    let want = c.run(&ins).unwrap()[0].to_vec_f64();
+    // A checked cache entry: pipelines from the stored sources; an untrusted one:
+    // planned again and compared with what it stores.
+    for loaded in [WgpuBackend::new().load_verified(&bytes).unwrap(), WgpuBackend::new().deserialize(&bytes).unwrap()] {
+        assert_eq!(loaded.run(&ins).unwrap()[0].to_vec_f64(), want);
+        assert_eq!(loaded.serialize(), bytes, "a loaded graph saves the same artifact");
+    }
+    // Stored kernels that are not the graph's are refused by the untrusted path.
+    let mut other = a.clone();
+    other.graph = other.graph.replace("sin(", "cos(");
+    assert_ne!(other.graph, a.graph);
+    let forged = aotgrad_ir::codec::encode("test", &other).unwrap();
+    let err = |r: Result<Box<dyn CompiledGraph<CpuTensor>>, aotgrad_ir::BackendError>| match r {
+        Ok(_) => panic!("loaded"),
+        Err(e) => e.to_string(),
+    };
+    let e = err(WgpuBackend::new().deserialize(&forged));
+    assert!(e.contains("stored kernels differ"), "{e}");
+    // Another format, or bytes that are no artifact: clear errors.
+    let mut old = a.clone();
+    old.format = "aotgrad-wgpu/1".into();
+    let e = err(WgpuBackend::new().load_verified(&aotgrad_ir::codec::encode("test", &old).unwrap()));
+    assert!(e.contains("format") && e.contains("aotgrad-wgpu/1"), "{e}");
+    let e = err(WgpuBackend::new().load_verified(b"graph("));
+    assert!(e.contains("not a wgpu artifact"), "{e}");
+    // f16 kernels name the feature they need.
+    if aotgrad_wgpu::adapter().unwrap().shader_f16 {
+        let mut g = Graph::new();
+        let x = input(&mut g, "x", m(&[4], DType::F16));
+        let y = node(&mut g, Op::Unary(UnaryOp::Exp), &[x]);
+        g.outputs = vec![y];
+        let a = WgpuBackend::new().compile_graph(&g).unwrap().artifact();
+        assert_eq!(a.features, vec!["shader-f16".to_string()]);
+    }
+}
