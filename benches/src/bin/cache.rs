@@ -175,6 +175,9 @@ fn tempdir() -> Result<std::path::PathBuf> {
     Ok(d)
 }
 
+/// Builds the compiled function of one workload under a config, with its example inputs.
+type Make = Box<dyn Fn(AotConfig) -> Result<(AotFunction, Vec<Tensor>)>>;
+
 fn workload(w: Workload) -> impl Fn(AotConfig) -> Result<(AotFunction, Vec<Tensor>)> {
     move |config| {
         let f = compiled_step(&w, config)?;
@@ -184,20 +187,39 @@ fn workload(w: Workload) -> impl Fn(AotConfig) -> Result<(AotFunction, Vec<Tenso
 }
 
 fn main() -> Result<()> {
-    // `--loop-warm N`: N warm starts of the transformer block in a row (for profiling).
+    // `--loop-warm N [WORKLOAD]`: N warm starts in a row (for profiling) of the
+    // transformer block, or of `mlp`, or of `fanoutK` (the fanout graph of K nodes).
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--loop-warm") {
         let n: usize = args.get(i + 1).and_then(|v| v.parse().ok()).unwrap_or(100);
-        let w = transformer()?;
+        let which = args.get(i + 2).map(String::as_str).unwrap_or("transformer");
+        let make: Make = match which {
+            "transformer" => Box::new(workload(transformer()?)),
+            "mlp" => Box::new(workload(mlp()?)),
+            f if f.starts_with("fanout") => {
+                let k: usize = f["fanout".len()..].parse()?;
+                Box::new(move |config| pathological_with("fanout", k, true, config))
+            }
+            other => anyhow::bail!("unknown workload {other:?} (transformer, mlp, fanoutK)"),
+        };
         let dir = tempdir()?;
         let config = AotConfig::default().threads(1).cache(Arc::new(Cache::disk(&dir)));
-        let inputs: Vec<aotgrad::Arg> = aotgrad_benches::example_inputs(&w).iter().map(|t| t.into()).collect();
-        compiled_step(&w, config.clone())?.compile_for(&inputs)?;
-        let t = Instant::now();
+        let (f, inputs) = make(config.clone())?;
+        let inputs: Vec<aotgrad::Arg> = inputs.iter().map(|t| t.into()).collect();
+        f.compile_for(&inputs)?;
+        let (mut total, mut load) = (0.0, 0.0);
         for _ in 0..n {
-            compiled_step(&w, config.clone())?.compile_for(&inputs)?;
+            let (g, _) = make(config.clone())?;
+            let t = Instant::now();
+            g.compile_for(&inputs)?;
+            total += t.elapsed().as_secs_f64();
+            load += g.cache_stats().load_seconds;
         }
-        println!("{:.3} ms per warm start", t.elapsed().as_secs_f64() * 1e3 / n as f64);
+        println!(
+            "{which}: {:.3} ms per warm start, of which load {:.3} ms",
+            total * 1e3 / n as f64,
+            load * 1e3 / n as f64
+        );
         std::fs::remove_dir_all(&dir)?;
         return Ok(());
     }

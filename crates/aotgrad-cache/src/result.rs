@@ -192,36 +192,49 @@ pub enum GraphKind {
     Backward = 4,
 }
 
-type Texts = [Option<String>; 5];
-
 /// The graphs of one compile, kept for logs and introspection: the live graphs of a
-/// fresh compile (encoded when they are large), or, for a loaded result, their printed
-/// forms, decoded only when asked for (a warm start never pays for them).
+/// fresh compile (packed when they are large), or, for a loaded result, their packed
+/// encodings ([`aotgrad_ir::codec::pack`]), decoded only when asked for (a warm start
+/// never pays for them). A graph is printed only when its text is asked for.
 #[derive(Clone, Debug)]
 pub struct GraphDumps {
-    live: Option<Arc<[Option<Kept>; 5]>>,
-    encoded: Arc<OnceLock<Vec<u8>>>,
-    texts: Arc<OnceLock<Result<Texts, String>>>,
+    kept: Arc<[Option<Kept>; 5]>,
 }
 
-/// Above this many nodes in all, a fresh compile's graphs are kept encoded (about a
-/// tenth of their size in memory) and decoded when asked for: a long program's
+/// Above this many nodes in all, a fresh compile's graphs are kept packed (a small
+/// fraction of their size in memory) and decoded when asked for: a long program's
 /// compiled function does not hold its five graphs for its whole life.
 const PACK_ABOVE_NODES: usize = 20_000;
 
-/// One graph of a fresh compile.
+/// One graph: live, packed, or both (a live graph is packed when first stored).
 #[derive(Debug)]
-enum Kept {
-    Graph(Arc<Graph>),
-    Packed(Vec<u8>),
+struct Kept {
+    live: Option<Arc<Graph>>,
+    packed: OnceLock<Vec<u8>>,
 }
 
 impl Kept {
     fn graph(&self) -> Option<Arc<Graph>> {
-        match self {
-            Kept::Graph(g) => Some(g.clone()),
-            Kept::Packed(bytes) => aotgrad_ir::codec::decode::<Graph>("kept graph", bytes).ok().map(Arc::new),
+        if let Some(g) = &self.live {
+            return Some(g.clone());
         }
+        let bytes = self.packed.get()?;
+        match aotgrad_ir::codec::unpack::<Graph>("kept graph", bytes) {
+            Ok(g) => Some(Arc::new(g)),
+            Err(e) => {
+                tracing::warn!(target: "aotgrad::cache", "a stored graph is unreadable: {e}");
+                None
+            }
+        }
+    }
+    fn packed(&self) -> Vec<u8> {
+        self.packed
+            .get_or_init(|| match &self.live {
+                // Encoding plain data cannot fail; an empty graph is an unreadable one.
+                Some(g) => aotgrad_ir::codec::pack("kept graph", g.as_ref()).unwrap_or_default(),
+                None => Vec::new(),
+            })
+            .clone()
     }
 }
 
@@ -231,67 +244,47 @@ impl GraphDumps {
         let graphs = [Some(traced), Some(functional), joint, fw, bw];
         let total: usize = graphs.iter().flatten().map(|g| g.nodes.len()).sum();
         let keep = |g: Option<Graph>| {
-            g.map(|g| match total > PACK_ABOVE_NODES {
-                true => match aotgrad_ir::codec::encode("kept graph", &g) {
-                    Ok(bytes) => Kept::Packed(bytes),
-                    Err(_) => Kept::Graph(Arc::new(g)),
-                },
-                false => Kept::Graph(Arc::new(g)),
+            g.map(|g| {
+                let packed = OnceLock::new();
+                if total > PACK_ABOVE_NODES {
+                    if let Ok(bytes) = aotgrad_ir::codec::pack("kept graph", &g) {
+                        let _ = packed.set(bytes);
+                        return Kept { live: None, packed };
+                    }
+                }
+                Kept { live: Some(Arc::new(g)), packed }
             })
         };
-        GraphDumps {
-            live: Some(Arc::new(graphs.map(keep))),
-            encoded: Arc::new(OnceLock::new()),
-            texts: Arc::new(OnceLock::new()),
-        }
+        GraphDumps { kept: Arc::new(graphs.map(keep)) }
     }
 
-    /// Graphs stored as [`GraphDumps::encoded`] bytes.
-    pub fn from_encoded(bytes: Vec<u8>) -> Self {
-        let encoded = OnceLock::new();
-        let _ = encoded.set(bytes);
-        GraphDumps { live: None, encoded: Arc::new(encoded), texts: Arc::new(OnceLock::new()) }
-    }
-
-    fn texts(&self) -> Result<&Texts, String> {
-        self.texts
-            .get_or_init(|| match &self.live {
-                Some(l) => Ok(std::array::from_fn(|i| {
-                    l[i].as_ref().and_then(Kept::graph).map(|g| aotgrad_ir::text::print_graph(&g))
-                })),
-                None => aotgrad_ir::codec::decode::<Texts>("graph dumps", self.encoded.get().map_or(&[][..], |b| b))
-                    .map_err(|e| e.to_string()),
+    /// Graphs stored as [`GraphDumps::packed`] gives them (`None`: the compile has no
+    /// such graph).
+    pub fn from_packed(packed: [Option<Vec<u8>>; 5]) -> Self {
+        let kept = packed.map(|p| {
+            p.map(|bytes| {
+                let packed = OnceLock::new();
+                let _ = packed.set(bytes);
+                Kept { live: None, packed }
             })
-            .as_ref()
-            .map_err(Clone::clone)
+        });
+        GraphDumps { kept: Arc::new(kept) }
     }
 
-    /// The printed graphs, encoded (what an entry stores).
-    pub fn encoded(&self) -> Vec<u8> {
-        self.encoded
-            .get_or_init(|| match self.texts() {
-                Ok(t) => aotgrad_ir::codec::encode("graph dumps", t).unwrap_or_default(),
-                Err(_) => Vec::new(),
-            })
-            .clone()
+    /// The packed graphs (what an entry stores).
+    pub fn packed(&self) -> [Option<Vec<u8>>; 5] {
+        std::array::from_fn(|i| self.kept[i].as_ref().map(Kept::packed))
     }
 
-    /// The printed graph `which` (`None`: this compile has none, or the stored dumps
-    /// are unreadable).
+    /// The printed graph `which` (`None`: this compile has none, or the stored graph
+    /// is unreadable).
     pub fn text(&self, which: GraphKind) -> Option<String> {
-        if let Some(Some(k)) = self.live.as_ref().map(|l| &l[which as usize]) {
-            return k.graph().map(|g| aotgrad_ir::text::print_graph(&g));
-        }
-        self.texts().ok()?[which as usize].clone()
+        self.graph(which).map(|g| aotgrad_ir::text::print_graph(&g))
     }
 
-    /// The graph `which` (parsed from its text for a loaded result).
+    /// The graph `which`.
     pub fn graph(&self, which: GraphKind) -> Option<Arc<Graph>> {
-        if let Some(l) = &self.live {
-            return l[which as usize].as_ref().and_then(Kept::graph);
-        }
-        let text = self.texts().ok()?[which as usize].as_ref()?;
-        aotgrad_ir::text::parse_graph_unchecked(text).ok().map(Arc::new)
+        self.kept[which as usize].as_ref().and_then(Kept::graph)
     }
 }
 
@@ -330,10 +323,9 @@ pub struct StoredResult {
     pub forward: StoredArtifact,
     /// Backward artifact (training).
     pub backward: Option<StoredArtifact>,
-    /// Printed traced, functional, joint, forward and backward graphs (the last three
-    /// on the training path only), encoded ([`GraphDumps::encoded`]).
-    #[serde(with = "serde_bytes")]
-    pub graphs: Vec<u8>,
+    /// The traced, functional, joint, forward and backward graphs (the last three on
+    /// the training path only), each packed ([`GraphDumps::packed`]).
+    pub graphs: [Option<serde_bytes::ByteBuf>; 5],
 }
 
 impl<T> AotResult<T> {
@@ -348,7 +340,7 @@ impl<T> AotResult<T> {
             meta: self.meta.clone(),
             forward: store(&self.forward),
             backward: self.backward.as_ref().map(&mut store),
-            graphs: self.graphs.encoded(),
+            graphs: self.graphs.packed().map(|g| g.map(serde_bytes::ByteBuf::from)),
         }
     }
 
@@ -367,7 +359,7 @@ impl<T> AotResult<T> {
         };
         let forward = artifact(stored.forward)?;
         let backward = stored.backward.map(&mut artifact).transpose()?;
-        let graphs = GraphDumps::from_encoded(stored.graphs);
+        let graphs = GraphDumps::from_packed(stored.graphs.map(|g| g.map(serde_bytes::ByteBuf::into_vec)));
         if stored.meta.training.is_some() != backward.is_some() {
             return Err("a training entry needs a backward artifact and an inference entry has none".into());
         }

@@ -46,15 +46,20 @@ impl SlotPlan {
 /// Elements a concrete layout spans in its buffer (`offset` + the farthest element + 1;
 /// 0 for an empty tensor). `None` when the layout is symbolic or overflows.
 pub fn extent(meta: &TensorMeta) -> Option<usize> {
-    let shape = meta.concrete_shape()?;
-    let strides = meta.concrete_strides()?;
-    let offset = meta.concrete_offset()?;
-    if shape.contains(&0) {
-        return Some(0);
+    // A walk over the dims (no vectors: lowering asks this of every buffer).
+    let size = |d: &aotgrad_ir::Dim| d.as_const().and_then(|v| usize::try_from(v).ok());
+    let mut far = size(&meta.offset)?;
+    let mut empty = false;
+    for (s, st) in meta.shape.iter().zip(&meta.strides) {
+        let (s, st) = (size(s)?, size(st)?);
+        if s == 0 {
+            empty = true;
+        } else {
+            far = far.checked_add((s - 1).checked_mul(st)?)?;
+        }
     }
-    let mut far = offset;
-    for (s, st) in shape.iter().zip(&strides) {
-        far = far.checked_add((s - 1).checked_mul(*st)?)?;
+    if empty {
+        return Some(0);
     }
     far.checked_add(1)
 }
@@ -64,20 +69,34 @@ pub fn plan_slots(plan: &KernelPlan, extents: &[usize]) -> SlotPlan {
     let nb = plan.buffers.len();
     let mut slot_of = vec![None; nb];
     let mut slots: Vec<Slot> = Vec::new();
-    // Free slots by dtype, ordered by (elements, slot): best fit in O(log n).
-    let mut free: std::collections::HashMap<aotgrad_ir::DType, std::collections::BTreeSet<(usize, usize)>> =
-        std::collections::HashMap::new();
-    // Buffers by defining kernel.
-    let mut defs: Vec<Vec<usize>> = vec![Vec::new(); plan.kernels.len()];
-    let mut ends: Vec<Vec<usize>> = vec![Vec::new(); plan.kernels.len() + 1];
+    // Free slots by dtype (a few at most), ordered by (elements, slot): best fit in
+    // O(log n).
+    let mut free: Vec<(aotgrad_ir::DType, std::collections::BTreeSet<(usize, usize)>)> = Vec::new();
+    fn pool(
+        free: &mut Vec<(aotgrad_ir::DType, std::collections::BTreeSet<(usize, usize)>)>,
+        dtype: aotgrad_ir::DType,
+    ) -> &mut std::collections::BTreeSet<(usize, usize)> {
+        let i = match free.iter().position(|(d, _)| *d == dtype) {
+            Some(i) => i,
+            None => {
+                free.push((dtype, Default::default()));
+                free.len() - 1
+            }
+        };
+        &mut free[i].1
+    }
+    // (kernel, buffer) pairs: the buffers each kernel defines, and those whose last
+    // use is the kernel before it; sorted by kernel, buffers in order within one.
+    let mut defs: Vec<(usize, usize)> = Vec::new();
+    let mut ends: Vec<(usize, usize)> = Vec::new();
     let mut unshared = 0usize;
     let mut output_bytes = 0usize;
     for (b, buf) in plan.buffers.iter().enumerate() {
         match buf.kind {
             BufferKind::Intermediate => {
                 if let Some(d) = buf.def {
-                    defs[d].push(b);
-                    ends[buf.last_use.unwrap_or(d).max(d) + 1].push(b);
+                    defs.push((d, b));
+                    ends.push((buf.last_use.unwrap_or(d).max(d) + 1, b));
                     unshared += extents[b] * buf.layout.dtype.size_bytes();
                 }
             }
@@ -85,17 +104,22 @@ pub fn plan_slots(plan: &KernelPlan, extents: &[usize]) -> SlotPlan {
             _ => {}
         }
     }
+    defs.sort_unstable();
+    ends.sort_unstable();
+    let (mut next_def, mut next_end) = (0, 0);
     for i in 0..plan.kernels.len() {
-        for &b in &ends[i] {
+        while let Some(&(_, b)) = ends.get(next_end).filter(|(k, _)| *k <= i) {
+            next_end += 1;
             if let Some(s) = slot_of[b] {
                 let slot: &Slot = &slots[s];
-                free.entry(slot.dtype).or_default().insert((slot.elems, s));
+                pool(&mut free, slot.dtype).insert((slot.elems, s));
             }
         }
-        for &b in &defs[i] {
+        while let Some(&(_, b)) = defs.get(next_def).filter(|(k, _)| *k <= i) {
+            next_def += 1;
             let dtype = plan.buffers[b].layout.dtype;
             let need = extents[b];
-            let pool = free.entry(dtype).or_default();
+            let pool = pool(&mut free, dtype);
             // The smallest free slot that holds it, else the largest (grown to fit).
             let pick = pool.range((need, 0)..).next().copied().or_else(|| pool.iter().next_back().copied());
             let s = match pick {

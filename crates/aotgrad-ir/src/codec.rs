@@ -65,6 +65,48 @@ pub fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T
     Ok(value)
 }
 
+/// Largest expansion deflate can express (a stream of back-references): a packed
+/// payload claiming more than this per compressed byte is corrupt.
+const MAX_DEFLATE_RATIO: u64 = 1032;
+
+/// Encode `value` and compress it (deflate, fastest level): for bulky data kept only
+/// in case it is needed (graphs for logs, an artifact's source graph). The bytes are
+/// the uncompressed length (8 bytes, little endian) and the deflate stream.
+pub fn pack<T: Serialize>(what: &'static str, value: &T) -> Result<Vec<u8>, CodecError> {
+    let raw = encode(what, value)?;
+    let mut out = Vec::with_capacity(8 + raw.len() / 4);
+    out.extend_from_slice(&(raw.len() as u64).to_le_bytes());
+    let mut z = flate2::write::DeflateEncoder::new(out, flate2::Compression::fast());
+    std::io::Write::write_all(&mut z, &raw).map_err(|e| CodecError::Encode { what, msg: e.to_string() })?;
+    z.finish().map_err(|e| CodecError::Encode { what, msg: e.to_string() })
+}
+
+/// Decode [`pack`]'s bytes. A length that the stream cannot hold, a stream that
+/// inflates to more or fewer bytes than it says, or a malformed stream is an error,
+/// and inflating never allocates more than the stated length.
+pub fn unpack<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, CodecError> {
+    let bad = |msg: String| CodecError::Decode { what, msg };
+    let (len, stream) = match bytes.split_first_chunk::<8>() {
+        Some((len, stream)) => (u64::from_le_bytes(*len), stream),
+        None => return Err(bad(format!("{} bytes is too short for a packed value", bytes.len()))),
+    };
+    if len > (stream.len() as u64).saturating_mul(MAX_DEFLATE_RATIO) {
+        return Err(bad(format!("says it inflates to {len} bytes, more than {} compressed bytes can", stream.len())));
+    }
+    let mut raw = Vec::with_capacity(len as usize);
+    let inflater = flate2::read::DeflateDecoder::new(stream);
+    std::io::Read::read_to_end(&mut std::io::Read::take(inflater, len + 1), &mut raw)
+        .map_err(|e| bad(format!("corrupt compressed stream: {e}")))?;
+    if raw.len() as u64 != len {
+        return Err(bad(format!(
+            "inflates to {}{} bytes, it says {len}",
+            raw.len(),
+            if raw.len() as u64 > len { "+" } else { "" }
+        )));
+    }
+    decode(what, &raw)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,9 +131,36 @@ mod tests {
         assert!(decode::<Vec<u64>>("v", &[]).is_err());
     }
 
+    #[test]
+    fn packed_round_trip_and_defects() {
+        let v: Vec<String> = (0..500).map(|i| format!("node {i} of a long and repetitive graph")).collect();
+        let packed = pack("v", &v).unwrap();
+        assert!(packed.len() * 4 < encode("v", &v).unwrap().len(), "{} bytes", packed.len());
+        assert_eq!(unpack::<Vec<String>>("v", &packed).unwrap(), v);
+        // A truncated stream, a wrong length, an impossible length, no length at all.
+        assert!(unpack::<Vec<String>>("v", &packed[..packed.len() - 3]).is_err());
+        let mut longer = packed.clone();
+        longer[0] = longer[0].wrapping_add(1);
+        let e = unpack::<Vec<String>>("v", &longer).unwrap_err().to_string();
+        assert!(e.contains("inflates to"), "{e}");
+        let mut bomb = packed.clone();
+        bomb[..8].copy_from_slice(&u64::MAX.to_le_bytes());
+        let e = unpack::<Vec<String>>("v", &bomb).unwrap_err().to_string();
+        assert!(e.contains("more than"), "{e}");
+        assert!(unpack::<Vec<String>>("v", &[1, 2]).is_err());
+        // Every flipped byte is an error or (deflate has no checksum) some value,
+        // never a panic; the cache's envelope checksum is what catches flips.
+        for i in 0..packed.len() {
+            let mut f = packed.clone();
+            f[i] ^= 0x55;
+            let _ = unpack::<Vec<String>>("v", &f);
+        }
+    }
+
     proptest! {
         #[test]
         fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = unpack::<crate::Graph>("graph", &bytes);
             let _ = decode::<crate::Graph>("graph", &bytes);
             let _ = decode::<Vec<String>>("strings", &bytes);
             let _ = decode::<TensorMeta>("meta", &bytes);

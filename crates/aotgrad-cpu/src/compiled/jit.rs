@@ -94,13 +94,11 @@ pub(crate) fn attach(kernels: &mut [CKernel], dtypes: &[DType]) {
         let mut resolve = |spec: Result<Spec<'_>, &'static str>| -> Option<JitSlot> {
             let spec = spec.ok()?;
             let key = spec.key();
-            let slot: JitSlot = Arc::new(OnceLock::new());
-            match cache.get(&key) {
-                Some(k) => {
-                    let _ = slot.set(k.clone());
-                }
-                None => jobs.push(Job { key, spec: spec.into_owned(), slot: slot.clone() }),
+            if let Some(done) = cache.get(&key) {
+                return Some(done.clone());
             }
+            let slot: JitSlot = Arc::new(OnceLock::new());
+            jobs.push(Job { key, spec: spec.into_owned(), slot: slot.clone() });
             Some(slot)
         };
         type Resolve<'r> = dyn FnMut(Result<Spec<'_>, &'static str>) -> Option<JitSlot> + 'r;
@@ -206,7 +204,8 @@ impl<'a> Spec<'a> {
     /// Everything the generated code depends on, as words.
     fn key(&self) -> Vec<u64> {
         let p = self;
-        let mut k: Vec<u64> = vec![p.body.loads.len() as u64, p.stores.len() as u64];
+        let mut k: Vec<u64> = Vec::with_capacity(6 + p.load_inner.len() + p.stores.len() + 5 * p.body.instrs.len());
+        k.extend([p.body.loads.len() as u64, p.stores.len() as u64]);
         k.extend(p.load_inner.iter().map(|s| *s as u64));
         k.extend(p.stores.iter().map(|r| *r as u64));
         match p.reduce {
@@ -350,7 +349,7 @@ fn compile_batch(jobs: Vec<Job>) {
     {
         let cache = cache();
         for (i, j) in jobs.iter().enumerate() {
-            if let Some(k) = cache.get(&j.key) {
+            if let Some(k) = cache.get(&j.key).and_then(|done| done.get()) {
                 let _ = j.slot.set(k.clone());
             } else if !fresh.iter().any(|&f| jobs[f].key == j.key) {
                 fresh.push(i);
@@ -372,7 +371,7 @@ fn compile_batch(jobs: Vec<Job>) {
                     let _ = j.slot.set(k.clone());
                 }
                 if cache.len() < CACHE_CAP {
-                    cache.insert(jobs[f].key.clone(), k);
+                    cache.insert(jobs[f].key.clone(), Arc::new(OnceLock::from(k)));
                 }
             }
         }
@@ -381,8 +380,11 @@ fn compile_batch(jobs: Vec<Job>) {
     tracing::trace!(kernels = fresh.len(), ms = t0.elapsed().as_secs_f64() * 1e3, "jit compile");
 }
 
-/// Compiled kernels by [`Spec::key`], shared by every plan of the process.
-static CACHE: OnceLock<std::sync::Mutex<HashMap<Vec<u64>, JitKernel>>> = OnceLock::new();
+/// Compiled kernels by [`Spec::key`], shared by every plan of the process: filled
+/// slots, which kernels with the same key share. Keys are hashed with FxHash (short
+/// integer vectors made by this process, looked up once per kernel when a plan is
+/// lowered).
+static CACHE: OnceLock<std::sync::Mutex<rustc_hash::FxHashMap<Vec<u64>, JitSlot>>> = OnceLock::new();
 /// Most kernels the process-wide cache keeps (their code stays mapped).
 const CACHE_CAP: usize = 4096;
 

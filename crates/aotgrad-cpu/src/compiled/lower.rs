@@ -69,7 +69,7 @@ pub(crate) struct CPointwise {
 pub(crate) struct CReduce {
     pub op: ReduceOp,
     pub shape: Idx,
-    pub reduced: Vec<bool>,
+    pub reduced: Flags,
     pub body: CBody,
     pub value: usize,
     pub dst: CAccess,
@@ -215,42 +215,52 @@ fn ints(ds: &[Dim], what: &str) -> Result<Idx> {
     ds.iter().map(|d| int(d, what)).collect()
 }
 
-/// Merge adjacent dims that every access walks as one (and drop size-1 dims).
-fn coalesce(shape: &[usize], strides: &mut [Idx], keep_apart: Option<&[bool]>) -> (Idx, Vec<Idx>, Vec<bool>) {
+/// Merge adjacent dims that every access walks as one (and drop size-1 dims), in
+/// place: `strides` become the merged dims' strides; returns the merged shape and the
+/// flag of each merged dim (dims with different `keep_apart` flags never merge).
+fn coalesce(shape: &[usize], strides: &mut [Idx], keep_apart: Option<&[bool]>) -> (Idx, Flags) {
     let mut out_shape = Idx::new();
-    let mut out_strides: Vec<Idx> = vec![Idx::new(); strides.len()];
-    let mut out_flag: Vec<bool> = Vec::new();
+    let mut out_flag = Flags::new();
+    // Merged dim `w` is written at index `w <= d` while reading dim `d`: every index a
+    // later dim reads is still the original.
     for d in 0..shape.len() {
         let flag = keep_apart.map(|k| k[d]).unwrap_or(false);
         if shape[d] == 1 {
             continue;
         }
-        let merge = !out_shape.is_empty()
-            && *out_flag.last().unwrap_or(&false) == flag
-            && strides.iter().enumerate().all(|(a, st)| out_strides[a].last().copied() == Some(st[d] * shape[d]));
+        let w = out_shape.len();
+        let merge = w > 0 && out_flag[w - 1] == flag && strides.iter().all(|st| st[w - 1] == st[d] * shape[d]);
         if merge {
-            let last = out_shape.len() - 1;
-            out_shape[last] *= shape[d];
-            for (a, st) in strides.iter().enumerate() {
-                out_strides[a][last] = st[d];
+            out_shape[w - 1] *= shape[d];
+            for st in strides.iter_mut() {
+                st[w - 1] = st[d];
             }
         } else {
             out_shape.push(shape[d]);
             out_flag.push(flag);
-            for (a, st) in strides.iter().enumerate() {
-                out_strides[a].push(st[d]);
+            for st in strides.iter_mut() {
+                st[w] = st[d];
             }
         }
     }
     if out_shape.is_empty() || shape.contains(&0) {
         let n = if shape.contains(&0) { 0 } else { 1 };
-        return (smallvec::smallvec![n], vec![smallvec::smallvec![0]; strides.len()], vec![false]);
+        for st in strides.iter_mut() {
+            *st = smallvec::smallvec![0];
+        }
+        return (smallvec::smallvec![n], smallvec::smallvec![false]);
     }
-    (out_shape, out_strides, out_flag)
+    for st in strides.iter_mut() {
+        st.truncate(out_shape.len());
+    }
+    (out_shape, out_flag)
 }
 
+/// Per-dim flags of a lowered space (reduced or kept).
+pub(crate) type Flags = smallvec::SmallVec<[bool; 4]>;
+
 /// A lowered body with its coalesced space, the extra accesses and the dim flags.
-type LoweredBody = (Idx, CBody, Vec<CAccess>, Vec<bool>);
+type LoweredBody = (Idx, CBody, Vec<CAccess>, Flags);
 
 struct Lowering {
     /// Per buffer: the largest extent any access needs.
@@ -288,11 +298,11 @@ impl Lowering {
         order_by: Option<usize>,
     ) -> Result<LoweredBody> {
         let shape = ints(shape, "size")?;
-        let mut all: Vec<&Access> = body.loads.iter().collect();
-        all.extend_from_slice(extra);
-        let mut strides = Vec::with_capacity(all.len());
-        let mut offsets = Vec::with_capacity(all.len());
-        for a in &all {
+        let n = body.loads.len() + extra.len();
+        let all = || body.loads.iter().chain(extra.iter().copied());
+        let mut strides: Vec<Idx> = Vec::with_capacity(n);
+        let mut offsets: smallvec::SmallVec<[usize; 8]> = smallvec::SmallVec::with_capacity(n);
+        for a in all() {
             let (st, off) = self.access_strides(a)?;
             if st.len() != shape.len() {
                 return Err(CpuError::Internal("an access does not match its kernel's rank".into()));
@@ -305,7 +315,7 @@ impl Lowering {
         // ties kept in order), so that its innermost dim is its contiguous one.
         let (shape, flags) = match order_by {
             Some(a) if flags.is_none() && shape.len() > 1 => {
-                let mut perm: Vec<usize> = (0..shape.len()).collect();
+                let mut perm: Idx = (0..shape.len()).collect();
                 let key = strides[a].clone();
                 perm.sort_by(|&x, &y| key[y].cmp(&key[x]));
                 for st in strides.iter_mut() {
@@ -315,16 +325,13 @@ impl Lowering {
             }
             _ => (shape, flags),
         };
-        let (cshape, cstrides, cflags) = coalesce(&shape, &mut strides, flags);
-        let accs: Vec<CAccess> = all
-            .iter()
-            .zip(cstrides)
-            .zip(offsets)
-            .map(|((a, strides), offset)| CAccess { buf: a.buf, strides, offset })
-            .collect();
-        let (loads, extra_accs) = accs.split_at(body.loads.len());
-        let cb = lower_instrs(body, loads.to_vec(), keep)?;
-        Ok((cshape, cb, extra_accs.to_vec(), cflags))
+        let (cshape, cflags) = coalesce(&shape, &mut strides, flags);
+        let mut accs =
+            all().zip(strides).zip(offsets).map(|((a, strides), offset)| CAccess { buf: a.buf, strides, offset });
+        let loads: Vec<CAccess> = accs.by_ref().take(body.loads.len()).collect();
+        let extra_accs: Vec<CAccess> = accs.collect();
+        let cb = lower_instrs(body, loads, keep)?;
+        Ok((cshape, cb, extra_accs, cflags))
     }
 
     /// A reduction; `standalone` (not a row group's stage, whose rows must keep their
@@ -415,13 +422,13 @@ fn lower_instrs(body: &Body, loads: Vec<CAccess>, keep: &[usize]) -> Result<CBod
     };
     // Which plan registers are read as registers (not folded constants), and when last.
     let mut last = vec![None::<usize>; n];
-    let reads = |i: &Instr| -> Vec<(usize, bool)> {
+    let reads = |i: &Instr| -> smallvec::SmallVec<[(usize, bool); 3]> {
         // (register, may fold as a constant)
         match i {
-            Instr::Load(_) | Instr::Const(_) => vec![],
-            Instr::Unary(_, a) | Instr::Round(_, a) | Instr::Clamp { x: a, .. } => vec![(*a, false)],
-            Instr::Binary(_, a, b) | Instr::Compare(_, a, b) => vec![(*a, true), (*b, true)],
-            Instr::Where(c, a, b) => vec![(*c, false), (*a, false), (*b, false)],
+            Instr::Load(_) | Instr::Const(_) => smallvec::smallvec![],
+            Instr::Unary(_, a) | Instr::Round(_, a) | Instr::Clamp { x: a, .. } => smallvec::smallvec![(*a, false)],
+            Instr::Binary(_, a, b) | Instr::Compare(_, a, b) => smallvec::smallvec![(*a, true), (*b, true)],
+            Instr::Where(c, a, b) => smallvec::smallvec![(*c, false), (*a, false), (*b, false)],
         }
     };
     for (i, ins) in body.instrs.iter().enumerate() {
@@ -447,16 +454,24 @@ fn lower_instrs(body: &Body, loads: Vec<CAccess>, keep: &[usize]) -> Result<CBod
     let mut free: Vec<usize> = Vec::new();
     let mut nregs = 0;
     let mut instrs = Vec::with_capacity(n);
-    let mut expiring: Vec<Vec<usize>> = vec![Vec::new(); n + 1];
-    for (r, l) in last.iter().enumerate() {
+    // The registers whose last use is instruction `i`, in increasing order: a list
+    // from `first[i]` through `next` (one allocation each, not one per instruction).
+    const END: usize = usize::MAX;
+    let mut first = vec![END; n + 1];
+    let mut next = vec![END; n];
+    for (r, l) in last.iter().enumerate().rev() {
         if let Some(l) = l {
-            expiring[*l].push(r);
+            next[r] = first[*l];
+            first[*l] = r;
         }
     }
+    let expiring = |i: usize| {
+        std::iter::successors(Some(first[i]).filter(|&r| r != END), |&r| Some(next[r]).filter(|&r| r != END))
+    };
     for (i, ins) in body.instrs.iter().enumerate() {
         if last[i].is_none() {
             // Dead (or a constant folded everywhere it is used).
-            for &r in &expiring[i] {
+            for r in expiring(i) {
                 if phys[r] != usize::MAX {
                     free.push(phys[r]);
                 }
@@ -491,7 +506,7 @@ fn lower_instrs(body: &Body, loads: Vec<CAccess>, keep: &[usize]) -> Result<CBod
         };
         instrs.push(li);
         // Free the registers whose last use is this instruction (after `d` was taken).
-        for &r in &expiring[i] {
+        for r in expiring(i) {
             if phys[r] != usize::MAX {
                 free.push(phys[r]);
             }

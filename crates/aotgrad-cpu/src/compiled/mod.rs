@@ -663,7 +663,7 @@ fn decode_artifact(bytes: &[u8]) -> Result<CpuArtifact, BackendError> {
 }
 
 /// The format tag of [`CpuArtifact`]s.
-pub const ARTIFACT_FORMAT: &str = "aotgrad-cpu/2";
+pub const ARTIFACT_FORMAT: &str = "aotgrad-cpu/3";
 
 /// The compiled CPU backend's artifact: the graph and its kernel plan, encoded with
 /// [`aotgrad_ir::codec`]. [`Backend::deserialize`] checks the graph
@@ -682,7 +682,9 @@ pub struct CpuArtifact {
     pub inputs: Vec<aotgrad_ir::Input>,
     /// Nodes in the graph.
     pub nodes: usize,
-    /// The functional graph, encoded with [`aotgrad_ir::codec`].
+    /// The functional graph, packed with [`aotgrad_ir::codec::pack`] (compressed: it
+    /// is read only by the interpreter, by [`Backend::deserialize`]'s check, or to
+    /// save the artifact again).
     #[serde(with = "serde_bytes")]
     pub graph: Vec<u8>,
     /// Its kernel plan (`None`: the graph runs on the interpreter).
@@ -692,7 +694,7 @@ pub struct CpuArtifact {
 impl CpuArtifact {
     /// Decode the graph.
     pub fn decode_graph(&self) -> Result<Graph, BackendError> {
-        aotgrad_ir::codec::decode("cpu artifact graph", &self.graph).map_err(err)
+        aotgrad_ir::codec::unpack("cpu artifact graph", &self.graph).map_err(err)
     }
 }
 
@@ -728,10 +730,10 @@ impl LazyGraph {
             return Ok(g);
         }
         let bytes = self.encoded.get().map(Vec::as_slice).unwrap_or_default();
-        let g: Graph = aotgrad_ir::codec::decode("cpu artifact graph", bytes).map_err(err)?;
+        let g: Graph = aotgrad_ir::codec::unpack("cpu artifact graph", bytes).map_err(err)?;
         Ok(self.full.get_or_init(|| g))
     }
-    /// A large graph kept only encoded (about a tenth of its size), decoded if ever
+    /// A large graph kept only packed (a small fraction of its size), decoded if ever
     /// needed again.
     fn packed_if_large(mut self) -> LazyGraph {
         const PACK_ABOVE_NODES: usize = 20_000;
@@ -748,7 +750,7 @@ impl LazyGraph {
     }
     fn encoded(&self) -> &[u8] {
         self.encoded.get_or_init(|| match self.full.get() {
-            Some(g) => aotgrad_ir::codec::encode("cpu artifact graph", g).unwrap_or_default(),
+            Some(g) => aotgrad_ir::codec::pack("cpu artifact graph", g).unwrap_or_default(),
             None => Vec::new(),
         })
     }
