@@ -156,6 +156,21 @@ impl DiskStore {
         result
     }
 
+    /// Read a blob and mark it used (its modification time is what eviction orders
+    /// by), through one open file.
+    fn read_and_touch(path: &Path) -> std::io::Result<Vec<u8>> {
+        use std::io::Read;
+        let mut f = fs::File::open(path)?;
+        let mut bytes = Vec::with_capacity(f.metadata().map(|m| m.len() as usize).unwrap_or(0));
+        f.read_to_end(&mut bytes)?;
+        // Setting the time needs ownership, not write access; a blob this user cannot
+        // retime (not theirs) is retimed through a writable handle if it can be.
+        if f.set_modified(SystemTime::now()).is_err() {
+            Self::touch(path);
+        }
+        Ok(bytes)
+    }
+
     fn touch(path: &Path) {
         if let Ok(f) = fs::File::options().append(true).open(path) {
             let _ = f.set_modified(SystemTime::now());
@@ -211,13 +226,14 @@ impl Store for DiskStore {
             return Err(self.err("invalid key", Path::new(key), "not a hex name"));
         }
         let dir = self.entries_dir().join(key);
-        if !dir.exists() {
-            return Ok(Vec::new());
-        }
-        if !dir.is_dir() {
-            return Err(self.err("not a directory:", &dir, "expected the key's entries"));
-        }
-        let rd = fs::read_dir(&dir).map_err(|e| self.err("cannot read", &dir, e))?;
+        let rd = match fs::read_dir(&dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => {
+                return Err(self.err("not a directory:", &dir, "expected the key's entries"))
+            }
+            Err(e) => return Err(self.err("cannot read", &dir, e)),
+        };
         let mut out = Vec::new();
         let mut paths: Vec<PathBuf> = rd
             .filter_map(|e| e.ok())
@@ -226,11 +242,8 @@ impl Store for DiskStore {
             .collect();
         paths.sort();
         for p in paths {
-            match fs::read(&p) {
-                Ok(bytes) => {
-                    Self::touch(&p);
-                    out.push((stem(&p), bytes));
-                }
+            match Self::read_and_touch(&p) {
+                Ok(bytes) => out.push((stem(&p), bytes)),
                 // Removed by another process's eviction since the listing: not there.
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 // A directory, unreadable file...: an empty blob is rejected as too short.

@@ -534,7 +534,7 @@ pub fn plan_graph(g: &Graph) -> Result<KernelPlan, PlanError> {
                 offset: node.meta.offset.clone(),
                 dtype: node.meta.dtype,
             };
-            Kernel::Reduce(ReduceKernel {
+            Kernel::Reduce(Box::new(ReduceKernel {
                 op: *op,
                 shape,
                 reduced,
@@ -543,7 +543,7 @@ pub fn plan_graph(g: &Graph) -> Result<KernelPlan, PlanError> {
                 nodes: count,
                 value: node.out,
                 loc: node.loc.clone(),
-            })
+            }))
         } else if is_matmul(&node.op, &args, &node.meta) {
             let out = new_buf(&mut plan, BufferKind::Intermediate);
             let a = access(buf_of(&node_buf, &root, &ctx, node.args[0])?, args[0]);
@@ -555,14 +555,14 @@ pub fn plan_graph(g: &Graph) -> Result<KernelPlan, PlanError> {
             for a in &node.args {
                 accs.push(access(buf_of(&node_buf, &root, &ctx, *a)?, ctx.meta(*a)?));
             }
-            Kernel::Extern(ExternKernel {
+            Kernel::Extern(Box::new(ExternKernel {
                 op: node.op.clone(),
                 args: accs,
                 out,
                 meta: node.meta.clone(),
                 value: node.out,
                 loc: node.loc.clone(),
-            })
+            }))
         };
         node_buf[j] = Some(plan.buffers.len() - 1);
         plan.kernels.push(kernel);

@@ -65,8 +65,10 @@ pub struct Access {
     /// The buffer.
     pub buf: BufId,
     /// Sizes of the iteration space this access is indexed by.
+    #[serde(with = "aotgrad_ir::codec::compact_dims")]
     pub shape: Dims,
     /// Element strides per dim (0 for broadcast dims).
+    #[serde(with = "aotgrad_ir::codec::compact_dims")]
     pub strides: Dims,
     /// Element offset of index `[0, ..., 0]`.
     pub offset: Dim,
@@ -126,6 +128,7 @@ pub struct Store {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PointwiseKernel {
     /// Iteration space (the output shape).
+    #[serde(with = "aotgrad_ir::codec::compact_dims")]
     pub shape: Dims,
     /// The fused expression.
     pub body: Body,
@@ -141,6 +144,7 @@ pub struct ReduceKernel {
     /// Which reduction.
     pub op: ReduceOp,
     /// Iteration space: the shape of the reduced input.
+    #[serde(with = "aotgrad_ir::codec::compact_dims")]
     pub shape: Dims,
     /// Per dim of `shape`: reduced or kept.
     pub reduced: Vec<bool>,
@@ -196,6 +200,7 @@ pub struct ExternKernel {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RowsKernel {
     /// The iteration space of the element stages.
+    #[serde(with = "aotgrad_ir::codec::compact_dims")]
     pub shape: Dims,
     /// How many leading dims of `shape` index rows; every reduction reduces the rest.
     pub outer: usize,
@@ -210,12 +215,13 @@ pub struct RowsKernel {
 pub enum Kernel {
     /// Fused pointwise chain.
     Pointwise(PointwiseKernel),
-    /// Reduction with prologue.
-    Reduce(ReduceKernel),
+    /// Reduction with prologue (boxed, as the other large variants: a plan's kernels
+    /// stay small to move while it is built, decoded and walked).
+    Reduce(Box<ReduceKernel>),
     /// Matrix product with epilogue.
     Matmul(Box<MatmulKernel>),
     /// Any other op.
-    Extern(ExternKernel),
+    Extern(Box<ExternKernel>),
     /// Reductions and pointwise kernels run row block by row block.
     Rows(RowsKernel),
 }
@@ -410,7 +416,7 @@ impl Kernel {
     pub fn map_dims(&self, f: &dyn Fn(&Dim) -> Option<Dim>) -> Option<Kernel> {
         Some(match self {
             Kernel::Pointwise(p) => Kernel::Pointwise(p.map(f)?),
-            Kernel::Reduce(r) => Kernel::Reduce(ReduceKernel {
+            Kernel::Reduce(r) => Kernel::Reduce(Box::new(ReduceKernel {
                 op: r.op,
                 shape: map_dims(&r.shape, f)?,
                 reduced: r.reduced.clone(),
@@ -419,7 +425,7 @@ impl Kernel {
                 nodes: r.nodes,
                 value: r.value,
                 loc: r.loc.clone(),
-            }),
+            })),
             Kernel::Matmul(m) => Kernel::Matmul(Box::new(MatmulKernel {
                 a: m.a.map(f)?,
                 b: m.b.map(f)?,
@@ -445,14 +451,14 @@ impl Kernel {
                 if bad.get() {
                     return None;
                 }
-                Kernel::Extern(ExternKernel {
+                Kernel::Extern(Box::new(ExternKernel {
                     op,
                     args: e.args.iter().map(|a| a.map(f)).collect::<Option<_>>()?,
                     out: e.out,
                     meta: map_meta(&e.meta, f)?,
                     value: e.value,
                     loc: e.loc.clone(),
-                })
+                }))
             }
         })
     }

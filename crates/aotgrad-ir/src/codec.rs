@@ -107,6 +107,99 @@ pub fn unpack<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T
     decode(what, &raw)
 }
 
+/// The binary form of [`Dims`](crate::Dims) fields
+/// (`#[serde(with = "aotgrad_ir::codec::compact_dims")]`): sizes and strides are most
+/// of a graph's or a kernel plan's bytes, and decoding each dim as an enum through
+/// serde's visitors was most of the time spent loading a plan. In the binary codec a
+/// list of constant dims is one byte string: the count (below 255), then each value
+/// as a zigzag LEB128 varint; a list holding a symbol (dynamic shapes) is the byte 255
+/// and the list's ordinary encoding. Human-readable formats (`serde_json` dumps) keep
+/// the plain list of dims.
+pub mod compact_dims {
+    use crate::{Dim, Dims};
+    use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
+
+    /// The first byte of a list encoded in the general (enum) form.
+    const GENERAL: u8 = 255;
+
+    /// Serialize (see the module).
+    pub fn serialize<S: Serializer>(dims: &Dims, s: S) -> Result<S::Ok, S::Error> {
+        if s.is_human_readable() {
+            return dims.serialize(s);
+        }
+        let mut buf: smallvec::SmallVec<[u8; 48]> = smallvec::SmallVec::new();
+        if dims.len() < GENERAL as usize && dims.iter().all(|d| matches!(d, Dim::Const(_))) {
+            buf.push(dims.len() as u8);
+            for d in dims {
+                if let Dim::Const(v) = d {
+                    let mut z = ((*v << 1) ^ (*v >> 63)) as u64;
+                    while z >= 0x80 {
+                        buf.push((z as u8) | 0x80);
+                        z >>= 7;
+                    }
+                    buf.push(z as u8);
+                }
+            }
+        } else {
+            buf.push(GENERAL);
+            let general = super::encode("dims", &dims.as_slice()).map_err(serde::ser::Error::custom)?;
+            buf.extend_from_slice(&general);
+        }
+        s.serialize_bytes(&buf)
+    }
+
+    /// Deserialize (see the module); malformed bytes are an error, never a panic.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Dims, D::Error> {
+        if d.is_human_readable() {
+            return Dims::deserialize(d);
+        }
+        d.deserialize_bytes(DimsVisitor)
+    }
+
+    /// Parse the bytes of one list.
+    pub(crate) fn parse(bytes: &[u8]) -> Result<Dims, String> {
+        let (&count, mut rest) = bytes.split_first().ok_or("an empty dims list")?;
+        if count == GENERAL {
+            let v: Vec<Dim> = super::decode("dims", rest).map_err(|e| e.to_string())?;
+            return Ok(v.into());
+        }
+        let mut out = Dims::with_capacity(count as usize);
+        for _ in 0..count {
+            let mut z: u64 = 0;
+            let mut shift = 0;
+            loop {
+                let (&b, r) = rest.split_first().ok_or("a truncated dims list")?;
+                rest = r;
+                if shift == 63 && b > 1 {
+                    return Err("a dim overflows 64 bits".into());
+                }
+                z |= u64::from(b & 0x7f) << shift;
+                if b & 0x80 == 0 {
+                    break;
+                }
+                shift += 7;
+            }
+            out.push(Dim::Const(((z >> 1) as i64) ^ -((z & 1) as i64)));
+        }
+        if !rest.is_empty() {
+            return Err(format!("{} trailing byte(s) after a dims list", rest.len()));
+        }
+        Ok(out)
+    }
+
+    struct DimsVisitor;
+
+    impl<'de> de::Visitor<'de> for DimsVisitor {
+        type Value = Dims;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a compact dims list")
+        }
+        fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<Dims, E> {
+            parse(v).map_err(E::custom)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -157,6 +250,37 @@ mod tests {
         }
     }
 
+    #[test]
+    fn compact_dims_round_trip_and_defects() {
+        #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+        struct S(#[serde(with = "compact_dims")] crate::Dims);
+        let cases: Vec<crate::Dims> = vec![
+            smallvec::smallvec![],
+            smallvec::smallvec![Dim::Const(0), Dim::Const(1), Dim::Const(-1)],
+            smallvec::smallvec![Dim::Const(i64::MAX), Dim::Const(i64::MIN), Dim::Const(63), Dim::Const(64)],
+            (0..9).map(|i| Dim::Const(1 << (i * 7))).collect(),
+            smallvec::smallvec![Dim::Const(4), Dim::sym(SymId(2)), Dim::sym(SymId(0)).mul(&Dim::Const(3))],
+        ];
+        for dims in cases {
+            let bytes = encode("dims", &S(dims.clone())).unwrap();
+            assert_eq!(decode::<S>("dims", &bytes).unwrap().0, dims);
+            // The readable form is the plain list.
+            let json = serde_json::to_string(&S(dims.clone())).unwrap();
+            assert_eq!(json, serde_json::to_string(&dims).unwrap());
+            assert_eq!(serde_json::from_str::<S>(&json).unwrap().0, dims);
+        }
+        // Three small dims take a length byte, a count byte and three bytes.
+        let small = S(smallvec::smallvec![Dim::Const(8), Dim::Const(-3), Dim::Const(5)]);
+        assert_eq!(encode("dims", &small).unwrap().len(), 5);
+        // Truncated, trailing, overlong or empty lists are errors.
+        assert!(compact_dims::parse(&[]).is_err());
+        assert!(compact_dims::parse(&[2, 4]).is_err());
+        assert!(compact_dims::parse(&[1, 4, 4]).is_err());
+        assert!(compact_dims::parse(&[1, 0x80]).is_err());
+        assert!(compact_dims::parse(&[1, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f]).is_err());
+        assert!(compact_dims::parse(&[255, 9]).is_err());
+    }
+
     proptest! {
         #[test]
         fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
@@ -164,6 +288,7 @@ mod tests {
             let _ = decode::<crate::Graph>("graph", &bytes);
             let _ = decode::<Vec<String>>("strings", &bytes);
             let _ = decode::<TensorMeta>("meta", &bytes);
+            let _ = compact_dims::parse(&bytes);
         }
     }
 }

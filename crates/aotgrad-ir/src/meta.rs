@@ -8,15 +8,19 @@ use std::fmt;
 /// A list of sizes or strides: up to four dims inline (no heap allocation), more on
 /// the heap. Every [`TensorMeta`] holds two, so keeping them inline saves two
 /// allocations per value in every stage of the compiler and in every decoded artifact.
-/// It dereferences to `[Dim]`; serialized, it is a sequence (as a `Vec` would be).
+/// It dereferences to `[Dim]`; serialized, it is a sequence (as a `Vec` would be), or
+/// with [`compact_dims`](crate::codec::compact_dims) a compact byte string in the binary
+/// codec.
 pub type Dims = smallvec::SmallVec<[Dim; 4]>;
 
 /// Shape, strides (in elements), storage offset (in elements) and dtype of a tensor.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct TensorMeta {
     /// Size of each dimension.
+    #[serde(with = "crate::codec::compact_dims")]
     pub shape: Dims,
     /// Step in elements between neighbours along each dimension.
+    #[serde(with = "crate::codec::compact_dims")]
     pub strides: Dims,
     /// Position of element `[0, 0, ...]` in the storage, in elements.
     pub offset: Dim,

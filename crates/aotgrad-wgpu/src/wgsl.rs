@@ -793,7 +793,7 @@ fn lower_kernel(
         Kernel::Matmul(m) => {
             steps.extend(lower_matmul(m, &format!("{name}_matmul"), plan, index)?.into_iter().map(Step::Gpu))
         }
-        Kernel::Extern(e) => steps.push(Step::Host(Box::new(e.clone()))),
+        Kernel::Extern(e) => steps.push(Step::Host(e.clone())),
         Kernel::Rows(r) => {
             for (s, stage) in r.stages.iter().enumerate() {
                 lower_kernel(stage, &format!("{name}_{s}"), plan, index, steps)?;
