@@ -87,8 +87,8 @@ pub fn plan_slots(plan: &KernelPlan, extents: &[usize]) -> SlotPlan {
     }
     // (kernel, buffer) pairs: the buffers each kernel defines, and those whose last
     // use is the kernel before it; sorted by kernel, buffers in order within one.
-    let mut defs: Vec<(usize, usize)> = Vec::new();
-    let mut ends: Vec<(usize, usize)> = Vec::new();
+    let mut defs: Vec<(usize, usize)> = Vec::with_capacity(nb);
+    let mut ends: Vec<(usize, usize)> = Vec::with_capacity(nb);
     let mut unshared = 0usize;
     let mut output_bytes = 0usize;
     for (b, buf) in plan.buffers.iter().enumerate() {

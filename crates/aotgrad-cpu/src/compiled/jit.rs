@@ -91,14 +91,16 @@ pub(crate) fn attach(kernels: &mut [CKernel], dtypes: &[DType]) {
     let mut jobs: Vec<Job> = Vec::new();
     {
         let cache = CACHE.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+        // One key buffer for every lookup; only a miss keeps a copy.
+        let mut key = Vec::new();
         let mut resolve = |spec: Result<Spec<'_>, &'static str>| -> Option<JitSlot> {
             let spec = spec.ok()?;
-            let key = spec.key();
-            if let Some(done) = cache.get(&key) {
+            spec.key_into(&mut key);
+            if let Some(done) = cache.get(key.as_slice()) {
                 return Some(done.clone());
             }
             let slot: JitSlot = Arc::new(OnceLock::new());
-            jobs.push(Job { key, spec: spec.into_owned(), slot: slot.clone() });
+            jobs.push(Job { key: key.clone(), spec: spec.into_owned(), slot: slot.clone() });
             Some(slot)
         };
         type Resolve<'r> = dyn FnMut(Result<Spec<'_>, &'static str>) -> Option<JitSlot> + 'r;
@@ -145,8 +147,8 @@ pub(crate) fn attach(kernels: &mut [CKernel], dtypes: &[DType]) {
 pub(crate) struct Spec<'a> {
     inner_len: usize,
     body: std::borrow::Cow<'a, CBody>,
-    load_inner: Vec<usize>,
-    stores: Vec<usize>,
+    load_inner: smallvec::SmallVec<[usize; 8]>,
+    stores: smallvec::SmallVec<[usize; 4]>,
     reduce: Option<(ReduceOp, usize, usize)>,
 }
 
@@ -189,7 +191,7 @@ impl<'a> Spec<'a> {
             inner_len: r.shape[rank - 1],
             body: std::borrow::Cow::Borrowed(&r.body),
             load_inner: r.body.loads.iter().map(|a| a.strides[rank - 1]).collect(),
-            stores: Vec::new(),
+            stores: smallvec::SmallVec::new(),
             reduce: Some((r.op, r.value, dst_inner)),
         };
         spec.check(dtypes)?;
@@ -202,9 +204,10 @@ impl<'a> Spec<'a> {
     }
 
     /// Everything the generated code depends on, as words.
-    fn key(&self) -> Vec<u64> {
+    fn key_into(&self, k: &mut Vec<u64>) {
         let p = self;
-        let mut k: Vec<u64> = Vec::with_capacity(6 + p.load_inner.len() + p.stores.len() + 5 * p.body.instrs.len());
+        k.clear();
+        k.reserve(6 + p.load_inner.len() + p.stores.len() + 5 * p.body.instrs.len());
         k.extend([p.body.loads.len() as u64, p.stores.len() as u64]);
         k.extend(p.load_inner.iter().map(|s| *s as u64));
         k.extend(p.stores.iter().map(|r| *r as u64));
@@ -231,7 +234,6 @@ impl<'a> Spec<'a> {
                 LInstr::Round { dtype, a, d } => k.extend([8, *dtype as u64, *a as u64, *d as u64]),
             }
         }
-        k
     }
 
     /// Why the JIT does not cover this body, if it does not.

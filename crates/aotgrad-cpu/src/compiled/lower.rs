@@ -256,11 +256,14 @@ fn coalesce(shape: &[usize], strides: &mut [Idx], keep_apart: Option<&[bool]>) -
     (out_shape, out_flag)
 }
 
+/// Per-instruction scratch of [`lower_instrs`].
+type Scratch<T> = smallvec::SmallVec<[T; 32]>;
+
 /// Per-dim flags of a lowered space (reduced or kept).
 pub(crate) type Flags = smallvec::SmallVec<[bool; 4]>;
 
 /// A lowered body with its coalesced space, the extra accesses and the dim flags.
-type LoweredBody = (Idx, CBody, Vec<CAccess>, Flags);
+type LoweredBody = (Idx, CBody, smallvec::SmallVec<[CAccess; 4]>, Flags);
 
 struct Lowering {
     /// Per buffer: the largest extent any access needs.
@@ -300,7 +303,7 @@ impl Lowering {
         let shape = ints(shape, "size")?;
         let n = body.loads.len() + extra.len();
         let all = || body.loads.iter().chain(extra.iter().copied());
-        let mut strides: Vec<Idx> = Vec::with_capacity(n);
+        let mut strides: smallvec::SmallVec<[Idx; 8]> = smallvec::SmallVec::with_capacity(n);
         let mut offsets: smallvec::SmallVec<[usize; 8]> = smallvec::SmallVec::with_capacity(n);
         for a in all() {
             let (st, off) = self.access_strides(a)?;
@@ -329,7 +332,7 @@ impl Lowering {
         let mut accs =
             all().zip(strides).zip(offsets).map(|((a, strides), offset)| CAccess { buf: a.buf, strides, offset });
         let loads: Vec<CAccess> = accs.by_ref().take(body.loads.len()).collect();
-        let extra_accs: Vec<CAccess> = accs.collect();
+        let extra_accs: smallvec::SmallVec<[CAccess; 4]> = accs.collect();
         let cb = lower_instrs(body, loads, keep)?;
         Ok((cshape, cb, extra_accs, cflags))
     }
@@ -402,8 +405,8 @@ impl Lowering {
     /// memory order (a result laid out like a transposed input is written
     /// contiguously).
     fn pointwise(&mut self, p: &PointwiseKernel, free_order: bool) -> Result<CPointwise> {
-        let extra: Vec<&Access> = p.stores.iter().map(|s| &s.dst).collect();
-        let keep: Vec<usize> = p.stores.iter().map(|s| s.reg).collect();
+        let extra: smallvec::SmallVec<[&Access; 4]> = p.stores.iter().map(|s| &s.dst).collect();
+        let keep: smallvec::SmallVec<[usize; 4]> = p.stores.iter().map(|s| s.reg).collect();
         let order_by = (free_order && !p.stores.is_empty()).then_some(p.body.loads.len());
         let (shape, body, dsts, _) = self.body(&p.body, &p.shape, &extra, &keep, None, order_by)?;
         let numel = shape.iter().product();
@@ -421,7 +424,9 @@ fn lower_instrs(body: &Body, loads: Vec<CAccess>, keep: &[usize]) -> Result<CBod
         _ => None,
     };
     // Which plan registers are read as registers (not folded constants), and when last.
-    let mut last = vec![None::<usize>; n];
+    // Scratch sized for typical bodies on the stack: lowering a loaded plan is most
+    // of a warm start, and its cost was mostly small allocations.
+    let mut last: Scratch<Option<usize>> = smallvec::smallvec![None; n];
     let reads = |i: &Instr| -> smallvec::SmallVec<[(usize, bool); 3]> {
         // (register, may fold as a constant)
         match i {
@@ -450,15 +455,15 @@ fn lower_instrs(body: &Body, loads: Vec<CAccess>, keep: &[usize]) -> Result<CBod
         }
         last[k] = Some(n);
     }
-    let mut phys = vec![usize::MAX; n];
-    let mut free: Vec<usize> = Vec::new();
+    let mut phys: Scratch<usize> = smallvec::smallvec![usize::MAX; n];
+    let mut free: Scratch<usize> = Scratch::new();
     let mut nregs = 0;
     let mut instrs = Vec::with_capacity(n);
     // The registers whose last use is instruction `i`, in increasing order: a list
     // from `first[i]` through `next` (one allocation each, not one per instruction).
     const END: usize = usize::MAX;
-    let mut first = vec![END; n + 1];
-    let mut next = vec![END; n];
+    let mut first: Scratch<usize> = smallvec::smallvec![END; n + 1];
+    let mut next: Scratch<usize> = smallvec::smallvec![END; n];
     for (r, l) in last.iter().enumerate().rev() {
         if let Some(l) = l {
             next[r] = first[*l];
