@@ -3,8 +3,8 @@
 //!
 //! Cold: a new function compiles with an empty cache (and writes the entry). Warm: a
 //! new function with the filled cache (what a new process does: trace, key, load,
-//! verify, instantiate). Reported: medians over several fresh functions (five warm starts per cold compile), and the warm
-//! start's parts — "load" is reading + checking + decoding + instantiating the entry
+//! verify, instantiate). Reported: medians over several fresh functions (five warm
+//! starts per cold compile), and the warm start's parts — "load" is reading + checking + decoding + instantiating the entry
 //! (the cache's own cost), "key" is the canonical graph and its hash; the rest is
 //! tracing the user's function.
 //!
@@ -36,33 +36,36 @@ struct Row {
     redis_ms: Option<f64>,
     /// Cold compile and warm start each in a new process (`--child`): what a user's
     /// next run sees, first-use costs of the process included.
-    fresh: Option<(f64, f64)>,
+    fresh: Option<(f64, f64, f64)>,
 }
 
 /// Medians of `runs` cold compiles and warm starts of `workload` (`mlp` or
-/// `transformer`), each in a new process of this binary.
-fn fresh_process(workload: &str, runs: usize) -> Result<(f64, f64)> {
+/// `transformer`), each in a new process of this binary, and of the warm starts' load
+/// part.
+fn fresh_process(workload: &str, runs: usize) -> Result<(f64, f64, f64)> {
     let exe = std::env::current_exe()?;
-    let once = |dir: &std::path::Path| -> Result<(f64, u64)> {
+    let once = |dir: &std::path::Path| -> Result<(f64, u64, f64)> {
         let out = std::process::Command::new(&exe).arg("--child").arg(workload).arg(dir).output()?;
         ensure!(out.status.success(), "child failed: {}", String::from_utf8_lossy(&out.stderr));
         let text = String::from_utf8_lossy(&out.stdout);
         let mut it = text.split_whitespace();
         let ms: f64 = it.next().and_then(|v| v.parse().ok()).ok_or_else(|| anyhow::anyhow!("child said {text:?}"))?;
         let hits: u64 = it.next().and_then(|v| v.parse().ok()).unwrap_or(0);
-        Ok((ms, hits))
+        let load: f64 = it.next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
+        Ok((ms, hits, load))
     };
-    let (mut cold, mut warm) = (Vec::new(), Vec::new());
+    let (mut cold, mut warm, mut load) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..runs {
         let dir = tempdir()?;
-        let (c, h0) = once(&dir)?;
-        let (w, h1) = once(&dir)?;
+        let (c, h0, _) = once(&dir)?;
+        let (w, h1, l) = once(&dir)?;
         ensure!(h0 == 0 && h1 == 1, "{workload}: fresh-process hits {h0} then {h1}");
         cold.push(c);
         warm.push(w);
+        load.push(l);
         std::fs::remove_dir_all(&dir)?;
     }
-    Ok((median(cold), median(warm)))
+    Ok((median(cold), median(warm), median(load)))
 }
 
 /// A `redis-server` on a loopback port for the Redis rows (none: no binary).
@@ -232,7 +235,7 @@ fn main() -> Result<()> {
         return Ok(());
     }
     // `--child WORKLOAD DIR`: one compile of WORKLOAD with the disk cache in DIR, in this
-    // (fresh) process; prints its milliseconds and whether it hit.
+    // (fresh) process; prints its milliseconds, whether it hit and the load milliseconds.
     if let Some(i) = args.iter().position(|a| a == "--child") {
         let (name, dir) = (&args[i + 1], std::path::PathBuf::from(&args[i + 2]));
         let w = if name == "mlp" { mlp()? } else { transformer()? };
@@ -241,7 +244,8 @@ fn main() -> Result<()> {
         let inputs: Vec<aotgrad::Arg> = aotgrad_benches::example_inputs(&w).iter().map(|t| t.into()).collect();
         let t = Instant::now();
         f.compile_for(&inputs)?;
-        println!("{} {}", t.elapsed().as_secs_f64() * 1e3, f.cache_stats().hits);
+        let s = f.cache_stats();
+        println!("{} {} {}", t.elapsed().as_secs_f64() * 1e3, s.hits, s.load_seconds * 1e3);
         return Ok(());
     }
     let quick = std::env::args().any(|a| a == "--quick");
@@ -273,7 +277,7 @@ fn main() -> Result<()> {
     }
     println!(
         "| workload | traced nodes | entry bytes | cold compile | warm start (disk) | of which load | of which key | \
-         cold / warm | cold / load | warm start (Redis, empty disk) | new process: cold / warm |"
+         cold / warm | cold / load | warm start (Redis, empty disk) | new process: cold / warm; load |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let mut out = Vec::new();
@@ -290,11 +294,16 @@ fn main() -> Result<()> {
             r.cold_ms / r.warm_ms,
             r.cold_ms / r.load_ms,
             r.redis_ms.map_or("—".to_string(), |m| format!("{m:.2} ms ({:.0}×)", r.cold_ms / m)),
-            r.fresh.map_or("—".to_string(), |(c, w)| format!("{c:.2} / {w:.2} ms ({:.1}×)", c / w))
+            r.fresh.map_or("—".to_string(), |(c, w, l)| format!(
+                "{c:.2} / {w:.2} ms ({:.1}×); load {l:.3} ms ({:.0}×)",
+                c / w,
+                c / l
+            ))
         );
         out.push(json!({"workload": r.name, "nodes": r.nodes, "entry_bytes": r.entry_bytes, "cold_ms": r.cold_ms,
             "warm_ms": r.warm_ms, "load_ms": r.load_ms, "key_ms": r.key_ms, "redis_warm_ms": r.redis_ms,
-            "fresh_process_cold_ms": r.fresh.map(|f| f.0), "fresh_process_warm_ms": r.fresh.map(|f| f.1)}));
+            "fresh_process_cold_ms": r.fresh.map(|f| f.0), "fresh_process_warm_ms": r.fresh.map(|f| f.1),
+            "fresh_process_load_ms": r.fresh.map(|f| f.2)}));
     }
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench");
     std::fs::create_dir_all(&dir)?;
