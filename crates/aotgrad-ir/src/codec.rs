@@ -281,6 +281,17 @@ mod tests {
         assert!(compact_dims::parse(&[255, 9]).is_err());
     }
 
+    #[test]
+    fn decoded_locations_share_file_names() {
+        let loc = |line| crate::SourceLoc { file: "src/model.rs".into(), line, col: 1 };
+        let locs = vec![loc(1), loc(2)];
+        let back: Vec<crate::SourceLoc> = decode("locs", &encode("locs", &locs).unwrap()).unwrap();
+        assert_eq!(back, locs);
+        assert!(std::sync::Arc::ptr_eq(&back[0].file, &back[1].file));
+        let json: Vec<crate::SourceLoc> = serde_json::from_str(&serde_json::to_string(&locs).unwrap()).unwrap();
+        assert_eq!(json, locs);
+    }
+
     proptest! {
         #[test]
         fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {

@@ -32,7 +32,9 @@ impl fmt::Display for StorageId {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct SourceLoc {
     /// Source file, as the compiler reports it (shared: every node of a file points
-    /// at one string, so copying a node or a graph copies no file names).
+    /// at one string, so copying a node or a graph copies no file names; decoding
+    /// shares them too).
+    #[serde(deserialize_with = "shared_file")]
     pub file: std::sync::Arc<str>,
     /// 1-based line.
     pub line: u32,
@@ -68,6 +70,39 @@ fn interned(file: &'static str) -> std::sync::Arc<str> {
             std::cell::RefCell::new(std::collections::HashMap::new());
     }
     FILES.with(|f| f.borrow_mut().entry((file.as_ptr() as usize, file.len())).or_insert_with(|| file.into()).clone())
+}
+
+/// Deserialize a file name into the string every decoded location of that file
+/// shares (per thread; a decoded graph or kernel plan names a few files many times).
+fn shared_file<'de, D: serde::Deserializer<'de>>(d: D) -> Result<std::sync::Arc<str>, D::Error> {
+    /// Names kept per thread at most: a table of that many names stays small, and
+    /// data naming more files still decodes (each name beyond it its own string).
+    const MAX_SHARED: usize = 1024;
+    thread_local! {
+        static DECODED: std::cell::RefCell<std::collections::HashSet<std::sync::Arc<str>>> =
+            std::cell::RefCell::new(std::collections::HashSet::new());
+    }
+    struct V;
+    impl serde::de::Visitor<'_> for V {
+        type Value = std::sync::Arc<str>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a file name")
+        }
+        fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<std::sync::Arc<str>, E> {
+            Ok(DECODED.with(|t| {
+                let mut t = t.borrow_mut();
+                if let Some(shared) = t.get(name) {
+                    return shared.clone();
+                }
+                let shared: std::sync::Arc<str> = name.into();
+                if t.len() < MAX_SHARED {
+                    t.insert(shared.clone());
+                }
+                shared
+            }))
+        }
+    }
+    d.deserialize_str(V)
 }
 
 type Attribution = (&'static str, SourceLoc);
