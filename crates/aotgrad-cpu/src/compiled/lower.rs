@@ -205,14 +205,25 @@ pub(crate) struct Lowered {
 }
 
 fn int(d: &Dim, what: &str) -> Result<usize> {
-    match d.as_const() {
-        Some(v) if v >= 0 => Ok(v as usize),
-        _ => Err(CpuError::Internal(format!("kernel plan {what} {d} is not a concrete non-negative size"))),
+    match d {
+        Dim::Const(v) if *v >= 0 => Ok(*v as usize),
+        _ => Err(not_a_size(d, what)),
     }
 }
 
+fn not_a_size(d: &Dim, what: &str) -> CpuError {
+    CpuError::Internal(format!("kernel plan {what} {d} is not a concrete non-negative size"))
+}
+
 fn ints(ds: &[Dim], what: &str) -> Result<Idx> {
-    ds.iter().map(|d| int(d, what)).collect()
+    let mut out = Idx::with_capacity(ds.len());
+    for d in ds {
+        match d {
+            Dim::Const(v) if *v >= 0 => out.push(*v as usize),
+            _ => return Err(not_a_size(d, what)),
+        }
+    }
+    Ok(out)
 }
 
 /// Merge adjacent dims that every access walks as one (and drop size-1 dims), in
