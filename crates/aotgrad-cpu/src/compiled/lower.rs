@@ -267,8 +267,22 @@ fn coalesce(shape: &[usize], strides: &mut [Idx], keep_apart: Option<&[bool]>) -
     (out_shape, out_flag)
 }
 
-/// Per-instruction scratch of [`lower_instrs`].
-type Scratch<T> = smallvec::SmallVec<[T; 32]>;
+/// Per-instruction tables of [`lower_instrs`], reused from body to body (lowering a
+/// loaded plan is most of a warm start; fresh tables per body were a fifth of it).
+#[derive(Default)]
+struct RegScratch {
+    last: Vec<Option<usize>>,
+    phys: Vec<usize>,
+    free: Vec<usize>,
+    first: Vec<usize>,
+    next: Vec<usize>,
+}
+
+/// `v` cleared and filled with `n` copies of `x`, keeping its allocation.
+fn refill<T: Copy>(v: &mut Vec<T>, x: T, n: usize) {
+    v.clear();
+    v.resize(n, x);
+}
 
 /// Per-dim flags of a lowered space (reduced or kept).
 pub(crate) type Flags = smallvec::SmallVec<[bool; 4]>;
@@ -279,6 +293,7 @@ type LoweredBody = (Idx, CBody, smallvec::SmallVec<[CAccess; 4]>, Flags);
 struct Lowering {
     /// Per buffer: the largest extent any access needs.
     need: Vec<usize>,
+    regs: RegScratch,
 }
 
 impl Lowering {
@@ -344,7 +359,7 @@ impl Lowering {
             all().zip(strides).zip(offsets).map(|((a, strides), offset)| CAccess { buf: a.buf, strides, offset });
         let loads: Vec<CAccess> = accs.by_ref().take(body.loads.len()).collect();
         let extra_accs: smallvec::SmallVec<[CAccess; 4]> = accs.collect();
-        let cb = lower_instrs(body, loads, keep)?;
+        let cb = lower_instrs(body, loads, keep, &mut self.regs)?;
         Ok((cshape, cb, extra_accs, cflags))
     }
 
@@ -428,16 +443,15 @@ impl Lowering {
 
 /// Constant folding into operands and register allocation (a register is reused once
 /// its value is dead; an instruction never writes one of its operands).
-fn lower_instrs(body: &Body, loads: Vec<CAccess>, keep: &[usize]) -> Result<CBody> {
+fn lower_instrs(body: &Body, loads: Vec<CAccess>, keep: &[usize], scratch: &mut RegScratch) -> Result<CBody> {
+    let RegScratch { last, phys, free, first, next } = scratch;
     let n = body.instrs.len();
     let konst = |r: usize| match body.instrs.get(r) {
         Some(Instr::Const(c)) => Some(*c),
         _ => None,
     };
     // Which plan registers are read as registers (not folded constants), and when last.
-    // Scratch sized for typical bodies on the stack: lowering a loaded plan is most
-    // of a warm start, and its cost was mostly small allocations.
-    let mut last: Scratch<Option<usize>> = smallvec::smallvec![None; n];
+    refill(last, None, n);
     let reads = |i: &Instr| -> smallvec::SmallVec<[(usize, bool); 3]> {
         // (register, may fold as a constant)
         match i {
@@ -466,15 +480,15 @@ fn lower_instrs(body: &Body, loads: Vec<CAccess>, keep: &[usize]) -> Result<CBod
         }
         last[k] = Some(n);
     }
-    let mut phys: Scratch<usize> = smallvec::smallvec![usize::MAX; n];
-    let mut free: Scratch<usize> = Scratch::new();
+    refill(phys, usize::MAX, n);
+    free.clear();
     let mut nregs = 0;
     let mut instrs = Vec::with_capacity(n);
     // The registers whose last use is instruction `i`, in increasing order: a list
     // from `first[i]` through `next` (one allocation each, not one per instruction).
     const END: usize = usize::MAX;
-    let mut first: Scratch<usize> = smallvec::smallvec![END; n + 1];
-    let mut next: Scratch<usize> = smallvec::smallvec![END; n];
+    refill(first, END, n + 1);
+    refill(next, END, n);
     for (r, l) in last.iter().enumerate().rev() {
         if let Some(l) = l {
             next[r] = first[*l];
@@ -554,7 +568,7 @@ pub(crate) fn lower_with(plan: &KernelPlan, jit: bool) -> Result<Lowered> {
 /// Lower `plan` for the interpreter alone.
 pub(crate) fn lower(plan: &KernelPlan) -> Result<Lowered> {
     let nb = plan.buffers.len();
-    let mut l = Lowering { need: vec![0; nb] };
+    let mut l = Lowering { need: vec![0; nb], regs: RegScratch::default() };
     let mut kernels = Vec::with_capacity(plan.kernels.len());
     let mut scratch = 0usize;
     for k in &plan.kernels {
