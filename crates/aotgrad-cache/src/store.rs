@@ -63,10 +63,19 @@ pub trait Store: Send + Sync {
 /// directory and are renamed into place, so a reader sees a whole old blob or a whole
 /// new one; concurrent writers of one entry write identical ids, the last rename wins.
 /// Directories are created private to the user (mode 0700). Beyond `max_bytes` the
-/// least recently used blobs are removed after a write.
+/// least recently used blobs are removed after a write. The limit is kept without
+/// listing the store on every write: a handle lists it on its first write, then adds
+/// what it writes to the total it found, and lists (and evicts) again only when that
+/// estimate passes the limit; what other processes write meanwhile is seen at that
+/// listing, so the store may pass its limit by what they wrote since.
 pub struct DiskStore {
     root: PathBuf,
     max_bytes: u64,
+    /// Bytes held at this handle's last listing plus what it wrote since (`None`:
+    /// not listed yet).
+    estimate: std::sync::Mutex<Option<u64>>,
+    /// Listings made for the size limit (what the tests check).
+    listings: AtomicU64,
 }
 
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -78,7 +87,7 @@ fn valid_name(s: &str) -> bool {
 impl DiskStore {
     /// A store rooted at `root` (created when first written) holding at most `max_bytes`.
     pub fn new(root: impl Into<PathBuf>, max_bytes: u64) -> DiskStore {
-        DiskStore { root: root.into(), max_bytes }
+        DiskStore { root: root.into(), max_bytes, estimate: std::sync::Mutex::new(None), listings: AtomicU64::new(0) }
     }
 
     /// The default directory: `AOTGRAD_CACHE_DIR`, else `$XDG_CACHE_HOME/aotgrad`, else
@@ -177,12 +186,35 @@ impl DiskStore {
         }
     }
 
-    /// Remove least recently used blobs until the store fits its size limit.
-    fn evict(&self) -> Result<(), StoreError> {
+    /// Account for `written` new bytes; when the estimate passes the limit (or on the
+    /// first write), list the store and evict.
+    fn wrote(&self, written: u64) -> Result<(), StoreError> {
+        let mut estimate = self.estimate.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(total) = estimate.as_mut() {
+            *total = total.saturating_add(written);
+            if *total <= self.max_bytes {
+                return Ok(());
+            }
+        }
+        let held = self.evict();
+        *estimate = held.as_ref().ok().copied();
+        held.map(|_| ())
+    }
+
+    /// How many times this handle listed the store to keep its size limit.
+    #[cfg(test)]
+    fn limit_listings(&self) -> u64 {
+        self.listings.load(Ordering::Relaxed)
+    }
+
+    /// Remove least recently used blobs until the store fits its size limit; returns
+    /// the bytes it then holds.
+    fn evict(&self) -> Result<u64, StoreError> {
+        self.listings.fetch_add(1, Ordering::Relaxed);
         let mut blobs = self.list()?;
         let mut total: u64 = blobs.iter().map(|b| b.bytes).sum();
         if total <= self.max_bytes {
-            return Ok(());
+            return Ok(total);
         }
         blobs.sort_by_key(|b| b.last_used);
         for b in blobs {
@@ -199,7 +231,7 @@ impl DiskStore {
                 total = total.saturating_sub(b.bytes);
             }
         }
-        Ok(())
+        Ok(total)
     }
 
     fn files(&self, dir: &Path, ext: &str) -> Vec<(PathBuf, fs::Metadata)> {
@@ -267,7 +299,8 @@ impl Store for DiskStore {
             self.write_atomic(&key_file, &json)?;
         }
         self.write_atomic(&dir.join(format!("{id}.entry")), blob)?;
-        self.evict()
+        // A replaced entry counts again: the estimate errs high, toward listing early.
+        self.wrote(blob.len() as u64)
     }
 
     fn remove_entry(&self, key: &str, id: &str) -> Result<(), StoreError> {
@@ -307,7 +340,13 @@ impl Store for DiskStore {
             Self::touch(&p);
             return Ok(());
         }
-        self.write_atomic(&p, blob)
+        self.write_atomic(&p, blob)?;
+        // Counted, not checked: the entry written next (which references it) checks.
+        let mut estimate = self.estimate.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(total) = estimate.as_mut() {
+            *total = total.saturating_add(blob.len() as u64);
+        }
+        Ok(())
     }
 
     fn keys(&self) -> Result<Vec<CacheKey>, StoreError> {
@@ -348,11 +387,50 @@ impl Store for DiskStore {
     }
 
     fn clear(&self) -> Result<(), StoreError> {
+        *self.estimate.lock().unwrap_or_else(|e| e.into_inner()) = None;
         let v1 = self.root.join("v1");
         match fs::remove_dir_all(&v1) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(self.err("cannot remove", &v1, e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(n: u8) -> CacheKey {
+        CacheKey { hex: format!("{n:064x}"), ingredients: Default::default() }
+    }
+
+    #[test]
+    fn the_size_limit_lists_the_store_only_when_its_estimate_passes_it() {
+        let dir = std::env::temp_dir().join(format!("aotgrad-store-test-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let a = DiskStore::new(&dir, 10_000);
+        // Many small writes under the limit: one listing (the first write's).
+        for n in 0..20 {
+            a.put_entry(&key(n), "e", &[n; 100]).unwrap();
+        }
+        assert_eq!(a.limit_listings(), 1);
+        assert_eq!(a.list().unwrap().len(), 20);
+        // Another handle (another process) fills the store past the limit.
+        let b = DiskStore::new(&dir, 10_000);
+        for n in 20..30 {
+            b.put_entry(&key(n), "e", &[n; 1000]).unwrap();
+        }
+        let held = |s: &DiskStore| s.list().unwrap().iter().map(|x| x.bytes).sum::<u64>();
+        assert!(held(&b) <= 10_000, "{} bytes", held(&b));
+        // The first handle's estimate does not know; its writes list again once the
+        // estimate passes the limit, and the store is back under it.
+        let before = a.limit_listings();
+        for n in 30..120 {
+            a.put_entry(&key(n), "e", &[n; 100]).unwrap();
+        }
+        assert!(a.limit_listings() > before);
+        assert!(held(&a) <= 10_000, "{} bytes", held(&a));
+        fs::remove_dir_all(&dir).unwrap();
     }
 }
