@@ -4,7 +4,7 @@
 
 use crate::envelope::{self, Kind};
 use crate::key::CacheKey;
-use crate::result::{AotResult, StoredArtifact, StoredResult};
+use crate::result::{AotResult, GraphDumps, GraphKind, StoredArtifact, StoredResult};
 use crate::store::{BlobInfo, DiskStore, Store, StoreError};
 use aotgrad_ir::codec;
 use serde::{Deserialize, Serialize};
@@ -372,6 +372,10 @@ impl Cache {
                         }
                     }
                 }
+                // The graphs are stored packed: show them printed, by name.
+                if let Some(obj) = v.as_object_mut() {
+                    obj.insert("graphs".into(), graphs_json(&c.result.graphs));
+                }
                 serde_json::json!({ "id": c.id, "guards": c.result.meta.guard_expr(), "result": v })
             })
             .collect();
@@ -387,6 +391,20 @@ impl Cache {
     pub fn clear(&self) -> Result<(), StoreError> {
         self.store.clear()
     }
+}
+
+/// A stored result's graphs as `{"traced": "<printed graph>", ...}` (a graph the
+/// compile did not have is left out; one that does not decode says so).
+fn graphs_json(graphs: &[Option<serde_bytes::ByteBuf>; 5]) -> serde_json::Value {
+    let dumps = GraphDumps::from_packed(graphs.clone().map(|g| g.map(serde_bytes::ByteBuf::into_vec)));
+    let mut out = serde_json::Map::new();
+    for (kind, g) in GraphKind::ALL.into_iter().zip(graphs) {
+        if g.is_some() {
+            let text = dumps.text(kind).unwrap_or_else(|| "<unreadable>".into());
+            out.insert(kind.name().into(), serde_json::Value::String(text));
+        }
+    }
+    serde_json::Value::Object(out)
 }
 
 /// An entry's id within its key: a hash of its guards (a recompile with the same

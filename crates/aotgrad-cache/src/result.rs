@@ -192,6 +192,23 @@ pub enum GraphKind {
     Backward = 4,
 }
 
+impl GraphKind {
+    /// Every kind, in the order a result stores them.
+    pub const ALL: [GraphKind; 5] =
+        [GraphKind::Traced, GraphKind::Functional, GraphKind::Joint, GraphKind::Forward, GraphKind::Backward];
+
+    /// Lower-case name (`"traced"`, `"functional"`, `"joint"`, `"forward"`, `"backward"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            GraphKind::Traced => "traced",
+            GraphKind::Functional => "functional",
+            GraphKind::Joint => "joint",
+            GraphKind::Forward => "forward",
+            GraphKind::Backward => "backward",
+        }
+    }
+}
+
 /// The graphs of one compile, kept for logs and introspection: the live graphs of a
 /// fresh compile (packed when they are large), or, for a loaded result, their packed
 /// encodings ([`aotgrad_ir::codec::pack`]), decoded only when asked for (a warm start

@@ -163,6 +163,27 @@ fn a_rerun_hits_the_cache_for_every_specialization() {
     assert!(json["key"].as_str().unwrap().starts_with(&key));
     assert!(json["ingredients"]["graph"].is_string(), "{json}");
     assert_eq!(json["entries"].as_array().unwrap().len(), 1);
+    // The stored graphs are shown printed, by name: a training entry (the step) has all
+    // five, an inference one (evaluation, the optimizer update) the first two.
+    let mut paths = Vec::new();
+    for line in list.lines().skip(1) {
+        let training = line.contains(" training ");
+        let names: &[&str] = if training {
+            &["traced", "functional", "joint", "forward", "backward"]
+        } else {
+            &["traced", "functional"]
+        };
+        let key = line.split_whitespace().next().unwrap();
+        let json: serde_json::Value = serde_json::from_str(&run(&dir, &Action::Inspect(key.into())).unwrap()).unwrap();
+        let graphs = &json["entries"][0]["result"]["graphs"];
+        assert_eq!(graphs.as_object().unwrap().len(), names.len(), "{graphs}");
+        for name in names {
+            let text = graphs[name].as_str().unwrap_or_else(|| panic!("no {name} graph in {graphs}"));
+            assert!(text.parse::<aotgrad::ir::Graph>().is_ok(), "{name}: {text}");
+        }
+        paths.push(training);
+    }
+    assert_eq!((paths.iter().filter(|t| **t).count(), paths.len()), (1, 3), "{list}");
     assert!(run(&dir, &Action::Inspect("zz".into())).unwrap_err().contains("no cache key"));
     assert!(run(&dir, &Action::Clear).unwrap().starts_with("removed"));
     assert!(run(&dir, &Action::Stats).unwrap().contains("0 key(s)"));
