@@ -42,8 +42,10 @@ pub struct Candidate {
 pub struct Lookup {
     /// Valid entries under the key.
     pub candidates: Vec<Candidate>,
-    /// Entries rejected (corrupt, truncated, wrong version, foreign, bad MAC), with why;
-    /// each was removed.
+    /// Entries rejected (corrupt, truncated, wrong version, foreign, bad MAC), with why.
+    /// A rejected local entry was removed, except one signed with a cache key this
+    /// cache lacks: it cannot be checked here, but it is not corrupt, so it is left
+    /// for the processes that hold the key.
     pub rejected: Vec<String>,
     /// The store could not be read (a logged miss).
     pub error: Option<String>,
@@ -60,6 +62,8 @@ pub struct Cache {
     remotes: Vec<Box<dyn Store>>,
     flavour: Flavour,
     mac_key: Option<[u8; 32]>,
+    /// Whether the "remote tiers are off: unsigned" warning was logged.
+    warned_unsigned: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Cache {
@@ -81,11 +85,19 @@ pub fn mac_key_from_secret(secret: &[u8]) -> [u8; 32] {
 impl Cache {
     /// A cache over `store`, bundled entries, unsigned.
     pub fn new(store: Box<dyn Store>) -> Cache {
-        Cache { store, remotes: Vec::new(), flavour: Flavour::Bundled, mac_key: None }
+        Cache {
+            store,
+            remotes: Vec::new(),
+            flavour: Flavour::Bundled,
+            mac_key: None,
+            warned_unsigned: std::sync::atomic::AtomicBool::new(false),
+        }
     }
 
-    /// Add a remote tier under the local store (a fleet-shared Redis, say). Its
-    /// entries are trusted only with a MAC: sign the cache ([`Cache::signed`]).
+    /// Add a remote tier under the local store (a fleet-shared Redis, say). Remote
+    /// entries are trusted only with a MAC, so remote tiers are used only by a signed
+    /// cache ([`Cache::signed`]); an unsigned one neither reads nor writes them (and
+    /// logs why once).
     pub fn with_remote(mut self, remote: Box<dyn Store>) -> Cache {
         self.remotes.push(remote);
         self
@@ -98,10 +110,21 @@ impl Cache {
 
     fn tier(&self, t: usize) -> Option<&dyn Store> {
         if t == 0 {
-            Some(self.store.as_ref())
-        } else {
-            self.remotes.get(t - 1).map(|r| r.as_ref())
+            return Some(self.store.as_ref());
         }
+        let remote = self.remotes.get(t - 1)?;
+        if self.mac_key.is_none() {
+            if !self.warned_unsigned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tracing::warn!(
+                    target: "aotgrad::cache",
+                    "remote tier {} is off: this cache is not signed, and a shared tier's entries are trusted only \
+                     with a MAC (set AOTGRAD_CACHE_KEY)",
+                    remote.describe()
+                );
+            }
+            return None;
+        }
+        Some(remote.as_ref())
     }
 
     /// A disk cache at `dir` with the default size limit.
@@ -114,7 +137,10 @@ impl Cache {
     /// signed when `AOTGRAD_CACHE_KEY` or `AOTGRAD_CACHE_KEY_FILE` gives a secret),
     /// with a Redis tier under it when `AOTGRAD_REDIS_URL` is set and the cache is
     /// signed (`AOTGRAD_REDIS_TTL` seconds, default a week; `AOTGRAD_REDIS_TIMEOUT_MS`,
-    /// default 250); `None` when neither is set or `AOTGRAD_CACHE=0`.
+    /// default 250); `None` when neither is set or `AOTGRAD_CACHE=0`. A bad size limit
+    /// or an unreadable key file is an error (the caller runs without a cache rather
+    /// than with one it was not asked for); a bad Redis setting only turns the Redis
+    /// tier off, with a warning.
     pub fn from_env() -> Result<Option<Cache>, String> {
         if std::env::var("AOTGRAD_CACHE").is_ok_and(|v| v == "0") {
             return Ok(None);
@@ -123,44 +149,65 @@ impl Cache {
         if !set("AOTGRAD_CACHE_DIR") && !set("AOTGRAD_REDIS_URL") {
             return Ok(None);
         }
-        let mut cache = Cache::user_default()?;
-        if let Ok(url) = std::env::var("AOTGRAD_REDIS_URL") {
-            if !url.is_empty() {
-                if cache.mac_key.is_none() {
-                    tracing::warn!(
-                        target: "aotgrad::cache",
-                        "AOTGRAD_REDIS_URL is set but no AOTGRAD_CACHE_KEY: a shared cache must be signed, so the \
-                         Redis tier is off"
-                    );
-                } else {
-                    let num = |v: &str, d: u64| -> Result<u64, String> {
-                        match std::env::var(v) {
-                            Ok(s) => s.trim().parse::<u64>().map_err(|e| format!("{v}={s:?}: {e}")),
-                            Err(_) => Ok(d),
-                        }
-                    };
-                    let timeout = std::time::Duration::from_millis(num("AOTGRAD_REDIS_TIMEOUT_MS", 250)?);
-                    let ttl = num("AOTGRAD_REDIS_TTL", 7 * 24 * 3600)?;
-                    let redis = crate::RedisStore::new(&url, timeout, ttl).map_err(|e| e.to_string())?;
-                    cache = cache.with_remote(Box::new(redis));
-                }
-            }
-        }
-        Ok(Some(cache))
+        Ok(Some(Cache::user_default()?.with_env_remote()))
     }
 
     /// A disk cache in [`DiskStore::default_dir`], configured from the environment
-    /// as [`Cache::from_env`] describes.
+    /// as [`Cache::disk_from_env`] describes.
     pub fn user_default() -> Result<Cache, String> {
+        Cache::disk_from_env(DiskStore::default_dir())
+    }
+
+    /// A disk cache at `dir` with the environment's size limit
+    /// (`AOTGRAD_CACHE_MAX_BYTES`) and key (`AOTGRAD_CACHE_KEY` or
+    /// `AOTGRAD_CACHE_KEY_FILE`): what a tool that reads or writes a given cache
+    /// directory opens, so that it checks and signs entries as the programs sharing
+    /// the directory do.
+    pub fn disk_from_env(dir: impl Into<std::path::PathBuf>) -> Result<Cache, String> {
         let max = match std::env::var("AOTGRAD_CACHE_MAX_BYTES") {
             Ok(v) => v.trim().parse::<u64>().map_err(|e| format!("AOTGRAD_CACHE_MAX_BYTES={v:?}: {e}"))?,
             Err(_) => DEFAULT_MAX_BYTES,
         };
-        let mut cache = Cache::new(Box::new(DiskStore::new(DiskStore::default_dir(), max)));
+        let mut cache = Cache::new(Box::new(DiskStore::new(dir, max)));
         if let Some(secret) = secret_from_env()? {
             cache = cache.signed(&secret);
         }
         Ok(cache)
+    }
+
+    /// This cache with the Redis tier `AOTGRAD_REDIS_URL` asks for (see
+    /// [`Cache::from_env`]); unchanged, with a warning, when the cache is unsigned or a
+    /// Redis setting is bad.
+    pub fn with_env_remote(self) -> Cache {
+        let url = match std::env::var("AOTGRAD_REDIS_URL") {
+            Ok(url) if !url.is_empty() => url,
+            _ => return self,
+        };
+        if self.mac_key.is_none() {
+            tracing::warn!(
+                target: "aotgrad::cache",
+                "AOTGRAD_REDIS_URL is set but no AOTGRAD_CACHE_KEY or AOTGRAD_CACHE_KEY_FILE: a shared cache must \
+                 be signed, so the Redis tier is off"
+            );
+            return self;
+        }
+        let num = |v: &str, d: u64| -> Result<u64, String> {
+            match std::env::var(v) {
+                Ok(s) => s.trim().parse::<u64>().map_err(|e| format!("{v}={s:?}: {e}")),
+                Err(_) => Ok(d),
+            }
+        };
+        let redis = num("AOTGRAD_REDIS_TIMEOUT_MS", 250).and_then(|ms| {
+            let ttl = num("AOTGRAD_REDIS_TTL", 7 * 24 * 3600)?;
+            crate::RedisStore::new(&url, std::time::Duration::from_millis(ms), ttl).map_err(|e| e.to_string())
+        });
+        match redis {
+            Ok(r) => self.with_remote(Box::new(r)),
+            Err(e) => {
+                tracing::warn!(target: "aotgrad::cache", "the Redis tier is off (the disk cache stays on): {e}");
+                self
+            }
+        }
     }
 
     /// Store artifacts by reference in the artifact store (or bundled).
@@ -212,6 +259,13 @@ impl Cache {
             }
         };
         for (id, bytes) in blobs {
+            if let Err(envelope::EnvelopeError::NoKey) = self.open_blob(&bytes, Kind::Entry) {
+                // Signed with a key this cache lacks: not checkable here, not corrupt.
+                let why = "signed with a cache key this process does not have (left in place)";
+                tracing::warn!(target: "aotgrad::cache", "skipped cache entry {}/{id} in {}: {why}", key.hex, store.describe());
+                out.rejected.push(format!("{}/{id} ({}): {why}", key.hex, store.describe()));
+                continue;
+            }
             match self.decode_entry(&bytes) {
                 Ok(entry) if entry.key.hex == key.hex => {
                     out.candidates.push(Candidate { id, result: entry.result });
@@ -264,35 +318,56 @@ impl Cache {
         codec::decode::<StoredEntry>("cache entry", payload).map_err(|e| e.to_string())
     }
 
-    /// A referenced artifact's bytes, checked against its hash.
+    /// A referenced artifact's bytes, checked against its hash: the first tier holding
+    /// a valid copy wins. A local copy that fails its check is logged and removed (the
+    /// recompile that follows a failed load writes it again); a remote copy is copied
+    /// into the tiers above it only once it has passed.
     pub fn fetch_artifact(&self, hash: &str, len: u64) -> Result<Vec<u8>, String> {
-        let mut blob = None;
-        let mut errors = Vec::new();
+        let mut problems = Vec::new();
         for t in 0..self.tiers() {
             let Some(store) = self.tier(t) else { continue };
-            match store.artifact(hash) {
-                Ok(Some(b)) => {
-                    if t > 0 {
-                        let _ = self.store.put_artifact(hash, &b);
-                    }
-                    blob = Some(b);
-                    break;
+            let blob = match store.artifact(hash) {
+                Ok(Some(b)) => b,
+                Ok(None) => continue,
+                Err(e) => {
+                    problems.push(e.to_string());
+                    continue;
                 }
-                Ok(None) => {}
-                Err(e) => errors.push(e.to_string()),
+            };
+            // (why, whether to remove it: not one signed with a key this cache lacks)
+            let checked = match self.open_blob(&blob, Kind::Artifact) {
+                Err(e @ envelope::EnvelopeError::NoKey) => Err((format!("{e} (left in place)"), false)),
+                Err(e) => Err((e.to_string(), true)),
+                Ok(p) if p.len() as u64 != len || blake3::hash(p).to_hex().as_str() != hash => {
+                    Err(("does not match its hash".to_string(), true))
+                }
+                Ok(p) => Ok(p),
+            };
+            match checked {
+                Ok(payload) => {
+                    for above in 0..t {
+                        if let Some(Err(e)) = self.tier(above).map(|s| s.put_artifact(hash, &blob)) {
+                            tracing::warn!(target: "aotgrad::cache", "could not copy a remote artifact: {e}");
+                        }
+                    }
+                    return Ok(payload.to_vec());
+                }
+                Err((why, remove)) => {
+                    tracing::warn!(target: "aotgrad::cache", "rejected artifact {hash} in {}: {why}", store.describe());
+                    if t == 0 && remove {
+                        if let Err(e) = store.remove_artifact(hash) {
+                            tracing::warn!(target: "aotgrad::cache", "{e}");
+                        }
+                    }
+                    problems.push(format!("{}: {why}", store.describe()));
+                }
             }
         }
-        let blob = blob.ok_or_else(|| {
-            format!(
-                "artifact {hash} is not in the store (evicted?){}",
-                if errors.is_empty() { String::new() } else { format!("; {}", errors.join("; ")) }
-            )
-        })?;
-        let payload = self.open_blob(&blob, Kind::Artifact).map_err(|e| format!("artifact {hash}: {e}"))?;
-        if payload.len() as u64 != len || blake3::hash(payload).to_hex().as_str() != hash {
-            return Err(format!("artifact {hash} does not match its hash"));
-        }
-        Ok(payload.to_vec())
+        Err(if problems.is_empty() {
+            format!("artifact {hash} is not in the store (evicted?)")
+        } else {
+            format!("artifact {hash} is missing or unusable: {}", problems.join("; "))
+        })
     }
 
     /// Rebuild a loaded candidate's result (resolving referenced artifacts).
@@ -339,7 +414,7 @@ impl Cache {
         let nearest =
             keys.iter().filter(|k| k.hex != key.hex).map(|k| (key.differing(k), k)).min_by_key(|(d, _)| d.len());
         match nearest {
-            None => "no entry in the cache yet".to_string(),
+            None => "no other key in the local cache".to_string(),
             Some((d, k)) => format!("nearest entry {} differs in: {}", short(&k.hex), d.join(", ")),
         }
     }
@@ -415,7 +490,7 @@ fn entry_id(stored: &StoredResult) -> String {
 }
 
 fn short(hex: &str) -> &str {
-    &hex[..hex.len().min(16)]
+    hex.get(..16).unwrap_or(hex)
 }
 
 fn secret_from_env() -> Result<Option<Vec<u8>>, String> {
@@ -423,14 +498,22 @@ fn secret_from_env() -> Result<Option<Vec<u8>>, String> {
         return Ok(Some(k.into_encoded_bytes()));
     }
     if let Some(p) = std::env::var_os("AOTGRAD_CACHE_KEY_FILE").filter(|k| !k.is_empty()) {
-        let bytes = std::fs::read(&p)
-            .map_err(|e| format!("AOTGRAD_CACHE_KEY_FILE {}: {e}", std::path::Path::new(&p).display()))?;
-        if bytes.is_empty() {
-            return Err(format!("AOTGRAD_CACHE_KEY_FILE {} is empty", std::path::Path::new(&p).display()));
-        }
-        return Ok(Some(bytes));
+        return read_key_file(std::path::Path::new(&p)).map(Some);
     }
     Ok(None)
+}
+
+/// The secret in a key file. A file written by `echo` ends in a newline that the same
+/// secret in `AOTGRAD_CACHE_KEY` would not hold: line endings are not part of it.
+fn read_key_file(p: &std::path::Path) -> Result<Vec<u8>, String> {
+    let mut bytes = std::fs::read(p).map_err(|e| format!("AOTGRAD_CACHE_KEY_FILE {}: {e}", p.display()))?;
+    while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+        bytes.pop();
+    }
+    if bytes.is_empty() {
+        return Err(format!("AOTGRAD_CACHE_KEY_FILE {} is empty", p.display()));
+    }
+    Ok(bytes)
 }
 
 /// Seal bundled results as a precompiled-function file (for deployment).
@@ -444,4 +527,28 @@ pub fn encode_precompiled<T>(results: &[&AotResult<T>]) -> Result<Vec<u8>, Strin
 pub fn decode_precompiled(bytes: &[u8]) -> Result<Vec<StoredResult>, String> {
     let payload = envelope::open(bytes, Kind::Precompiled, None, false).map_err(|e| e.to_string())?;
     codec::decode("precompiled function", payload).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_file_gives_the_secret_without_its_line_ending() {
+        let dir = std::env::temp_dir().join(format!("aotgrad-keyfile-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = |name: &str, bytes: &[u8]| {
+            let p = dir.join(name);
+            std::fs::write(&p, bytes).unwrap();
+            p
+        };
+        assert_eq!(read_key_file(&file("plain", b"s3cret")).unwrap(), b"s3cret");
+        assert_eq!(read_key_file(&file("echo", b"s3cret\n")).unwrap(), b"s3cret");
+        assert_eq!(read_key_file(&file("crlf", b"s3cret\r\n")).unwrap(), b"s3cret");
+        // Inner bytes, spaces included, are the secret's own.
+        assert_eq!(read_key_file(&file("inner", b" a\nb \n")).unwrap(), b" a\nb ");
+        assert!(read_key_file(&file("empty", b"\n")).unwrap_err().contains("is empty"));
+        assert!(read_key_file(&dir.join("missing")).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -159,13 +159,21 @@ impl Store for RedisStore {
         self.with(|c| redis::cmd("SET").arg(&k).arg(blob).arg("EX").arg(ttl).query(c))
     }
 
+    fn remove_artifact(&self, hash: &str) -> Result<(), StoreError> {
+        let k = format!("{PREFIX}:artifact:{hash}");
+        self.with(|c| redis::cmd("DEL").arg(&k).query(c))
+    }
+
     fn keys(&self) -> Result<Vec<CacheKey>, StoreError> {
         let names = self.scan(&format!("{PREFIX}:key:*"))?;
         let mut out = Vec::new();
         for n in names {
             let json: Option<Vec<u8>> = self.with(|c| redis::cmd("GET").arg(&n).query(c))?;
+            // Only ingredients that name their own key (they are printed and sliced).
             if let Some(k) = json.and_then(|j| serde_json::from_slice::<CacheKey>(&j).ok()) {
-                out.push(k);
+                if crate::store::valid_name(&k.hex) && n.rsplit(':').next() == Some(k.hex.as_str()) {
+                    out.push(k);
+                }
             }
         }
         Ok(out)

@@ -50,6 +50,8 @@ pub trait Store: Send + Sync {
     fn artifact(&self, hash: &str) -> Result<Option<Vec<u8>>, StoreError>;
     /// Write an artifact blob under its content hash.
     fn put_artifact(&self, hash: &str, blob: &[u8]) -> Result<(), StoreError>;
+    /// Remove the artifact under `hash` (a corrupt one).
+    fn remove_artifact(&self, hash: &str) -> Result<(), StoreError>;
     /// The ingredients of every key held (for "nearest entry" diagnostics).
     fn keys(&self) -> Result<Vec<CacheKey>, StoreError>;
     /// Every blob held: entries, then artifacts.
@@ -62,7 +64,9 @@ pub trait Store: Send + Sync {
 /// `<root>/v1/artifacts/<hash>.artifact`. Writes go to a temporary file in the same
 /// directory and are renamed into place, so a reader sees a whole old blob or a whole
 /// new one; concurrent writers of one entry write identical ids, the last rename wins.
-/// Directories are created private to the user (mode 0700). Beyond `max_bytes` the
+/// Directories are created private to the user (mode 0700), and on Unix a root that
+/// another user owns or can write is refused (every read and write is then a logged
+/// store error: a miss, and no entry written). Beyond `max_bytes` the
 /// least recently used blobs are removed after a write. The limit is kept without
 /// listing the store on every write: a handle lists it on its first write, then adds
 /// what it writes to the total it found, and lists (and evicts) again only when that
@@ -76,18 +80,29 @@ pub struct DiskStore {
     estimate: std::sync::Mutex<Option<u64>>,
     /// Listings made for the size limit (what the tests check).
     listings: AtomicU64,
+    /// Whether the root is private to this user, once checked (see `check_private`).
+    private: std::sync::OnceLock<Result<(), String>>,
 }
 
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
-fn valid_name(s: &str) -> bool {
+/// Age after which a temporary file is a crashed writer's leftover.
+const STALE_TMP_SECONDS: u64 = 3600;
+
+pub(crate) fn valid_name(s: &str) -> bool {
     !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 impl DiskStore {
     /// A store rooted at `root` (created when first written) holding at most `max_bytes`.
     pub fn new(root: impl Into<PathBuf>, max_bytes: u64) -> DiskStore {
-        DiskStore { root: root.into(), max_bytes, estimate: std::sync::Mutex::new(None), listings: AtomicU64::new(0) }
+        DiskStore {
+            root: root.into(),
+            max_bytes,
+            estimate: std::sync::Mutex::new(None),
+            listings: AtomicU64::new(0),
+            private: std::sync::OnceLock::new(),
+        }
     }
 
     /// The default directory: `AOTGRAD_CACHE_DIR`, else `$XDG_CACHE_HOME/aotgrad`, else
@@ -102,7 +117,48 @@ impl DiskStore {
         if let Some(h) = std::env::var_os("HOME").filter(|d| !d.is_empty()) {
             return PathBuf::from(h).join(".cache").join("aotgrad");
         }
-        std::env::temp_dir().join("aotgrad-cache")
+        // Shared by every user: one directory each (and `check_private` refuses one
+        // another user made).
+        #[cfg(unix)]
+        let name = format!("aotgrad-cache-{}", unsafe { libc::geteuid() });
+        #[cfg(not(unix))]
+        let name = "aotgrad-cache".to_string();
+        std::env::temp_dir().join(name)
+    }
+
+    /// On Unix, refuse a cache root that another user owns or can write: whoever can
+    /// write the cache decides what this process runs (an unsigned entry needs only a
+    /// valid checksum). Checked once per handle, when the root exists.
+    fn check_private(&self) -> Result<(), StoreError> {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::MetadataExt;
+            if let Some(verdict) = self.private.get() {
+                return verdict.clone().map_err(|msg| StoreError { store: self.describe(), msg });
+            }
+            let m = match fs::metadata(&self.root) {
+                Ok(m) => m,
+                // Not there yet: created private on the first write.
+                Err(_) => return Ok(()),
+            };
+            // SAFETY: geteuid has no preconditions and cannot fail.
+            let me = unsafe { libc::geteuid() };
+            let verdict = if m.uid() != me {
+                Err(format!("{} is owned by user {}, not this user ({me}): not used", self.root.display(), m.uid()))
+            } else if m.mode() & 0o022 != 0 {
+                Err(format!(
+                    "{} can be written by other users (mode {:o}): not used; `chmod go-w` it",
+                    self.root.display(),
+                    m.mode() & 0o777
+                ))
+            } else {
+                Ok(())
+            };
+            let verdict = self.private.get_or_init(|| verdict);
+            verdict.clone().map_err(|msg| StoreError { store: self.describe(), msg })
+        }
+        #[cfg(not(unix))]
+        Ok(())
     }
 
     /// The root directory.
@@ -211,6 +267,7 @@ impl DiskStore {
     /// the bytes it then holds.
     fn evict(&self) -> Result<u64, StoreError> {
         self.listings.fetch_add(1, Ordering::Relaxed);
+        self.remove_stale_temporaries();
         let mut blobs = self.list()?;
         let mut total: u64 = blobs.iter().map(|b| b.bytes).sum();
         if total <= self.max_bytes {
@@ -232,6 +289,27 @@ impl DiskStore {
             }
         }
         Ok(total)
+    }
+
+    /// Remove temporary files a crashed writer left (older than an hour: a live
+    /// writer renames its file within moments), which no listing counts.
+    fn remove_stale_temporaries(&self) {
+        let stale = |m: &fs::Metadata| {
+            m.modified().ok().and_then(|t| t.elapsed().ok()).is_some_and(|age| age.as_secs() > STALE_TMP_SECONDS)
+        };
+        let mut dirs = vec![self.artifacts_dir()];
+        if let Ok(rd) = fs::read_dir(self.entries_dir()) {
+            dirs.extend(rd.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.is_dir()));
+        }
+        for d in dirs {
+            let Ok(rd) = fs::read_dir(&d) else { continue };
+            for e in rd.filter_map(|e| e.ok()) {
+                let is_tmp = e.file_name().to_str().is_some_and(|n| n.starts_with(".tmp-"));
+                if is_tmp && e.metadata().is_ok_and(|m| m.is_file() && stale(&m)) {
+                    let _ = fs::remove_file(e.path());
+                }
+            }
+        }
     }
 
     fn files(&self, dir: &Path, ext: &str) -> Vec<(PathBuf, fs::Metadata)> {
@@ -257,6 +335,7 @@ impl Store for DiskStore {
         if !valid_name(key) {
             return Err(self.err("invalid key", Path::new(key), "not a hex name"));
         }
+        self.check_private()?;
         let dir = self.entries_dir().join(key);
         let rd = match fs::read_dir(&dir) {
             Ok(rd) => rd,
@@ -292,6 +371,7 @@ impl Store for DiskStore {
         if !valid_name(&key.hex) || !valid_name(id) {
             return Err(self.err("invalid key or id", Path::new(id), "not a hex name"));
         }
+        self.check_private()?;
         let dir = self.entries_dir().join(&key.hex);
         let key_file = dir.join("key.json");
         if !key_file.is_file() {
@@ -320,6 +400,7 @@ impl Store for DiskStore {
         if !valid_name(hash) {
             return Ok(None);
         }
+        self.check_private()?;
         let p = self.artifacts_dir().join(format!("{hash}.artifact"));
         match fs::read(&p) {
             Ok(b) => {
@@ -335,8 +416,11 @@ impl Store for DiskStore {
         if !valid_name(hash) {
             return Err(self.err("invalid artifact hash", Path::new(hash), "not a hex name"));
         }
+        self.check_private()?;
         let p = self.artifacts_dir().join(format!("{hash}.artifact"));
-        if p.is_file() {
+        // Content-addressed: a copy already there is kept, but only when it is this
+        // blob byte for byte (a damaged copy that no load has met yet is replaced).
+        if fs::read(&p).is_ok_and(|held| held == blob) {
             Self::touch(&p);
             return Ok(());
         }
@@ -349,13 +433,36 @@ impl Store for DiskStore {
         Ok(())
     }
 
+    fn remove_artifact(&self, hash: &str) -> Result<(), StoreError> {
+        if !valid_name(hash) {
+            return Ok(());
+        }
+        let p = self.artifacts_dir().join(format!("{hash}.artifact"));
+        let r = if p.is_dir() { fs::remove_dir_all(&p) } else { fs::remove_file(&p) };
+        match r {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(self.err("cannot remove", &p, e)),
+        }
+    }
+
     fn keys(&self) -> Result<Vec<CacheKey>, StoreError> {
         let Ok(rd) = fs::read_dir(self.entries_dir()) else { return Ok(Vec::new()) };
         let mut out = Vec::new();
         for e in rd.filter_map(|e| e.ok()) {
-            let Ok(json) = fs::read(e.path().join("key.json")) else { continue };
-            if let Ok(k) = serde_json::from_slice::<CacheKey>(&json) {
-                out.push(k);
+            let dir = e.path();
+            // A key with no entry left (all evicted or rejected) is not a key held.
+            if self.files(&dir, "entry").is_empty() {
+                continue;
+            }
+            let Ok(json) = fs::read(dir.join("key.json")) else { continue };
+            // `key.json` is not sealed: one that does not name its own directory is
+            // not trusted (its text is printed and sliced).
+            match serde_json::from_slice::<CacheKey>(&json) {
+                Ok(k) if valid_name(&k.hex) && e.file_name().to_str() == Some(k.hex.as_str()) => out.push(k),
+                _ => {
+                    tracing::warn!(target: "aotgrad::cache", "ignored {}: not this key's ingredients", dir.join("key.json").display())
+                }
             }
         }
         out.sort_by(|a, b| a.hex.cmp(&b.hex));
@@ -403,6 +510,65 @@ mod tests {
 
     fn key(n: u8) -> CacheKey {
         CacheKey { hex: format!("{n:064x}"), ingredients: Default::default() }
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_root_other_users_can_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("aotgrad-store-private-test-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
+        let s = DiskStore::new(&dir, u64::MAX);
+        let e = s.put_entry(&key(0), "e", b"blob").unwrap_err();
+        assert!(e.msg.contains("can be written by other users"), "{e}");
+        assert!(s.entries(&key(0).hex).is_err());
+        assert!(s.artifact(&key(0).hex).is_err());
+        assert!(!dir.join("v1").exists(), "nothing was written");
+        // Made private, a new handle uses it.
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+        let s = DiskStore::new(&dir, u64::MAX);
+        s.put_entry(&key(0), "e", b"blob").unwrap();
+        assert_eq!(s.entries(&key(0).hex).unwrap().len(), 1);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_crashed_writers_temporary_files_are_removed_once_stale() {
+        let dir = std::env::temp_dir().join(format!("aotgrad-store-tmp-test-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let s = DiskStore::new(&dir, u64::MAX);
+        s.put_entry(&key(0), "e", b"blob").unwrap();
+        let key_dir = s.entries_dir().join(key(0).hex);
+        let (old, fresh) = (key_dir.join(".tmp-1-2-3"), key_dir.join(".tmp-4-5-6"));
+        fs::write(&old, b"half a blob").unwrap();
+        fs::write(&fresh, b"being written").unwrap();
+        let two_hours_ago = SystemTime::now() - std::time::Duration::from_secs(7200);
+        fs::File::options().append(true).open(&old).unwrap().set_modified(two_hours_ago).unwrap();
+        s.evict().unwrap();
+        assert!(!old.exists(), "a stale temporary is removed");
+        assert!(fresh.exists(), "a live writer's temporary is left alone");
+        assert_eq!(s.list().unwrap().len(), 1);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn keys_are_the_keys_holding_entries_whose_ingredients_name_them() {
+        let dir = std::env::temp_dir().join(format!("aotgrad-store-keys-test-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let s = DiskStore::new(&dir, u64::MAX);
+        for n in 0..3 {
+            s.put_entry(&key(n), "e", b"blob").unwrap();
+        }
+        // Key 1 loses its only entry; key 2's ingredients are replaced by another key's
+        // (with a name that would break slicing by bytes).
+        s.remove_entry(&key(1).hex, "e").unwrap();
+        let forged = CacheKey { hex: "ééééééééééééééé".into(), ingredients: Default::default() };
+        fs::write(s.entries_dir().join(key(2).hex).join("key.json"), serde_json::to_vec(&forged).unwrap()).unwrap();
+        let keys: Vec<String> = s.keys().unwrap().into_iter().map(|k| k.hex).collect();
+        assert_eq!(keys, vec![key(0).hex]);
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -38,9 +38,12 @@ fn ago(t: SystemTime) -> String {
     }
 }
 
-/// Run `action` on the cache in `dir`; the text to print.
+/// Run `action` on the cache in `dir` (checked with the key `AOTGRAD_CACHE_KEY` or
+/// `AOTGRAD_CACHE_KEY_FILE` gives, as the programs using it do); the text to print.
 pub fn run(dir: &Path, action: &Action) -> Result<String, String> {
-    let cache = Cache::new(Box::new(DiskStore::new(dir, aotgrad::cache::cache::DEFAULT_MAX_BYTES)));
+    // Opened with the environment's key: entries signed by the programs sharing the
+    // directory are checked (and a signed entry is never taken for a corrupt one).
+    let cache = Cache::disk_from_env(dir)?;
     let mut out = String::new();
     match action {
         Action::Stats => {

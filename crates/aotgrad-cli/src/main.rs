@@ -165,7 +165,9 @@ struct TrainArgs {
     #[arg(long)]
     no_progress: bool,
     /// The compiled-result cache directory (default: $AOTGRAD_CACHE_DIR, else
-    /// ~/.cache/aotgrad): a rerun loads the compiled step instead of compiling it.
+    /// ~/.cache/aotgrad; none when AOTGRAD_CACHE=0): a rerun loads the compiled step
+    /// instead of compiling it. Entries are signed and checked with AOTGRAD_CACHE_KEY
+    /// (or AOTGRAD_CACHE_KEY_FILE) when set, and AOTGRAD_REDIS_URL adds a shared tier.
     #[arg(long)]
     cache_dir: Option<PathBuf>,
     /// Compile everything afresh; read and write no cache.
@@ -186,8 +188,14 @@ fn run_train(a: TrainArgs) -> Result<(), String> {
     opts.test_limit = a.test_limit;
     opts.threads = a.threads;
     opts.backend = a.backend;
-    opts.cache =
-        if a.no_cache { None } else { Some(a.cache_dir.unwrap_or_else(aotgrad::cache::DiskStore::default_dir)) };
+    // `AOTGRAD_CACHE=0` turns the default cache off, as it does for the library.
+    let env_off = std::env::var("AOTGRAD_CACHE").is_ok_and(|v| v == "0");
+    opts.cache = match a.cache_dir {
+        _ if a.no_cache => None,
+        Some(d) => Some(d),
+        None if env_off => None,
+        None => Some(aotgrad::cache::DiskStore::default_dir()),
+    };
     if let Some(e) = a.epochs {
         opts.epochs = e;
     }

@@ -316,7 +316,14 @@ pub fn train(
     let total_steps = (steps_per_epoch * opts.epochs) as u64;
     let schedule =
         WarmupCosine { peak_lr: opts.lr, final_lr: 0.0, warmup_steps: opts.warmup_steps.min(total_steps), total_steps };
-    let cache = opts.cache.as_ref().map(|d| Arc::new(Cache::disk(d)));
+    // The environment's key, size limit and Redis tier apply, as in any program
+    // sharing the directory (a bad key setting is an error, not an unsigned cache).
+    let cache = match &opts.cache {
+        Some(d) => Some(Arc::new(
+            Cache::disk_from_env(d).map_err(|e| TrainError::Invalid(format!("cache: {e}")))?.with_env_remote(),
+        )),
+        None => None,
+    };
     let mut opt = AdamW::with(opts.lr, (0.9, 0.999), 1e-8, opts.weight_decay)?.with_cache(cache.clone());
     let mut report =
         TrainReport { options: Some(opts.clone()), model: model.description.clone(), ..Default::default() };

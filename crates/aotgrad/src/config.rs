@@ -63,7 +63,9 @@ pub struct AotConfig {
     /// are `arg0`, `arg1`, ...). Only for reading graphs: it changes nothing else.
     pub arg_names: Vec<String>,
     /// The compiled-result cache. By default the environment decides
-    /// ([`Cache::from_env`]: a disk cache when `AOTGRAD_CACHE_DIR` is set); set it
+    /// ([`Cache::from_env`]: a disk cache when `AOTGRAD_CACHE_DIR` or
+    /// `AOTGRAD_REDIS_URL` is set, with a Redis tier under it for the latter when
+    /// `AOTGRAD_CACHE_KEY` signs it; none when `AOTGRAD_CACHE=0`); set it
     /// with [`AotConfig::cache`] or turn it off with [`AotConfig::no_cache`].
     pub cache: Option<Arc<Cache>>,
 }

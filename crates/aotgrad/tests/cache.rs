@@ -5,7 +5,7 @@
 //! disk cache: see `inference/contract.rs` and `training/checker.rs`.)
 
 use aotgrad::cache::{Cache, Flavour, StoredResult};
-use aotgrad::ir::{Dim, Guard, Rel, SymId};
+use aotgrad::ir::{Backend, Dim, Guard, Rel, SymId};
 use aotgrad::trace::{DType, Tensor};
 use aotgrad::{aot_function, AotConfig, AotFunction, EntrySource};
 use std::path::Path;
@@ -298,8 +298,8 @@ fn survives(damage: impl Fn(&Path)) {
     let second = aot_function(mutating, config.clone()).expect("aot");
     assert_eq!(run_mutating(&second), want);
     let s = second.cache_stats();
-    assert_eq!(s.hits, 0, "{s:?}");
-    assert!(s.rejected + s.misses >= 1, "{s:?}");
+    assert_eq!((s.hits, s.rejected, s.misses), (0, 1, 1), "{s:?}");
+    assert!(s.reasons[1].contains("is stored, but its 1 entry could not be used"), "{s:?}");
     let third = aot_function(mutating, config).expect("aot");
     assert_eq!(run_mutating(&third), want);
     only_hits(&third, 1);
@@ -419,15 +419,116 @@ fn referencing_entries_share_artifacts() {
 
 #[test]
 fn the_size_limit_evicts_the_least_recently_used() {
+    let inputs = |n: usize| [data(&[n, 4], 1), data(&[4], 2)];
+    // The size of one entry, from a cache without a limit.
+    let probe = tempfile::tempdir().expect("temp dir");
+    let unlimited = disk(probe.path());
+    aot_function(mutating, AotConfig::default().cache(unlimited.clone())).expect("aot").call(&inputs(1)).expect("call");
+    let one = unlimited.list().expect("list")[0].bytes;
+    // A cache that holds two such entries, not three.
     let dir = tempfile::tempdir().expect("temp dir");
-    let small = Arc::new(Cache::new(Box::new(aotgrad::cache::DiskStore::new(dir.path(), 1))));
+    let small = Arc::new(Cache::new(Box::new(aotgrad::cache::DiskStore::new(dir.path(), one * 5 / 2))));
     let config = AotConfig::default().cache(small.clone());
-    for n in 1..4 {
+    let call = |n: usize| {
         let f = aot_function(mutating, config.clone()).expect("aot");
-        f.call(&[data(&[n, 4], 1), data(&[4], 2)]).expect("call");
+        f.call(&inputs(n)).expect("call");
+        f.cache_stats()
+    };
+    call(1);
+    call(2);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    // Using batch 1 again makes batch 2's entry the least recently used one.
+    assert_eq!(call(1).hits, 1);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    call(3);
+    assert_eq!(small.list().expect("list").len(), 2, "{:?}", small.list());
+    assert_eq!(call(1).hits, 1, "the entry used recently stays");
+    assert_eq!(call(3).hits, 1, "the newest entry stays");
+    assert_eq!(call(2).misses, 1, "the least recently used entry was evicted");
+}
+
+#[test]
+fn a_corrupt_referenced_artifact_is_removed_and_replaced() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cache = Arc::new(Cache::disk(dir.path()).flavour(Flavour::Referencing));
+    let config = AotConfig::default().cache(cache.clone());
+    let want = run_mlp(&mlp_fn(config.clone()), 5);
+    let artifacts = dir.path().join("v1/artifacts");
+    for e in std::fs::read_dir(&artifacts).expect("artifacts").filter_map(|e| e.ok()) {
+        let mut b = std::fs::read(e.path()).expect("read");
+        let last = b.len() - 1;
+        b[last] ^= 1;
+        std::fs::write(e.path(), b).expect("write");
     }
-    // Each write evicts down to the limit: only the newest write survives, if any.
-    assert!(small.list().expect("list").len() <= 1, "{:?}", small.list());
+    let second = mlp_fn(config.clone());
+    assert_eq!(run_mlp(&second, 5), want);
+    let s = second.cache_stats();
+    assert_eq!((s.hits, s.rejected), (0, 1), "{s:?}");
+    assert!(s.reasons[0].contains("checksum"), "{s:?}");
+    // The bad copy was removed and the recompile wrote a good one: the next load hits.
+    let third = mlp_fn(config);
+    assert_eq!(run_mlp(&third, 5), want);
+    only_hits(&third, 1);
+}
+
+#[test]
+fn a_cache_without_the_key_leaves_signed_entries_alone() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let signed = Arc::new(Cache::disk(dir.path()).signed(b"team secret"));
+    let want = run_mutating(&aot_function(mutating, AotConfig::default().cache(signed.clone())).expect("aot"));
+    let before = aotgrad_cache_files(dir.path());
+    // A tool or program without the key cannot check the entry; it must not delete it.
+    let unsigned = Cache::disk(dir.path());
+    let key = unsigned.list().expect("list")[0].key.clone();
+    let keys = aotgrad::cache::Store::keys(&aotgrad::cache::DiskStore::new(dir.path(), u64::MAX)).expect("keys");
+    let found = unsigned.lookup(keys.iter().find(|k| k.hex == key).expect("the key"));
+    assert!(found.candidates.is_empty());
+    assert!(found.rejected[0].contains("left in place"), "{:?}", found.rejected);
+    assert_eq!(aotgrad_cache_files(dir.path()), before);
+    let f = aot_function(mutating, AotConfig::default().cache(signed)).expect("aot");
+    assert_eq!(run_mutating(&f), want);
+    only_hits(&f, 1);
+}
+
+/// The compiled CPU backend under another name that declares no cache identity (as a
+/// user's backend does by default).
+struct NoIdentity(aotgrad::cpu::CpuBackend);
+
+impl Backend<aotgrad::cpu::CpuTensor> for NoIdentity {
+    fn name(&self) -> &str {
+        "no-identity"
+    }
+    fn compile(
+        &self,
+        graph: &aotgrad::ir::Graph,
+    ) -> Result<Box<dyn aotgrad::ir::CompiledGraph<aotgrad::cpu::CpuTensor>>, aotgrad::ir::BackendError> {
+        self.0.compile(graph)
+    }
+    fn deserialize(
+        &self,
+        bytes: &[u8],
+    ) -> Result<Box<dyn aotgrad::ir::CompiledGraph<aotgrad::cpu::CpuTensor>>, aotgrad::ir::BackendError> {
+        self.0.deserialize(bytes)
+    }
+}
+
+#[test]
+fn a_backend_without_a_cache_identity_neither_saves_nor_loads_precompiled_files() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("f.aotp");
+    let plain = AotConfig::default().no_cache();
+    let other = AotConfig { backend: Arc::new(NoIdentity(aotgrad::cpu::CpuBackend::new(1))), ..plain.clone() };
+    let f = aot_function(mutating, other.clone()).expect("aot");
+    run_mutating(&f);
+    let err = f.save_precompiled(&path).expect_err("no identity");
+    assert!(err.to_string().contains("declares no cache identity"), "{err}");
+    assert!(!path.exists());
+    // A file from a backend with an identity is not loaded into one without.
+    let g = aot_function(mutating, plain).expect("aot");
+    run_mutating(&g);
+    g.save_precompiled(&path).expect("save");
+    let err = AotFunction::load_precompiled(&path, other).err().expect("no identity");
+    assert!(err.to_string().contains("declares no cache identity"), "{err}");
 }
 
 #[test]

@@ -173,6 +173,53 @@ fn redis_down_or_unreachable_is_a_logged_miss() {
 }
 
 #[test]
+fn a_server_that_never_answers_is_a_logged_miss_not_a_hang() {
+    // Accepts connections and never replies (a hung or overloaded server).
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in listener.incoming() {
+            held.push(s);
+        }
+    });
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = format!("redis://127.0.0.1:{port}/");
+    let silent = Arc::new(
+        Cache::disk(dir.path())
+            .signed(b"k")
+            .with_remote(Box::new(RedisStore::new(&url, Duration::from_millis(200), 60).expect("url"))),
+    );
+    let t = Instant::now();
+    let f = function(&silent);
+    let want = run(&f);
+    let s = f.cache_stats();
+    assert_eq!((s.hits, s.misses, s.write_errors), (0, 1, 1), "{s:?}");
+    assert!(s.reasons[0].contains("unreachable"), "{s:?}");
+    // Bounded by the timeouts (generously: the machine may be loaded), not a hang.
+    assert!(t.elapsed() < Duration::from_secs(30), "took {:?}", t.elapsed());
+    // The local tier still serves the next lookup.
+    let g = function(&silent);
+    assert_eq!(run(&g), want);
+    assert_eq!(g.cache_stats().hits, 1, "{:?}", g.cache_stats());
+}
+
+#[test]
+fn an_unsigned_cache_neither_reads_nor_writes_the_shared_tier() {
+    let Some(server) = RedisServer::start() else { return };
+    let (_a_dir, a) = machine(&server, "fleet secret");
+    let want = run(&function(&a));
+    let held = server.store(3600).list().expect("list").len();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let unsigned = Arc::new(Cache::disk(dir.path()).with_remote(Box::new(server.store(3600))));
+    let f = function(&unsigned);
+    assert_eq!(run(&f), want);
+    let s = f.cache_stats();
+    assert_eq!((s.hits, s.misses, s.write_errors), (0, 1, 0), "the shared entry is not read: {s:?}");
+    assert_eq!(server.store(3600).list().expect("list").len(), held, "nothing unsigned is written to Redis");
+}
+
+#[test]
 fn entries_expire_after_their_ttl() {
     let Some(server) = RedisServer::start() else { return };
     let store = server.store(1);

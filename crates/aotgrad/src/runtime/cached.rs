@@ -34,7 +34,10 @@ pub struct CacheStats {
     /// Specializations compiled without consulting the cache, with why.
     pub bypasses: u64,
     /// Stored entries rejected as corrupt, truncated, foreign, wrongly signed or from
-    /// another version (each was removed, then recompiled and replaced).
+    /// another version, or whose artifacts or backend load failed. A local one was
+    /// removed, or overwritten by the recompile's entry; a remote one is left to its
+    /// TTL and to the entry this process writes; one signed with a key this process
+    /// lacks is left in place.
     pub rejected: u64,
     /// Failed cache writes (the compiled result is used all the same).
     pub write_errors: u64,
@@ -110,9 +113,12 @@ impl CacheState {
         let Some(cache) = &self.cache else { return Ok(None) };
         // Entries under the key whose guards (or input metadata) do not accept the call.
         let mut any = false;
+        // Entries under the key that were found but could not be used.
+        let mut unusable = 0usize;
         let mut errors = Vec::new();
         for tier in 0..cache.tiers() {
             let found = cache.lookup_tier(tier, key);
+            unusable += found.rejected.len();
             for why in &found.rejected {
                 self.note(|s| {
                     s.rejected += 1;
@@ -132,6 +138,7 @@ impl CacheState {
                 let result = match cache.instantiate::<CpuTensor>(c.result) {
                     Ok(r) => r,
                     Err(why) => {
+                        unusable += 1;
                         self.reject(&config.name, key, &why);
                         continue;
                     }
@@ -154,12 +161,21 @@ impl CacheState {
                         });
                         return Ok(Some(entry));
                     }
-                    Err(e) => self.reject(&config.name, key, &e.to_string()),
+                    Err(e) => {
+                        unusable += 1;
+                        self.reject(&config.name, key, &e.to_string());
+                    }
                 }
             }
         }
         let why = if any {
             format!("guard miss: key {} has entries, but none of their guards hold for this call", &key.hex[..16])
+        } else if unusable > 0 {
+            format!(
+                "miss: key {} is stored, but its {unusable} entr{} could not be used (rejected: see above)",
+                &key.hex[..16],
+                if unusable == 1 { "y" } else { "ies" }
+            )
         } else {
             format!("miss: key {} not stored; {}", &key.hex[..16], cache.explain_miss(key))
         };
@@ -303,6 +319,13 @@ impl AotFunction {
             return Err(self.call_error("nothing to save: call or `compile_for` the function first".into()));
         }
         let results: Vec<&AotResult<CpuTensor>> = entries.iter().map(|e| e.result.as_ref()).collect();
+        if let Some(r) = results.iter().find(|r| r.meta.backend_identity.is_empty()) {
+            return Err(Error::Cache(format!(
+                "backend `{}` declares no cache identity: its compiled artifacts cannot be saved (another process \
+                 could not tell whether it can run them)",
+                r.meta.backend
+            )));
+        }
         let bytes = aotgrad_cache::encode_precompiled(&results).map_err(Error::Cache)?;
         let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
         std::fs::write(&tmp, &bytes)

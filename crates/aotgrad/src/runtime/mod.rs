@@ -94,7 +94,20 @@ impl Entry {
     ) -> Result<Entry> {
         let m = &result.meta;
         if source != EntrySource::Compiled {
-            let here = backend.cache_identity().unwrap_or_default();
+            // A backend without an identity promises nothing about stored artifacts:
+            // none is loaded into it, and none it wrote is trusted.
+            let Some(here) = backend.cache_identity() else {
+                return Err(Error::Cache(format!(
+                    "backend `{}` declares no cache identity: it cannot load stored results",
+                    backend.name()
+                )));
+            };
+            if m.backend_identity.is_empty() {
+                return Err(Error::Cache(format!(
+                    "the result was compiled by `{}`, which declares no cache identity",
+                    m.backend
+                )));
+            }
             if m.backend_identity != here {
                 return Err(Error::Cache(format!(
                     "the result was compiled by `{}` and this function uses `{here}`",
