@@ -313,3 +313,84 @@ fn concatenations_are_copy_kernels_into_windows_of_the_result() {
         check(&g, &ins, 1e-6);
     }
 }
+
+/// Plans holding every kind of kernel (pointwise, reductions, row groups, products
+/// with and without epilogues, extern ops) and symbolic sizes.
+fn plans_of_every_kind() -> Vec<aotgrad_fusion::KernelPlan> {
+    let mut graphs = vec![pointwise_graph(), softmax_graph(4, 8, DType::F32), layer_norm_graph(2, 3, 8)];
+    // A product with an epilogue, and one without.
+    let mut g = Graph::new();
+    let a = input(&mut g, "a", m(&[5, 7], DType::F32));
+    let bt = input(&mut g, "bt", m(&[3, 7], DType::F32));
+    let bias = input(&mut g, "bias", m(&[3], DType::F32));
+    let b = node(&mut g, Op::T, &[bt]);
+    let p = node(&mut g, Op::Mm, &[a, b]);
+    let q = node(&mut g, Op::Binary(BinaryOp::Add), &[p, bias]);
+    let r = node(&mut g, Op::Unary(UnaryOp::Relu), &[q]);
+    let p2 = node(&mut g, Op::Mm, &[a, b]);
+    g.outputs = vec![r, p2];
+    graphs.push(g);
+    // Extern ops.
+    let mut g = Graph::new();
+    let x = input(&mut g, "x", m(&[4, 3], DType::F32));
+    let idx = input(&mut g, "i", m(&[2], DType::I64));
+    let e = node(&mut g, Op::Unary(UnaryOp::Exp), &[x]);
+    let sel = node(&mut g, Op::IndexSelect(0), &[e, idx]);
+    g.outputs = vec![sel];
+    graphs.push(g);
+    // Symbolic sizes.
+    let s0 = Dim::sym(aotgrad_ir::SymId(0));
+    let mut g = Graph::new();
+    let x = input(&mut g, "x", aotgrad_ir::TensorMeta::contiguous(vec![s0, Dim::from(3usize)], DType::F32));
+    let y = input(&mut g, "y", m(&[3], DType::F32));
+    let xy = node(&mut g, Op::Binary(BinaryOp::Mul), &[x, y]);
+    let s = node(&mut g, Op::Reduce { op: ReduceOp::Sum, dims: vec![0], keepdim: false }, &[xy]);
+    let xt = node(&mut g, Op::T, &[x]);
+    let gram = node(&mut g, Op::Mm, &[xt, x]);
+    g.outputs = vec![s, gram];
+    graphs.push(g);
+    let plans: Vec<_> =
+        graphs.iter().map(|g| CpuBackend::new(1).compile_graph(g).unwrap().plan().unwrap().clone()).collect();
+    let kinds: std::collections::BTreeSet<&str> =
+        plans.iter().flat_map(|p| p.kernels.iter().map(|k| k.kind_name())).collect();
+    assert_eq!(kinds.into_iter().collect::<Vec<_>>(), ["extern", "matmul", "pointwise", "reduce", "rows"]);
+    assert!(plans.iter().any(|p| !p.is_static()), "a symbolic plan");
+    assert!(plans
+        .iter()
+        .any(|p| p.kernels.iter().any(|k| matches!(k, aotgrad_fusion::Kernel::Matmul(m) if m.epilogue.is_some()))));
+    plans
+}
+
+/// A plan's binary form (flat tables) and its readable form (nested) both give the
+/// plan back; any damage to the binary form is an error or another valid plan, never
+/// a panic, and every truncation is an error.
+#[test]
+fn kernel_plans_round_trip_through_both_forms() {
+    use aotgrad_fusion::KernelPlan;
+    for plan in plans_of_every_kind() {
+        let bytes = aotgrad_ir::codec::encode("plan", &plan).unwrap();
+        assert_eq!(aotgrad_ir::codec::decode::<KernelPlan>("plan", &bytes).unwrap(), plan);
+        let json = serde_json::to_string(&plan).unwrap();
+        assert!(json.contains("\"kernels\""), "the readable form is nested: {json}");
+        assert_eq!(serde_json::from_str::<KernelPlan>(&json).unwrap(), plan);
+        for len in 0..bytes.len() {
+            assert!(aotgrad_ir::codec::decode::<KernelPlan>("plan", &bytes[..len]).is_err(), "truncated to {len}");
+        }
+        let mut inconsistent = 0;
+        for i in 0..bytes.len() {
+            for flip in [1u8, 0x80, 0xff] {
+                let mut bad = bytes.clone();
+                bad[i] ^= flip;
+                if let Err(e) = aotgrad_ir::codec::decode::<KernelPlan>("plan", &bad) {
+                    inconsistent += e.to_string().contains("malformed kernel plan") as usize;
+                }
+            }
+        }
+        assert!(inconsistent > 0, "some damage decodes as tables that disagree with the kernels");
+        // Tables that disagree with the kernels are errors naming the plan.
+        let mut longer = bytes.clone();
+        longer.push(0);
+        let e = aotgrad_ir::codec::decode::<KernelPlan>("plan", &longer).unwrap_err().to_string();
+        assert!(e.contains("trailing"), "{e}");
+    }
+}

@@ -10,13 +10,15 @@
 //! data: the CPU backend executes it, and a GPU backend lowers the same plan.
 //!
 //! Module map: `plan` (the data types), `build` (the planner), `buffers` (liveness slot
-//! assignment), `print` (the text form used by golden tests and `RUST_LOG` dumps).
+//! assignment), `print` (the text form used by golden tests and `RUST_LOG` dumps),
+//! `wire` (the plan's flat binary form).
 #![warn(missing_docs)]
 
 mod buffers;
 mod build;
 mod plan;
 mod print;
+mod wire;
 
 pub use buffers::{extent, plan_slots, Slot, SlotPlan};
 pub use build::plan_graph;

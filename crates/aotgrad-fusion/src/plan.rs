@@ -290,8 +290,9 @@ pub struct Output {
     pub meta: TensorMeta,
 }
 
-/// The whole plan for one functional graph.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// The whole plan for one functional graph. Serialized nested in human-readable
+/// formats and as flat tables in the binary codec (see `wire.rs`).
+#[derive(Clone, Debug, PartialEq)]
 pub struct KernelPlan {
     /// Graph inputs' metadata, in order.
     pub inputs: Vec<TensorMeta>,

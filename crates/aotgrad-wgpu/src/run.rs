@@ -395,7 +395,7 @@ fn meta_of(a: &aotgrad_fusion::Access) -> TensorMeta {
 }
 
 /// The format tag of [`WgpuArtifact`]s.
-pub const ARTIFACT_FORMAT: &str = "aotgrad-wgpu/3";
+pub const ARTIFACT_FORMAT: &str = "aotgrad-wgpu/4";
 
 /// The wgpu backend's artifact, plain data encoded with [`aotgrad_ir::codec`]: the
 /// graph's text, the adapter features its kernels need, and for a static planned

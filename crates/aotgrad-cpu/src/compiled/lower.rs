@@ -216,14 +216,22 @@ fn not_a_size(d: &Dim, what: &str) -> CpuError {
 }
 
 fn ints(ds: &[Dim], what: &str) -> Result<Idx> {
-    let mut out = Idx::with_capacity(ds.len());
+    let mut out = Idx::new();
+    ints_into(ds, what, &mut out)?;
+    Ok(out)
+}
+
+/// [`ints`] pushed onto `out` where it lies (a small vector built aside and moved
+/// stalls on the copy: the loops below convert thousands of lists per load).
+fn ints_into(ds: &[Dim], what: &str, out: &mut Idx) -> Result<()> {
+    out.reserve(ds.len());
     for d in ds {
         match d {
             Dim::Const(v) if *v >= 0 => out.push(*v as usize),
             _ => return Err(not_a_size(d, what)),
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Merge adjacent dims that every access walks as one (and drop size-1 dims), in
@@ -332,12 +340,14 @@ impl Lowering {
         let mut strides: smallvec::SmallVec<[Idx; 8]> = smallvec::SmallVec::with_capacity(n);
         let mut offsets: smallvec::SmallVec<[usize; 8]> = smallvec::SmallVec::with_capacity(n);
         for a in all() {
-            let (st, off) = self.access_strides(a)?;
+            strides.push(Idx::new());
+            let st = strides.last_mut().ok_or_else(|| CpuError::Internal("lost a stride list".into()))?;
+            ints_into(&a.strides, "stride", st)?;
+            let off = int(&a.offset, "offset")?;
             if st.len() != shape.len() {
                 return Err(CpuError::Internal("an access does not match its kernel's rank".into()));
             }
-            self.note(a.buf, &shape, &st, off)?;
-            strides.push(st);
+            self.note(a.buf, &shape, st, off)?;
             offsets.push(off);
         }
         // Walk the space in the memory order of one access (its strides decreasing,

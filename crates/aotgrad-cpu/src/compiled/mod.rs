@@ -663,7 +663,7 @@ fn decode_artifact(bytes: &[u8]) -> Result<CpuArtifact, BackendError> {
 }
 
 /// The format tag of [`CpuArtifact`]s.
-pub const ARTIFACT_FORMAT: &str = "aotgrad-cpu/4";
+pub const ARTIFACT_FORMAT: &str = "aotgrad-cpu/5";
 
 /// The compiled CPU backend's artifact: the graph and its kernel plan, encoded with
 /// [`aotgrad_ir::codec`]. [`Backend::deserialize`] checks the graph
