@@ -259,14 +259,19 @@ impl Cache {
             }
         };
         for (id, bytes) in blobs {
-            if let Err(envelope::EnvelopeError::NoKey) = self.open_blob(&bytes, Kind::Entry) {
-                // Signed with a key this cache lacks: not checkable here, not corrupt.
-                let why = "signed with a cache key this process does not have (left in place)";
-                tracing::warn!(target: "aotgrad::cache", "skipped cache entry {}/{id} in {}: {why}", key.hex, store.describe());
-                out.rejected.push(format!("{}/{id} ({}): {why}", key.hex, store.describe()));
-                continue;
-            }
-            match self.decode_entry(&bytes) {
+            // One check of the envelope (its checksum or MAC covers the whole blob).
+            let decoded = match self.open_blob(&bytes, Kind::Entry) {
+                Err(envelope::EnvelopeError::NoKey) => {
+                    // Signed with a key this cache lacks: not checkable here, not corrupt.
+                    let why = "signed with a cache key this process does not have (left in place)";
+                    tracing::warn!(target: "aotgrad::cache", "skipped cache entry {}/{id} in {}: {why}", key.hex, store.describe());
+                    out.rejected.push(format!("{}/{id} ({}): {why}", key.hex, store.describe()));
+                    continue;
+                }
+                Err(e) => Err(e.to_string()),
+                Ok(payload) => codec::decode::<StoredEntry>("cache entry", payload).map_err(|e| e.to_string()),
+            };
+            match decoded {
                 Ok(entry) if entry.key.hex == key.hex => {
                     out.candidates.push(Candidate { id, result: entry.result });
                 }
