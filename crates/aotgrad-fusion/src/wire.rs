@@ -307,9 +307,12 @@ impl Reader<'_> {
         Ok(())
     }
     fn access(&mut self) -> R<Access> {
-        let mut one = Vec::with_capacity(1);
-        self.access_into(&mut one)?;
-        one.pop().ok_or("an access vanished")
+        let &(buf, dtype) = self.accesses.next().ok_or("its access table ends early")?;
+        let mut a = Access { buf, shape: Dims::new(), strides: Dims::new(), offset: Dim::Const(0), dtype };
+        self.list_into(&mut a.shape)?;
+        self.list_into(&mut a.strides)?;
+        a.offset = self.dim()?;
+        Ok(a)
     }
     fn accesses(&mut self, n: u32) -> R<Vec<Access>> {
         // Never more room than the table can fill.
