@@ -18,6 +18,7 @@ use crate::plan::{
     Access, Body, BufId, Buffer, BufferKind, Compute, ExternKernel, Instr, Kernel, KernelPlan, MatmulKernel, Output,
     PointwiseKernel, ReduceKernel, RowsKernel, Store,
 };
+use aotgrad_ir::codec::varint;
 use aotgrad_ir::{DType, Dim, Dims, ReduceOp, SourceLoc, TensorMeta, ValueId};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -113,12 +114,7 @@ impl Writer {
         self.dims.push(ds.len() as u8);
         for d in ds {
             if let Dim::Const(v) = d {
-                let mut z = ((*v << 1) ^ (*v >> 63)) as u64;
-                while z >= 0x80 {
-                    self.dims.push((z as u8) | 0x80);
-                    z >>= 7;
-                }
-                self.dims.push(z as u8);
+                varint::push(&mut self.dims, *v);
             }
         }
     }
@@ -240,20 +236,7 @@ type R<T> = Result<T, &'static str>;
 impl Reader<'_> {
     #[inline]
     fn varint(&mut self) -> R<i64> {
-        let mut z: u64 = 0;
-        let mut shift = 0;
-        loop {
-            let (&b, rest) = self.dims.split_first().ok_or("its size table ends early")?;
-            self.dims = rest;
-            if shift == 63 && b > 1 {
-                return Err("a size overflows 64 bits");
-            }
-            z |= u64::from(b & 0x7f) << shift;
-            if b & 0x80 == 0 {
-                return Ok(((z >> 1) as i64) ^ -((z & 1) as i64));
-            }
-            shift += 7;
-        }
+        varint::read(&mut self.dims)
     }
     /// The next size list, pushed onto `out` where it lies: a list built aside and
     /// then moved (a 72-byte value written piecewise, read back whole) stalls on every

@@ -107,6 +107,41 @@ pub fn unpack<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T
     decode(what, &raw)
 }
 
+/// Zigzag LEB128 integers: how compact size lists ([`compact_dims`], and the kernel
+/// plan's size table) write each size, stride and offset.
+pub mod varint {
+    /// Append `v` (small magnitudes, either sign, take one byte).
+    #[inline]
+    pub fn push(out: &mut impl Extend<u8>, v: i64) {
+        let mut z = ((v << 1) ^ (v >> 63)) as u64;
+        while z >= 0x80 {
+            out.extend([(z as u8) | 0x80]);
+            z >>= 7;
+        }
+        out.extend([z as u8]);
+    }
+
+    /// Take one value off the front of `rest`; a truncated or overlong value is an
+    /// error, never a panic.
+    #[inline]
+    pub fn read(rest: &mut &[u8]) -> Result<i64, &'static str> {
+        let mut z: u64 = 0;
+        let mut shift = 0;
+        loop {
+            let (&b, r) = rest.split_first().ok_or("a truncated size list")?;
+            *rest = r;
+            if shift == 63 && b > 1 {
+                return Err("a size overflows 64 bits");
+            }
+            z |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Ok(((z >> 1) as i64) ^ -((z & 1) as i64));
+            }
+            shift += 7;
+        }
+    }
+}
+
 /// The binary form of [`Dims`](crate::Dims) fields
 /// (`#[serde(with = "aotgrad_ir::codec::compact_dims")]`): sizes and strides are most
 /// of a graph's or a kernel plan's bytes, and decoding each dim as an enum through
@@ -132,12 +167,7 @@ pub mod compact_dims {
             buf.push(dims.len() as u8);
             for d in dims {
                 if let Dim::Const(v) = d {
-                    let mut z = ((*v << 1) ^ (*v >> 63)) as u64;
-                    while z >= 0x80 {
-                        buf.push((z as u8) | 0x80);
-                        z >>= 7;
-                    }
-                    buf.push(z as u8);
+                    super::varint::push(&mut buf, *v);
                 }
             }
         } else {
@@ -165,21 +195,7 @@ pub mod compact_dims {
         }
         let mut out = Dims::with_capacity(count as usize);
         for _ in 0..count {
-            let mut z: u64 = 0;
-            let mut shift = 0;
-            loop {
-                let (&b, r) = rest.split_first().ok_or("a truncated dims list")?;
-                rest = r;
-                if shift == 63 && b > 1 {
-                    return Err("a dim overflows 64 bits".into());
-                }
-                z |= u64::from(b & 0x7f) << shift;
-                if b & 0x80 == 0 {
-                    break;
-                }
-                shift += 7;
-            }
-            out.push(Dim::Const(((z >> 1) as i64) ^ -((z & 1) as i64)));
+            out.push(Dim::Const(super::varint::read(&mut rest)?));
         }
         if !rest.is_empty() {
             return Err(format!("{} trailing byte(s) after a dims list", rest.len()));
