@@ -35,6 +35,8 @@ pub struct Candidate {
     pub id: String,
     /// The result.
     pub result: StoredResult,
+    /// The sealed blob it was decoded from (what [`Cache::promote`] copies).
+    pub blob: Vec<u8>,
 }
 
 /// What a lookup found.
@@ -273,7 +275,7 @@ impl Cache {
             };
             match decoded {
                 Ok(entry) if entry.key.hex == key.hex => {
-                    out.candidates.push(Candidate { id, result: entry.result });
+                    out.candidates.push(Candidate { id, result: entry.result, blob: bytes });
                 }
                 Ok(entry) => self.reject(
                     tier,
@@ -302,15 +304,14 @@ impl Cache {
         out.rejected.push(format!("{}/{id} ({}): {why}", key.hex, store.describe()));
     }
 
-    /// Copy an entry found in a remote tier into the local store (and the tiers above
-    /// `tier`), so the next lookup is local.
-    pub fn promote(&self, tier: usize, key: &CacheKey, found: &Candidate) {
-        let entry = StoredEntry { key: key.clone(), result: found.result.clone() };
-        let Ok(payload) = codec::encode("cache entry", &entry) else { return };
-        let blob = envelope::seal(Kind::Entry, &payload, self.mac_key.as_ref());
+    /// Copy entry `id` (its sealed `blob`) found in remote tier `tier` into the local
+    /// store (and the tiers above `tier`), so the next lookup is local. The blob is
+    /// copied as it is: it passed this cache's MAC (remote tiers are read only by a
+    /// signed cache), so it is what this cache would have sealed.
+    pub fn promote(&self, tier: usize, key: &CacheKey, id: &str, blob: &[u8]) {
         for t in 0..tier {
             if let Some(s) = self.tier(t) {
-                if let Err(e) = s.put_entry(key, &found.id, &blob) {
+                if let Err(e) = s.put_entry(key, id, blob) {
                     tracing::warn!(target: "aotgrad::cache", "could not copy a remote entry locally: {e}");
                 }
             }

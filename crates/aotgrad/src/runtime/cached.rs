@@ -134,8 +134,8 @@ impl CacheState {
                     continue;
                 }
                 let guards = c.result.meta.guard_expr();
-                let promote = (tier > 0).then(|| c.clone());
-                let result = match cache.instantiate::<CpuTensor>(c.result) {
+                let aotgrad_cache::Candidate { id, result, blob } = c;
+                let result = match cache.instantiate::<CpuTensor>(result) {
                     Ok(r) => r,
                     Err(why) => {
                         unusable += 1;
@@ -145,8 +145,8 @@ impl CacheState {
                 };
                 match Entry::instantiate(Arc::new(result), config.backend.as_ref(), EntrySource::Cache) {
                     Ok(entry) => {
-                        if let Some(c) = promote {
-                            cache.promote(tier, key, &c);
+                        if tier > 0 {
+                            cache.promote(tier, key, &id, &blob);
                         }
                         tracing::info!(
                             target: "aotgrad::cache",
