@@ -35,7 +35,8 @@ pub struct Candidate {
     pub id: String,
     /// The result.
     pub result: StoredResult,
-    /// The sealed blob it was decoded from (what [`Cache::promote`] copies).
+    /// The sealed blob it was decoded from, when it came from a remote tier (what
+    /// [`Cache::promote`] copies); empty for a local one.
     pub blob: Vec<u8>,
 }
 
@@ -248,8 +249,21 @@ impl Cache {
         self.lookup_tier(0, key)
     }
 
+    /// [`Cache::lookup`] that removes nothing (for tools that only look: a tool run
+    /// with another key, or none, must not delete the entries of the programs that
+    /// share the directory).
+    pub fn peek(&self, key: &CacheKey) -> Lookup {
+        self.find(0, key, false)
+    }
+
     /// [`Cache::lookup`] in tier `tier` (0: local, then the remotes in order).
     pub fn lookup_tier(&self, tier: usize, key: &CacheKey) -> Lookup {
+        self.find(tier, key, true)
+    }
+
+    /// The entries under `key` in tier `tier`; with `remove`, rejected local ones
+    /// are removed.
+    fn find(&self, tier: usize, key: &CacheKey, remove: bool) -> Lookup {
         let mut out = Lookup::default();
         let Some(store) = self.tier(tier) else { return out };
         let blobs = match store.entries(&key.hex) {
@@ -275,17 +289,18 @@ impl Cache {
             };
             match decoded {
                 Ok(entry) if entry.key.hex == key.hex => {
-                    out.candidates.push(Candidate { id, result: entry.result, blob: bytes });
+                    let blob = if tier > 0 { bytes } else { Vec::new() };
+                    out.candidates.push(Candidate { id, result: entry.result, blob });
                 }
                 Ok(entry) => self.reject(
-                    tier,
+                    remove && tier == 0,
                     store,
                     &mut out,
                     key,
                     &id,
                     format!("foreign entry (written for key {})", entry.key.hex),
                 ),
-                Err(why) => self.reject(tier, store, &mut out, key, &id, why),
+                Err(why) => self.reject(remove && tier == 0, store, &mut out, key, &id, why),
             }
         }
         out
@@ -294,9 +309,9 @@ impl Cache {
     /// Log a rejected entry; a local one is removed (a remote one is left to its TTL
     /// and to the replacement this process writes: another holder of a different key
     /// may have written it).
-    fn reject(&self, tier: usize, store: &dyn Store, out: &mut Lookup, key: &CacheKey, id: &str, why: String) {
+    fn reject(&self, remove: bool, store: &dyn Store, out: &mut Lookup, key: &CacheKey, id: &str, why: String) {
         tracing::warn!(target: "aotgrad::cache", "rejected cache entry {}/{id} in {}: {why}", key.hex, store.describe());
-        if tier == 0 {
+        if remove {
             if let Err(e) = store.remove_entry(&key.hex, id) {
                 tracing::warn!(target: "aotgrad::cache", "{e}");
             }
@@ -390,6 +405,11 @@ impl Cache {
             Flavour::Referencing => {
                 let hash = blake3::hash(bytes).to_hex().to_string();
                 let blob = envelope::seal(Kind::Artifact, bytes, self.mac_key.as_ref());
+                let signed_there = || matches!(self.store.artifact(&hash), Ok(Some(b)) if envelope::is_signed(&b));
+                if self.mac_key.is_none() && signed_there() {
+                    tracing::info!(target: "aotgrad::cache", "left the signed artifact {hash} in place (no cache key here)");
+                    return Some(StoredArtifact::Referenced { hash, len: bytes.len() as u64 });
+                }
                 for t in 0..self.tiers() {
                     if let Some(Err(e)) = self.tier(t).map(|s| s.put_artifact(&hash, &blob)) {
                         failed.get_or_insert(e);
@@ -399,6 +419,15 @@ impl Cache {
             }
         });
         let id = entry_id(&stored);
+        // A cache without the key does not replace an entry signed by one with it (it
+        // could not check it, which does not make it bad).
+        if self.mac_key.is_none() {
+            let held = self.store.entries(&key.hex).unwrap_or_default();
+            if held.iter().any(|(i, b)| *i == id && envelope::is_signed(b)) {
+                tracing::info!(target: "aotgrad::cache", "left the signed entry {}/{id} in place (no cache key here)", key.hex);
+                return Ok(());
+            }
+        }
         let entry = StoredEntry { key: key.clone(), result: stored };
         let payload = codec::encode("cache entry", &entry)
             .map_err(|e| StoreError { store: self.store.describe(), msg: e.to_string() })?;
@@ -440,7 +469,7 @@ impl Cache {
             [] => return Err(format!("no cache key starts with {key_prefix:?}")),
             many => return Err(format!("{} keys start with {key_prefix:?}; give more digits", many.len())),
         };
-        let found = self.lookup(key);
+        let found = self.peek(key);
         let entries: Vec<serde_json::Value> = found
             .candidates
             .iter()

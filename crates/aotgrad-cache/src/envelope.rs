@@ -103,6 +103,13 @@ pub fn seal(kind: Kind, payload: &[u8], key: Option<&[u8; 32]>) -> Vec<u8> {
     out
 }
 
+/// Whether `bytes` carries an aotgrad header of this format version that says it is
+/// signed (nothing else about it is checked): what a cache without the key must not
+/// overwrite.
+pub fn is_signed(bytes: &[u8]) -> bool {
+    bytes.len() >= HEADER_LEN && &bytes[..8] == MAGIC && bytes[8..12] == FORMAT_VERSION.to_le_bytes() && bytes[13] == 1
+}
+
 /// Check a blob and return its payload. A blob signed with a key needs that key; with
 /// `require_mac`, an unsigned blob is refused.
 pub fn open<'a>(

@@ -136,24 +136,31 @@ impl DiskStore {
             if let Some(verdict) = self.private.get() {
                 return verdict.clone().map_err(|msg| StoreError { store: self.describe(), msg });
             }
-            let m = match fs::metadata(&self.root) {
-                Ok(m) => m,
+            if !self.root.exists() {
                 // Not there yet: created private on the first write.
-                Err(_) => return Ok(()),
-            };
+                return Ok(());
+            }
             // SAFETY: geteuid has no preconditions and cannot fail.
             let me = unsafe { libc::geteuid() };
-            let verdict = if m.uid() != me {
-                Err(format!("{} is owned by user {}, not this user ({me}): not used", self.root.display(), m.uid()))
-            } else if m.mode() & 0o022 != 0 {
-                Err(format!(
-                    "{} can be written by other users (mode {:o}): not used; `chmod go-w` it",
-                    self.root.display(),
-                    m.mode() & 0o777
-                ))
-            } else {
-                Ok(())
-            };
+            // The root and the directories entries and artifacts are written into
+            // (key directories are created inside `entries`, so they are as safe).
+            let v1 = self.root.join("v1");
+            let dirs = [self.root.clone(), v1.clone(), v1.join("entries"), v1.join("artifacts")];
+            let mut verdict = Ok(());
+            for d in &dirs {
+                let Ok(m) = fs::metadata(d) else { continue };
+                let bad = if m.uid() != me {
+                    Some(format!("is owned by user {}, not this user ({me})", m.uid()))
+                } else if m.mode() & 0o022 != 0 {
+                    Some(format!("can be written by other users (mode {:o}); `chmod go-w` it", m.mode() & 0o777))
+                } else {
+                    None
+                };
+                if let Some(why) = bad {
+                    verdict = Err(format!("{} {why}: the cache is not used", d.display()));
+                    break;
+                }
+            }
             let verdict = self.private.get_or_init(|| verdict);
             verdict.clone().map_err(|msg| StoreError { store: self.describe(), msg })
         }
@@ -531,6 +538,10 @@ mod tests {
         let s = DiskStore::new(&dir, u64::MAX);
         s.put_entry(&key(0), "e", b"blob").unwrap();
         assert_eq!(s.entries(&key(0).hex).unwrap().len(), 1);
+        // A directory inside that others can write is refused too.
+        fs::set_permissions(dir.join("v1").join("entries"), fs::Permissions::from_mode(0o777)).unwrap();
+        let e = DiskStore::new(&dir, u64::MAX).entries(&key(0).hex).unwrap_err();
+        assert!(e.msg.contains("entries can be written by other users"), "{e}");
         fs::remove_dir_all(&dir).unwrap();
     }
 

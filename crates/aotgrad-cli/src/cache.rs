@@ -80,14 +80,14 @@ pub fn run(dir: &Path, action: &Action) -> Result<String, String> {
                 "key", "entry", "function", "path", "nodes", "bytes"
             );
             for k in &keys {
-                let found = cache.lookup(k);
+                let found = cache.peek(k);
                 for c in &found.candidates {
                     let m = &c.result.meta;
                     let size = sizes.iter().find(|b| b.key == k.hex && b.id == c.id).map_or(0, |b| b.bytes);
                     let _ = writeln!(
                         out,
                         "{:<16}  {:<8}  {:<20} {:<9} {:<5} {:>10}  {}",
-                        &k.hex[..16],
+                        k.hex.get(..16).unwrap_or(&k.hex),
                         &c.id[..8.min(c.id.len())],
                         m.name,
                         if m.training.is_some() { "training" } else { "inference" },
@@ -97,7 +97,7 @@ pub fn run(dir: &Path, action: &Action) -> Result<String, String> {
                     );
                 }
                 for r in &found.rejected {
-                    let _ = writeln!(out, "rejected (removed): {r}");
+                    let _ = writeln!(out, "rejected: {r}");
                 }
             }
             if keys.is_empty() {

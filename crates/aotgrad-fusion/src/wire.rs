@@ -87,7 +87,9 @@ mod serde_bytes_compat {
                 Ok(v)
             }
         }
-        d.deserialize_byte_buf(V)
+        // Borrowed: its length is checked against the input before anything is
+        // allocated (a byte buffer would be allocated at its stated length first).
+        d.deserialize_bytes(V)
     }
 }
 
@@ -383,12 +385,15 @@ impl WirePlan {
             instrs: &self.instrs,
         };
         let empty = |dtype| TensorMeta { shape: Dims::new(), strides: Dims::new(), offset: Dim::Const(0), dtype };
-        let mut inputs: Vec<TensorMeta> = Vec::with_capacity(self.inputs.len());
+        // Every layout takes at least 4 bytes of the size table: no more room than
+        // that can fill.
+        let room = |n: usize| n.min(self.dims.len() / 4);
+        let mut inputs: Vec<TensorMeta> = Vec::with_capacity(room(self.inputs.len()));
         for &dtype in &self.inputs {
             inputs.push(empty(dtype));
             r.meta_into(inputs.last_mut().ok_or("an input vanished")?)?;
         }
-        let mut buffers: Vec<Buffer> = Vec::with_capacity(self.buffers.len());
+        let mut buffers: Vec<Buffer> = Vec::with_capacity(room(self.buffers.len()));
         for (kind, dtype, def, last_use) in self.buffers {
             buffers.push(Buffer { kind, layout: empty(dtype), def, last_use });
             r.meta_into(&mut buffers.last_mut().ok_or("a buffer vanished")?.layout)?;
@@ -397,7 +402,7 @@ impl WirePlan {
         while r.kernels.len() > 0 {
             kernels.push(r.kernel(false)?);
         }
-        let mut outputs: Vec<Output> = Vec::with_capacity(self.outputs.len());
+        let mut outputs: Vec<Output> = Vec::with_capacity(room(self.outputs.len()));
         for &(buf, dtype) in &self.outputs {
             outputs.push(Output { buf, meta: empty(dtype) });
             r.meta_into(&mut outputs.last_mut().ok_or("an output vanished")?.meta)?;

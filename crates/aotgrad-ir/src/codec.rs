@@ -50,12 +50,23 @@ pub fn encode_into<T: Serialize, W: std::io::Write>(
 }
 
 /// Decode a value that must fill `bytes` exactly (trailing bytes are an error).
+///
+/// A sequence reserves at most what serde's cautious size hint allows, but bincode
+/// allocates a string or byte buffer at its stated length before reading it: the
+/// decoder's limit on such claims is what keeps a forged length (say 2^39) from
+/// asking for memory the process cannot have (an abort, not an error). A valid
+/// encoding never claims more than its own length (every claimed byte is then read),
+/// so the limit is the input's length rounded up to one of three bounds.
 pub fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, CodecError> {
-    // The serde decoder reserves at most the bytes that remain for a sequence (serde's
-    // cautious size hint caps it further), so a forged length fails as "unexpected end".
-    let limited = config().with_limit::<{ 1 << 40 }>();
-    let (value, used) = bincode::serde::decode_from_slice(bytes, limited)
-        .map_err(|e| CodecError::Decode { what, msg: e.to_string() })?;
+    fn run<T: DeserializeOwned, const LIMIT: usize>(bytes: &[u8]) -> Result<(T, usize), String> {
+        bincode::serde::decode_from_slice(bytes, config().with_limit::<LIMIT>()).map_err(|e| e.to_string())
+    }
+    let decoded = match bytes.len() {
+        n if n <= 1 << 26 => run::<T, { 1 << 26 }>(bytes),
+        n if n <= 1 << 32 => run::<T, { 1 << 32 }>(bytes),
+        _ => run::<T, { 1 << 40 }>(bytes),
+    };
+    let (value, used) = decoded.map_err(|msg| CodecError::Decode { what, msg })?;
     if used != bytes.len() {
         return Err(CodecError::Decode {
             what,
@@ -227,6 +238,48 @@ mod tests {
         let m = TensorMeta::contiguous(vec![Dim::sym(SymId(0)), Dim::Const(3)], DType::F32);
         let bytes = encode("meta", &m).unwrap();
         assert_eq!(decode::<TensorMeta>("meta", &bytes).unwrap(), m);
+    }
+
+    #[test]
+    fn a_forged_length_is_an_error_not_an_allocation() {
+        #[derive(Debug, serde::Serialize, serde::Deserialize)]
+        struct S {
+            name: String,
+            #[serde(with = "serde_bytes_vec")]
+            blob: Vec<u8>,
+        }
+        mod serde_bytes_vec {
+            pub fn serialize<S: serde::Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_bytes(v)
+            }
+            /// Through bincode's allocating path (what `serde_bytes` uses).
+            pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+                struct V;
+                impl serde::de::Visitor<'_> for V {
+                    type Value = Vec<u8>;
+                    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                        f.write_str("bytes")
+                    }
+                    fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
+                        Ok(v)
+                    }
+                }
+                d.deserialize_byte_buf(V)
+            }
+        }
+        // 2^39 bytes, as bincode's largest varint (marker 253, then 8 bytes): for the
+        // string, then for the byte buffer after a valid string.
+        let huge = |prefix: &[u8]| {
+            let mut b = prefix.to_vec();
+            b.push(253);
+            b.extend_from_slice(&(1u64 << 39).to_le_bytes());
+            b.extend_from_slice(b"only a few bytes follow");
+            b
+        };
+        assert!(decode::<S>("s", &huge(&[])).is_err());
+        assert!(decode::<S>("s", &huge(&[2, b'o', b'k'])).is_err());
+        assert!(decode::<String>("s", &huge(&[])).is_err());
+        assert!(decode::<Vec<u8>>("s", &huge(&[])).is_err());
     }
 
     #[test]

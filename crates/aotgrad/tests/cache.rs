@@ -485,6 +485,13 @@ fn a_cache_without_the_key_leaves_signed_entries_alone() {
     assert!(found.candidates.is_empty());
     assert!(found.rejected[0].contains("left in place"), "{:?}", found.rejected);
     assert_eq!(aotgrad_cache_files(dir.path()), before);
+    // A program without the key misses, compiles, and still leaves the entry alone.
+    let keyless = aot_function(mutating, AotConfig::default().cache(Arc::new(unsigned))).expect("aot");
+    assert_eq!(run_mutating(&keyless), want);
+    let s = keyless.cache_stats();
+    assert_eq!((s.hits, s.misses, s.write_errors), (0, 1, 0), "{s:?}");
+    let blobs: Vec<Vec<u8>> = before.iter().map(|p| std::fs::read(p).expect("read")).collect();
+    assert!(blobs.iter().all(|b| aotgrad::cache::envelope::is_signed(b)), "still the signed entry");
     let f = aot_function(mutating, AotConfig::default().cache(signed)).expect("aot");
     assert_eq!(run_mutating(&f), want);
     only_hits(&f, 1);

@@ -215,8 +215,16 @@ fn an_unsigned_cache_neither_reads_nor_writes_the_shared_tier() {
     let f = function(&unsigned);
     assert_eq!(run(&f), want);
     let s = f.cache_stats();
-    assert_eq!((s.hits, s.misses, s.write_errors), (0, 1, 0), "the shared entry is not read: {s:?}");
-    assert_eq!(server.store(3600).list().expect("list").len(), held, "nothing unsigned is written to Redis");
+    // Read, the signed entry would be a rejection ("no key"); it is not looked at.
+    assert_eq!((s.hits, s.misses, s.rejected, s.write_errors), (0, 1, 0, 0), "{s:?}");
+    // Written, an unsigned entry would replace the signed one (same key and guards).
+    let store = server.store(3600);
+    assert_eq!(store.list().expect("list").len(), held);
+    for k in store.keys().expect("keys") {
+        for (_, blob) in store.entries(&k.hex).expect("entries") {
+            assert!(envelope::is_signed(&blob), "nothing unsigned was written to Redis");
+        }
+    }
 }
 
 #[test]
