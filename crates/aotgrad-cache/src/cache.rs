@@ -505,8 +505,8 @@ impl Cache {
 
 /// A stored result's graphs as `{"traced": "<printed graph>", ...}` (a graph the
 /// compile did not have is left out; one that does not decode says so).
-fn graphs_json(graphs: &[Option<serde_bytes::ByteBuf>; 5]) -> serde_json::Value {
-    let dumps = GraphDumps::from_packed(graphs.clone().map(|g| g.map(serde_bytes::ByteBuf::into_vec)));
+fn graphs_json(graphs: &[Option<aotgrad_ir::codec::Bytes>; 5]) -> serde_json::Value {
+    let dumps = GraphDumps::from_packed(graphs.clone().map(|g| g.map(|b| b.0)));
     let mut out = serde_json::Map::new();
     for (kind, g) in GraphKind::ALL.into_iter().zip(graphs) {
         if g.is_some() {

@@ -321,7 +321,7 @@ pub struct AotResult<T> {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum StoredArtifact {
     /// The bytes themselves (a bundled entry: one file to ship).
-    Bundled(#[serde(with = "serde_bytes")] Vec<u8>),
+    Bundled(#[serde(with = "aotgrad_ir::codec::bytes")] Vec<u8>),
     /// A blake3 hash (hex) and length of bytes kept in the artifact store.
     Referenced {
         /// Hex blake3 of the bytes.
@@ -342,7 +342,7 @@ pub struct StoredResult {
     pub backward: Option<StoredArtifact>,
     /// The traced, functional, joint, forward and backward graphs (the last three on
     /// the training path only), each packed ([`GraphDumps::packed`]).
-    pub graphs: [Option<serde_bytes::ByteBuf>; 5],
+    pub graphs: [Option<aotgrad_ir::codec::Bytes>; 5],
 }
 
 impl<T> AotResult<T> {
@@ -357,7 +357,7 @@ impl<T> AotResult<T> {
             meta: self.meta.clone(),
             forward: store(&self.forward),
             backward: self.backward.as_ref().map(&mut store),
-            graphs: self.graphs.packed().map(|g| g.map(serde_bytes::ByteBuf::from)),
+            graphs: self.graphs.packed().map(|g| g.map(aotgrad_ir::codec::Bytes)),
         }
     }
 
@@ -376,7 +376,7 @@ impl<T> AotResult<T> {
         };
         let forward = artifact(stored.forward)?;
         let backward = stored.backward.map(&mut artifact).transpose()?;
-        let graphs = GraphDumps::from_packed(stored.graphs.map(|g| g.map(serde_bytes::ByteBuf::into_vec)));
+        let graphs = GraphDumps::from_packed(stored.graphs.map(|g| g.map(|b| b.0)));
         if stored.meta.training.is_some() != backward.is_some() {
             return Err("a training entry needs a backward artifact and an inference entry has none".into());
         }

@@ -53,7 +53,7 @@ enum WireKernel {
 /// A [`KernelPlan`] as flat tables (see the module).
 #[derive(Serialize, Deserialize)]
 struct WirePlan {
-    #[serde(with = "serde_bytes_compat")]
+    #[serde(with = "aotgrad_ir::codec::bytes")]
     dims: Vec<u8>,
     symbolic: Vec<Vec<Dim>>,
     inputs: Vec<DType>,
@@ -63,34 +63,6 @@ struct WirePlan {
     instrs: Vec<Instr>,
     outputs: Vec<(BufId, DType)>,
     graph_nodes: usize,
-}
-
-/// `Vec<u8>` as one byte string (not a sequence of integers) in the binary codec.
-mod serde_bytes_compat {
-    use serde::{de, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_bytes(v)
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
-        struct V;
-        impl<'de> de::Visitor<'de> for V {
-            type Value = Vec<u8>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a byte string")
-            }
-            fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
-                Ok(v.to_vec())
-            }
-            fn visit_byte_buf<E: de::Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
-                Ok(v)
-            }
-        }
-        // Borrowed: its length is checked against the input before anything is
-        // allocated (a byte buffer would be allocated at its stated length first).
-        d.deserialize_bytes(V)
-    }
 }
 
 // ---------------------------------------------------------------------------------

@@ -118,6 +118,51 @@ pub fn unpack<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T
     decode(what, &raw)
 }
 
+/// Byte fields (`#[serde(with = "aotgrad_ir::codec::bytes")]` on a `Vec<u8>`, or
+/// [`Bytes`] where a type is needed): one byte string in the binary codec, decoded
+/// through the borrowed path, which checks the stated length against the input
+/// before anything is allocated and copies once (bincode's owned path allocates,
+/// zeroes, then reads). Readable formats see a list of numbers, as `serde_bytes`
+/// writes them.
+pub mod bytes {
+    use serde::{de, Deserializer, Serializer};
+
+    /// Serialize (see the module).
+    pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(v)
+    }
+
+    /// Deserialize (see the module).
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        struct V;
+        impl<'de> de::Visitor<'de> for V {
+            type Value = Vec<u8>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a byte string")
+            }
+            fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
+                Ok(v.to_vec())
+            }
+            fn visit_byte_buf<E: de::Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
+                Ok(v)
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u8>, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 16));
+                while let Some(b) = seq.next_element::<u8>()? {
+                    out.push(b);
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_bytes(V)
+    }
+}
+
+/// A byte string field with [`bytes`]' encoding (for `Option`s and arrays of them).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct Bytes(#[serde(with = "bytes")] pub Vec<u8>);
+
 /// Zigzag LEB128 integers: how compact size lists ([`compact_dims`], and the kernel
 /// plan's size table) write each size, stride and offset.
 pub mod varint {
@@ -280,6 +325,28 @@ mod tests {
         assert!(decode::<S>("s", &huge(&[2, b'o', b'k'])).is_err());
         assert!(decode::<String>("s", &huge(&[])).is_err());
         assert!(decode::<Vec<u8>>("s", &huge(&[])).is_err());
+    }
+
+    #[test]
+    fn byte_fields_round_trip_and_check_their_length_first() {
+        #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+        struct S {
+            #[serde(with = "bytes")]
+            a: Vec<u8>,
+            b: [Option<Bytes>; 2],
+        }
+        let v = S { a: vec![0, 1, 255], b: [Some(Bytes(vec![7; 300])), None] };
+        let enc = encode("s", &v).unwrap();
+        assert_eq!(decode::<S>("s", &enc).unwrap(), v);
+        // Binary: one length and the bytes (as `serde_bytes` wrote them).
+        assert_eq!(&enc[..4], &[3, 0, 1, 255]);
+        let json = serde_json::to_string(&v).unwrap();
+        assert!(json.starts_with(r#"{"a":[0,1,255]"#), "{json}");
+        assert_eq!(serde_json::from_str::<S>(&json).unwrap(), v);
+        let mut forged = vec![253];
+        forged.extend_from_slice(&(1u64 << 39).to_le_bytes());
+        forged.extend_from_slice(b"a few bytes");
+        assert!(decode::<S>("s", &forged).is_err());
     }
 
     #[test]

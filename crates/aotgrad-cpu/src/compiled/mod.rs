@@ -685,7 +685,7 @@ pub struct CpuArtifact {
     /// The functional graph, packed with [`aotgrad_ir::codec::pack`] (compressed: it
     /// is read only by the interpreter, by [`Backend::deserialize`]'s check, or to
     /// save the artifact again).
-    #[serde(with = "serde_bytes")]
+    #[serde(with = "aotgrad_ir::codec::bytes")]
     pub graph: Vec<u8>,
     /// Its kernel plan (`None`: the graph runs on the interpreter).
     pub plan: Option<KernelPlan>,
