@@ -183,10 +183,16 @@ fn artifacts_round_trip_and_corruption_is_detected() {
     assert_ne!(other, g);
     let other_art: aotgrad_cpu::compiled::CpuArtifact =
         aotgrad_ir::codec::decode("artifact", &b.compile(&other).unwrap().serialize()).unwrap();
-    art.plan = other_art.plan;
+    let own_plan = std::mem::replace(&mut art.plan, other_art.plan.clone());
     let bad = aotgrad_ir::codec::encode("artifact", &art).unwrap();
     let e = b.deserialize(&bad).err().expect("mismatched plan").to_string();
-    assert!(e.contains("does not match its graph"), "{e}");
+    assert!(e.contains("plan does not match its graph"), "{e}");
+    // So is a lowered plan that is not the graph's.
+    art.plan = own_plan;
+    art.lowered = other_art.lowered.clone();
+    let bad = aotgrad_ir::codec::encode("artifact", &art).unwrap();
+    let e = b.deserialize(&bad).err().expect("mismatched lowered plan").to_string();
+    assert!(e.contains("lowered plan does not match its graph"), "{e}");
     assert!(b.deserialize(b"not an artifact").is_err());
     // Every truncation is rejected.
     for len in 0..bytes.len() {
@@ -317,6 +323,21 @@ fn concatenations_are_copy_kernels_into_windows_of_the_result() {
 /// Plans holding every kind of kernel (pointwise, reductions, row groups, products
 /// with and without epilogues, extern ops) and symbolic sizes.
 fn plans_of_every_kind() -> Vec<aotgrad_fusion::KernelPlan> {
+    let graphs = graphs_of_every_kind();
+    let plans: Vec<_> =
+        graphs.iter().map(|g| CpuBackend::new(1).compile_graph(g).unwrap().plan().unwrap().clone()).collect();
+    let kinds: std::collections::BTreeSet<&str> =
+        plans.iter().flat_map(|p| p.kernels.iter().map(|k| k.kind_name())).collect();
+    assert_eq!(kinds.into_iter().collect::<Vec<_>>(), ["extern", "matmul", "pointwise", "reduce", "rows"]);
+    assert!(plans.iter().any(|p| !p.is_static()), "a symbolic plan");
+    assert!(plans
+        .iter()
+        .any(|p| p.kernels.iter().any(|k| matches!(k, aotgrad_fusion::Kernel::Matmul(m) if m.epilogue.is_some()))));
+    plans
+}
+
+/// Graphs whose plans hold every kind of kernel, and one with symbolic sizes.
+fn graphs_of_every_kind() -> Vec<Graph> {
     let mut graphs = vec![pointwise_graph(), softmax_graph(4, 8, DType::F32), layer_norm_graph(2, 3, 8)];
     // A product with an epilogue, and one without.
     let mut g = Graph::new();
@@ -349,16 +370,73 @@ fn plans_of_every_kind() -> Vec<aotgrad_fusion::KernelPlan> {
     let gram = node(&mut g, Op::Mm, &[xt, x]);
     g.outputs = vec![s, gram];
     graphs.push(g);
-    let plans: Vec<_> =
-        graphs.iter().map(|g| CpuBackend::new(1).compile_graph(g).unwrap().plan().unwrap().clone()).collect();
-    let kinds: std::collections::BTreeSet<&str> =
-        plans.iter().flat_map(|p| p.kernels.iter().map(|k| k.kind_name())).collect();
-    assert_eq!(kinds.into_iter().collect::<Vec<_>>(), ["extern", "matmul", "pointwise", "reduce", "rows"]);
-    assert!(plans.iter().any(|p| !p.is_static()), "a symbolic plan");
-    assert!(plans
-        .iter()
-        .any(|p| p.kernels.iter().any(|k| matches!(k, aotgrad_fusion::Kernel::Matmul(m) if m.epilogue.is_some()))));
-    plans
+    graphs
+}
+
+/// A loaded artifact runs its stored lowered plan (static plans; a symbolic one is
+/// lowered per binding) and gives what the compiled graph gives. The lowered plan is
+/// checked before it runs: damage to it is an error or another plan within bounds,
+/// never a panic or an access outside a buffer (each damaged plan that loads is run).
+#[test]
+fn stored_lowered_plans_are_checked_before_they_run() {
+    let mut rejected = 0usize;
+    for g in graphs_of_every_kind() {
+        let b = CpuBackend::new(1);
+        let c = b.compile_graph(&g).unwrap();
+        let bytes = c.serialize();
+        let art: aotgrad_cpu::compiled::CpuArtifact = aotgrad_ir::codec::decode("artifact", &bytes).unwrap();
+        let is_static = c.plan().unwrap().is_static();
+        assert_eq!(!art.lowered.is_empty(), is_static, "a lowered plan is stored exactly for a static plan");
+        if !is_static {
+            continue;
+        }
+        let ins: Vec<CpuTensor> =
+            g.inputs.iter().enumerate().map(|(i, x)| tensor_for(&x.meta, i as f64, false)).collect();
+        let want: Vec<Vec<f64>> = c.run(&ins).unwrap().iter().map(|t| t.to_vec_f64()).collect();
+        let loaded = b.load_verified(&bytes).unwrap();
+        let got: Vec<Vec<f64>> = loaded.run(&ins).unwrap().iter().map(|t| t.to_vec_f64()).collect();
+        assert_eq!(got, want);
+        // Saving a loaded graph writes the artifact it was loaded from.
+        assert_eq!(loaded.serialize(), bytes);
+        let interp = CpuBackend::new(1).jit(false);
+        for i in 0..art.lowered.len() {
+            for flip in [0x01u8, 0x80, 0xff] {
+                let mut damaged = art.clone();
+                damaged.lowered[i] ^= flip;
+                let bad = aotgrad_ir::codec::encode("artifact", &damaged).unwrap();
+                match interp.load_verified(&bad) {
+                    Err(e) => {
+                        let e = e.to_string();
+                        assert!(e.contains("lowered plan"), "{e}");
+                        rejected += usize::from(e.contains("is inconsistent"));
+                    }
+                    Ok(l) => {
+                        let _ = l.run(&ins);
+                    }
+                }
+            }
+        }
+        // And a few bytes at once, set to arbitrary values (a fixed pseudo-random walk).
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for _ in 0..2000 {
+            let mut damaged = art.clone();
+            for _ in 0..3 {
+                let at = (next() % damaged.lowered.len() as u64) as usize;
+                damaged.lowered[at] = next() as u8;
+            }
+            let bad = aotgrad_ir::codec::encode("artifact", &damaged).unwrap();
+            if let Ok(l) = interp.load_verified(&bad) {
+                let _ = l.run(&ins);
+            }
+        }
+    }
+    assert!(rejected > 0, "some damage is caught by the lowered plan's check");
 }
 
 /// A plan's binary form (flat tables) and its readable form (nested) both give the

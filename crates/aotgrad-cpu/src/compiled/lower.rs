@@ -14,7 +14,7 @@ use aotgrad_ir::{BinaryOp, CmpOp, DType, Dim, Op, ReduceOp, SourceLoc, TensorMet
 pub(crate) type Idx = smallvec::SmallVec<[usize; 4]>;
 
 /// A concrete access over a kernel's (coalesced) iteration space.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct CAccess {
     pub buf: usize,
     pub strides: Idx,
@@ -22,14 +22,14 @@ pub(crate) struct CAccess {
 }
 
 /// An operand: a register or a constant.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) enum Src {
     Reg(usize),
     Const(f64),
 }
 
 /// A lowered instruction writing register `d` (never one of its own operands).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) enum LInstr {
     Load { load: usize, d: usize },
     Fill { v: f64, d: usize },
@@ -42,7 +42,7 @@ pub(crate) enum LInstr {
 }
 
 /// A lowered body.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct CBody {
     pub compute: Compute,
     pub loads: Vec<CAccess>,
@@ -54,18 +54,19 @@ pub(crate) struct CBody {
 }
 
 /// A lowered pointwise kernel.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct CPointwise {
     pub shape: Idx,
     pub numel: usize,
     pub body: CBody,
     pub stores: Vec<(usize, CAccess)>,
     /// Machine code for the body, when the JIT covers it (see [`super::jit`]).
+    #[serde(skip)]
     pub jit: Option<super::jit::JitSlot>,
 }
 
 /// A lowered reduction (iteration space coalesced, `reduced` per dim).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct CReduce {
     pub op: ReduceOp,
     pub shape: Idx,
@@ -81,11 +82,12 @@ pub(crate) struct CReduce {
     pub copies: f64,
     pub at: (ValueId, Option<SourceLoc>),
     /// Machine code for the body and its accumulation, when the JIT covers it.
+    #[serde(skip)]
     pub jit: Option<super::jit::JitSlot>,
 }
 
 /// A lowered (batched) matmul: `out[b] = a[b] @ b[b]`.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct CMatmul {
     pub batch: usize,
     pub n: usize,
@@ -100,7 +102,7 @@ pub(crate) struct CMatmul {
 }
 
 /// A lowered extern op.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct CExtern {
     pub op: Op,
     pub args: Vec<(usize, TensorMeta)>,
@@ -110,7 +112,7 @@ pub(crate) struct CExtern {
 }
 
 /// A stage of a lowered row group.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) enum CStage {
     /// A pointwise kernel over the group's elements.
     Elem(CPointwise),
@@ -127,7 +129,7 @@ pub(crate) enum CStage {
 }
 
 /// A lowered row group: `rows` rows of `row_len` elements.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct CRows {
     pub rows: usize,
     pub row_len: usize,
@@ -136,7 +138,7 @@ pub(crate) struct CRows {
     pub stages: Vec<CStage>,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) enum CKernel {
     Pointwise(CPointwise),
     Reduce(CReduce),
@@ -177,7 +179,7 @@ impl CKernel {
 const MAX_BLOCKED_ROW: usize = 1 << 16;
 
 /// Where a plan buffer lives during a call.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(crate) enum Loc {
     Input(usize),
     Slot(usize),
@@ -186,7 +188,7 @@ pub(crate) enum Loc {
 }
 
 /// A plan lowered for one binding of its symbols.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Lowered {
     pub kernels: Vec<CKernel>,
     pub loc: Vec<Loc>,
@@ -202,6 +204,10 @@ pub(crate) struct Lowered {
     /// Whether some kernel has enough work to split across threads (else a call runs
     /// on the caller's thread without touching the pool).
     pub parallel: bool,
+    /// Element type of each plan buffer (what the JIT compiles its loads and stores for).
+    pub dtypes: Vec<DType>,
+    /// Elements each plan buffer spans (what an extern kernel's result must hold).
+    pub extents: Vec<usize>,
 }
 
 fn int(d: &Dim, what: &str) -> Result<usize> {
@@ -566,13 +572,17 @@ fn mat_strides(a: &Access, batched: bool) -> Result<(usize, [isize; 3], usize)> 
 /// Lower `plan` (whose symbols are already substituted); with `jit`, the pointwise
 /// kernels the JIT covers get machine code.
 pub(crate) fn lower_with(plan: &KernelPlan, jit: bool) -> Result<Lowered> {
-    let mut low = lower(plan)?;
+    Ok(finish(lower(plan)?, jit))
+}
+
+/// A lowered plan made ready to run: with `jit`, the kernels the JIT covers get
+/// machine code (a plan lowered here or one read back from an artifact).
+pub(crate) fn finish(mut low: Lowered, jit: bool) -> Lowered {
     if jit {
-        let dtypes: Vec<DType> = plan.buffers.iter().map(|b| b.layout.dtype).collect();
-        super::jit::attach(&mut low.kernels, &dtypes);
-        low.parallel = low.kernels.iter().any(splits);
+        super::jit::attach(&mut low.kernels, &low.dtypes);
     }
-    Ok(low)
+    low.parallel = low.kernels.iter().any(splits);
+    low
 }
 
 /// Lower `plan` for the interpreter alone.
@@ -679,7 +689,12 @@ pub(crate) fn lower(plan: &KernelPlan) -> Result<Lowered> {
     }
     let outputs = plan.outputs.iter().map(|o| (o.buf, o.meta.clone())).collect();
     let parallel = kernels.iter().any(splits);
-    Ok(Lowered { kernels, loc, out_bufs, input_need, outputs, slots, scratch, parallel })
+    let dtypes = plan.buffers.iter().map(|b| b.layout.dtype).collect();
+    let low = Lowered { kernels, loc, out_bufs, input_need, outputs, slots, scratch, parallel, dtypes, extents };
+    // Every plan lowered here passes the check a lowered plan read back must pass.
+    let inputs: Vec<DType> = plan.inputs.iter().map(|m| m.dtype).collect();
+    low.check(&inputs)?;
+    Ok(low)
 }
 
 /// Whether `k` may split across threads: the same thresholds as the executor's

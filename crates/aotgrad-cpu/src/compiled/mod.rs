@@ -13,6 +13,7 @@
 //! with the same count). Reductions partition only over outputs, so their results do
 //! not depend on the thread count.
 
+mod check;
 mod exec;
 #[cfg_attr(not(target_arch = "x86_64"), path = "jit_stub.rs")]
 mod jit;
@@ -25,7 +26,7 @@ use crate::{interpret_with_symbols, CpuError};
 use aotgrad_fusion::{plan_graph, print_plan, KernelPlan, PlanError};
 use aotgrad_ir::{Backend, BackendError, CompiledGraph, Dim, Graph, SymId};
 use exec::Raw;
-use lower::{lower_with, CKernel, Loc, Lowered};
+use lower::{finish, lower_with, CKernel, Loc, Lowered};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -131,10 +132,51 @@ pub struct AllocStats {
     pub extern_kernels: usize,
 }
 
+/// A kernel plan, decoded when first needed (a loaded graph with a static plan runs
+/// its lowered form and needs the plan only to print or save it) and its encoding
+/// kept for saving.
+struct LazyPlan {
+    plan: OnceLock<KernelPlan>,
+    encoded: OnceLock<Vec<u8>>,
+}
+
+impl LazyPlan {
+    fn new(plan: KernelPlan) -> LazyPlan {
+        let cell = OnceLock::new();
+        let _ = cell.set(plan);
+        LazyPlan { plan: cell, encoded: OnceLock::new() }
+    }
+    fn encoded_only(bytes: Vec<u8>) -> LazyPlan {
+        let encoded = OnceLock::new();
+        let _ = encoded.set(bytes);
+        LazyPlan { plan: OnceLock::new(), encoded }
+    }
+    /// The plan (decoded from its encoding on first use).
+    fn get(&self) -> Result<&KernelPlan, CpuError> {
+        if let Some(p) = self.plan.get() {
+            return Ok(p);
+        }
+        let bytes = self.encoded.get().map(Vec::as_slice).unwrap_or_default();
+        let p: KernelPlan = aotgrad_ir::codec::decode("cpu artifact plan", bytes)
+            .map_err(|e| CpuError::Internal(format!("the artifact's kernel plan does not decode: {e}")))?;
+        Ok(self.plan.get_or_init(|| p))
+    }
+    /// The plan, or `None` (logged) when a stored one does not decode.
+    fn get_logged(&self) -> Option<&KernelPlan> {
+        self.get().map_err(|e| tracing::warn!(target: "aotgrad::cpu", "{e}")).ok()
+    }
+    fn encoded(&self) -> &[u8] {
+        self.encoded.get_or_init(|| match self.plan.get() {
+            Some(p) => aotgrad_ir::codec::encode("cpu artifact plan", p).unwrap_or_default(),
+            None => Vec::new(),
+        })
+    }
+}
+
 /// A graph compiled by [`CpuBackend`].
 pub struct CpuCompiledGraph {
     graph: LazyGraph,
-    plan: Option<KernelPlan>,
+    plan: Option<LazyPlan>,
     fallback: Option<PlanError>,
     threads: usize,
     /// Whether lowered plans get machine code for their pointwise kernels.
@@ -155,7 +197,9 @@ fn profiling() -> bool {
 impl Drop for CpuCompiledGraph {
     /// With `AOTGRAD_CPU_PROFILE=1`, print where this graph's calls spent their time.
     fn drop(&mut self) {
-        let (Some(prof), Some(plan)) = (&self.profile, &self.plan) else { return };
+        let (Some(prof), Some(plan)) = (&self.profile, self.plan.as_ref().and_then(LazyPlan::get_logged)) else {
+            return;
+        };
         let prof = prof.lock().unwrap_or_else(|e| e.into_inner());
         let total: f64 = prof.iter().map(|p| p.0).sum();
         if total == 0.0 {
@@ -231,26 +275,6 @@ impl CpuCompiledGraph {
             }
             Err(e) => return Err(err(e)),
         };
-        Self::assemble(graph, plan, fallback, threads, jit)
-    }
-
-    /// A graph with a plan made earlier for it (a verified artifact).
-    fn from_plan(
-        graph: LazyGraph,
-        plan: KernelPlan,
-        threads: usize,
-        jit: bool,
-    ) -> Result<CpuCompiledGraph, BackendError> {
-        Self::assemble(graph, Some(plan), None, threads, jit)
-    }
-
-    fn assemble(
-        graph: impl Into<LazyGraph>,
-        plan: Option<KernelPlan>,
-        fallback: Option<PlanError>,
-        threads: usize,
-        jit: bool,
-    ) -> Result<CpuCompiledGraph, BackendError> {
         let fixed = match &plan {
             Some(p) if p.is_static() => Some(Arc::new(instance(p, jit).map_err(err)?)),
             _ => None,
@@ -258,6 +282,34 @@ impl CpuCompiledGraph {
         if let (Some(p), Some(i)) = (&plan, &fixed) {
             tracing::debug!(plan = %print_plan(p, Some(&i.lowered.slots)), "kernel plan");
         }
+        Self::assemble(graph, plan.map(LazyPlan::new), fixed, fallback, threads, jit)
+    }
+
+    /// A graph with a plan made earlier for it (a verified artifact): its lowered
+    /// form, when the plan is static, runs as it was stored (checked, not lowered
+    /// again); a plan with symbolic sizes is decoded and lowered per binding.
+    fn from_artifact(a: &mut CpuArtifact, threads: usize, jit: bool) -> Result<CpuCompiledGraph, BackendError> {
+        let fixed = if a.lowered.is_empty() {
+            None
+        } else {
+            let low: Lowered = aotgrad_ir::codec::decode("cpu artifact lowered plan", &a.lowered)
+                .map_err(|e| err(format!("the artifact's lowered plan does not decode: {e}")))?;
+            let inputs: Vec<aotgrad_ir::DType> = a.inputs.iter().map(|i| i.meta.dtype).collect();
+            low.check(&inputs).map_err(err)?;
+            Some(Arc::new(Instance { lowered: finish(low, jit), pool: Mutex::new(Vec::new()) }))
+        };
+        let plan = LazyPlan::encoded_only(std::mem::take(&mut a.plan));
+        Self::assemble(LazyGraph::from_artifact(a), Some(plan), fixed, None, threads, jit)
+    }
+
+    fn assemble(
+        graph: impl Into<LazyGraph>,
+        plan: Option<LazyPlan>,
+        fixed: Option<Arc<Instance>>,
+        fallback: Option<PlanError>,
+        threads: usize,
+        jit: bool,
+    ) -> Result<CpuCompiledGraph, BackendError> {
         let graph: LazyGraph = graph.into();
         // With a plan the graph itself is only needed to save the artifact.
         let graph = if plan.is_some() { graph.packed_if_large() } else { graph };
@@ -277,7 +329,7 @@ impl CpuCompiledGraph {
 
     /// The kernel plan (`None` when the graph runs on the reference interpreter).
     pub fn plan(&self) -> Option<&KernelPlan> {
-        self.plan.as_ref()
+        self.plan.as_ref()?.get_logged()
     }
 
     /// Why the graph is not planned, when it is not.
@@ -287,13 +339,13 @@ impl CpuCompiledGraph {
 
     /// The plan as text with its buffer plan (static graphs), for tests and logs.
     pub fn plan_text(&self) -> Option<String> {
-        let p = self.plan.as_ref()?;
+        let p = self.plan()?;
         Some(print_plan(p, self.fixed.as_ref().map(|i| &i.lowered.slots)))
     }
 
     /// One line per kernel saying what it fuses ([`aotgrad_fusion::plan_summary`]).
     pub fn plan_summary(&self) -> Option<String> {
-        self.plan.as_ref().map(aotgrad_fusion::plan_summary)
+        self.plan().map(aotgrad_fusion::plan_summary)
     }
 
     /// Peak bytes one call allocates (arena plus outputs) for a static graph.
@@ -363,7 +415,7 @@ impl CpuCompiledGraph {
         if let Some(i) = &self.fixed {
             return Ok(i.clone());
         }
-        let plan = self.plan.as_ref().ok_or_else(|| CpuError::Internal("no plan to lower".into()))?;
+        let plan = self.plan.as_ref().ok_or_else(|| CpuError::Internal("no plan to lower".into()))?.get()?;
         let mut key: Binding = env.iter().map(|(k, v)| (*k, *v)).collect();
         key.sort();
         let mut cache = self.by_binding.lock().unwrap_or_else(|e| e.into_inner());
@@ -640,13 +692,18 @@ impl CompiledGraph<CpuTensor> for CpuCompiledGraph {
         self.run_planned(inputs, symbols).map_err(err)
     }
     fn serialize(&self) -> Vec<u8> {
+        let lowered = match &self.fixed {
+            Some(i) => aotgrad_ir::codec::encode("cpu artifact lowered plan", &i.lowered).unwrap_or_default(),
+            None => Vec::new(),
+        };
         let artifact = CpuArtifact {
             format: ARTIFACT_FORMAT.to_string(),
             threads: self.threads,
             inputs: self.graph.inputs.inputs.clone(),
             nodes: self.graph.nodes,
             graph: self.graph.encoded().to_vec(),
-            plan: self.plan.clone(),
+            plan: self.plan.as_ref().map(|p| p.encoded().to_vec()).unwrap_or_default(),
+            lowered,
         };
         // Encoding plain data cannot fail; an empty artifact would be rejected on load.
         aotgrad_ir::codec::encode("cpu artifact", &artifact).unwrap_or_default()
@@ -663,15 +720,17 @@ fn decode_artifact(bytes: &[u8]) -> Result<CpuArtifact, BackendError> {
 }
 
 /// The format tag of [`CpuArtifact`]s.
-pub const ARTIFACT_FORMAT: &str = "aotgrad-cpu/5";
+pub const ARTIFACT_FORMAT: &str = "aotgrad-cpu/6";
 
-/// The compiled CPU backend's artifact: the graph and its kernel plan, encoded with
-/// [`aotgrad_ir::codec`]. [`Backend::deserialize`] checks the graph
-/// ([`Graph::verify`]) and plans it again: an artifact whose plan differs from the
-/// graph's is rejected, so a plan from anywhere is never trusted on its own.
-/// [`Backend::load_verified`] (bytes from a checked cache entry) uses the plan and
-/// decodes the graph's nodes only if they are needed (the interpreter, or saving it
-/// again).
+/// The compiled CPU backend's artifact: the graph, its kernel plan and (static plans)
+/// the plan lowered, encoded with [`aotgrad_ir::codec`]. [`Backend::deserialize`]
+/// checks the graph ([`Graph::verify`]), plans and lowers it again: an artifact whose
+/// plan or lowered plan differs from the graph's is rejected, so neither is ever
+/// trusted on its own. [`Backend::load_verified`] (bytes from a checked cache entry)
+/// runs the lowered plan after checking that every access and register in it is in
+/// bounds (the checks lowering makes), decodes the kernel plan only when something
+/// asks for it (printing, saving, a binding of its symbols) and the graph's nodes only
+/// if they are needed (the interpreter, or saving it again).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CpuArtifact {
     /// [`ARTIFACT_FORMAT`].
@@ -687,11 +746,26 @@ pub struct CpuArtifact {
     /// save the artifact again).
     #[serde(with = "aotgrad_ir::codec::bytes")]
     pub graph: Vec<u8>,
-    /// Its kernel plan (`None`: the graph runs on the interpreter).
-    pub plan: Option<KernelPlan>,
+    /// Its kernel plan, encoded with [`aotgrad_ir::codec`] (empty: the graph runs on
+    /// the interpreter); see [`CpuArtifact::decode_plan`].
+    #[serde(with = "aotgrad_ir::codec::bytes")]
+    pub plan: Vec<u8>,
+    /// The plan lowered to concrete kernels, encoded (empty: no plan, or one with
+    /// symbolic sizes, lowered per binding of its symbols). Its form is private to
+    /// this build (the format tag changes with it).
+    #[serde(with = "aotgrad_ir::codec::bytes")]
+    pub lowered: Vec<u8>,
 }
 
 impl CpuArtifact {
+    /// Decode the kernel plan (`None`: the graph runs on the interpreter).
+    pub fn decode_plan(&self) -> Result<Option<KernelPlan>, BackendError> {
+        if self.plan.is_empty() {
+            return Ok(None);
+        }
+        aotgrad_ir::codec::decode("cpu artifact plan", &self.plan).map(Some).map_err(err)
+    }
+
     /// Decode the graph.
     pub fn decode_graph(&self) -> Result<Graph, BackendError> {
         aotgrad_ir::codec::unpack("cpu artifact graph", &self.graph).map_err(err)
@@ -798,17 +872,27 @@ impl Backend<CpuTensor> for CpuBackend {
             err(format!("artifact graph is invalid{at}: {}", e.msg))
         })?;
         let compiled = CpuCompiledGraph::new(graph, self.threads, self.jit)?;
-        if compiled.plan != a.plan {
+        if compiled.plan() != a.decode_plan()?.as_ref() {
             return Err(err("artifact plan does not match its graph (corrupt or from another aotgrad version)"));
+        }
+        let lowered = match &compiled.fixed {
+            Some(i) => aotgrad_ir::codec::encode("cpu artifact lowered plan", &i.lowered).map_err(err)?,
+            None => Vec::new(),
+        };
+        if lowered != a.lowered {
+            return Err(err(
+                "artifact lowered plan does not match its graph (corrupt or from another aotgrad version)",
+            ));
         }
         Ok(Box::new(compiled))
     }
     fn load_verified(&self, bytes: &[u8]) -> Result<Box<dyn CompiledGraph<CpuTensor>>, BackendError> {
         let mut a = decode_artifact(bytes)?;
-        Ok(Box::new(match a.plan.take() {
-            Some(plan) => CpuCompiledGraph::from_plan(LazyGraph::from_artifact(&mut a), plan, self.threads, self.jit)?,
+        Ok(Box::new(if a.plan.is_empty() {
             // The interpreter's graphs: planning again finds the reason it has none.
-            None => CpuCompiledGraph::new(a.decode_graph()?, self.threads, self.jit)?,
+            CpuCompiledGraph::new(a.decode_graph()?, self.threads, self.jit)?
+        } else {
+            CpuCompiledGraph::from_artifact(&mut a, self.threads, self.jit)?
         }))
     }
 }
