@@ -276,6 +276,14 @@ impl Storage {
     /// Write access; bumps the version counter and drops a device copy (as
     /// [`Storage::read`], the elements come back from the device first).
     pub fn write(&self) -> RwLockWriteGuard<'_, Buffer> {
+        let guard = self.write_unversioned();
+        self.version.fetch_add(1, Ordering::Relaxed);
+        guard
+    }
+    /// [`Storage::write`] without the version bump, for a write whose owner counts
+    /// it: a compiled graph storing a mutated input's new value in place (the
+    /// runtime's epilogue counts the mutation once, as for a value it copies back).
+    pub fn write_unversioned(&self) -> RwLockWriteGuard<'_, Buffer> {
         let guard = loop {
             self.host_or_panic();
             let guard = self.buf.write().unwrap_or_else(|e| e.into_inner());
@@ -284,7 +292,6 @@ impl Storage {
                 break guard;
             }
         };
-        self.version.fetch_add(1, Ordering::Relaxed);
         if self.has_device.load(Ordering::Acquire) {
             *self.device.lock().unwrap_or_else(|e| e.into_inner()) = None;
             self.has_device.store(false, Ordering::Release);

@@ -9,7 +9,7 @@ mod common;
 mod differential;
 
 use aotgrad_cpu::{CpuBackend, CpuTensor};
-use aotgrad_ir::{Backend, BinaryOp, CompiledGraph, DType, Dim, Graph, Op, ReduceOp, Scalar, UnaryOp};
+use aotgrad_ir::{Backend, BinaryOp, CompiledGraph, DType, Dim, Graph, Op, ReduceOp, Scalar, UnaryOp, ValueId};
 use differential::*;
 use expect_test::expect;
 
@@ -471,4 +471,132 @@ fn kernel_plans_round_trip_through_both_forms() {
         let e = aotgrad_ir::codec::decode::<KernelPlan>("plan", &longer).unwrap_err().to_string();
         assert!(e.contains("trailing"), "{e}");
     }
+}
+
+/// `p - 0.1 * g` and `m * 0.9 + g`, the new values of the mutated inputs `p` and `m`
+/// (graph outputs 0 and 1), then `s = sum(g)`: an optimizer step's shape.
+fn update_graph() -> (Graph, [ValueId; 3]) {
+    let mut g = Graph::new();
+    let p = input(&mut g, "p", m(&[4, 8], DType::F32));
+    let gr = input(&mut g, "g", m(&[4, 8], DType::F32));
+    let mo = input(&mut g, "m", m(&[4, 8], DType::F32));
+    let step = node(&mut g, Op::BinaryScalar(BinaryOp::Mul, Scalar::Float(0.1)), &[gr]);
+    let p2 = node(&mut g, Op::Binary(BinaryOp::Sub), &[p, step]);
+    let decayed = node(&mut g, Op::BinaryScalar(BinaryOp::Mul, Scalar::Float(0.9)), &[mo]);
+    let m2 = node(&mut g, Op::Binary(BinaryOp::Add), &[decayed, gr]);
+    let s = node(&mut g, Op::Reduce { op: ReduceOp::Sum, dims: vec![], keepdim: false }, &[gr]);
+    g.outputs = vec![p2, m2, s];
+    (g, [p, gr, mo])
+}
+
+/// With [`aotgrad_ir::CompileOptions::input_updates`], a mutated input's new value is
+/// stored into the input's own buffer: no output buffer, the returned tensor shares
+/// the input's storage (the caller then skips its copy), and the values are the
+/// interpreter's. The storage's version is left to the caller.
+#[test]
+fn mutated_inputs_are_updated_in_place_when_asked() {
+    let (g, _) = update_graph();
+    let opts = aotgrad_ir::CompileOptions { input_updates: vec![(0, 0), (1, 2)] };
+    for backend in [CpuBackend::new(1), CpuBackend::new(2), CpuBackend::new(1).jit(false)] {
+        let c = backend.compile_graph_with(&g, &opts).unwrap();
+        expect![[r#"
+            plan: 5 nodes -> 3 kernels, 0 slots, arena 0 B (unshared 0 B), outputs 4 B, peak 4 B
+            b0 = input 0 (updated in place) f32[4, 8]
+            b1 = input 1 f32[4, 8]
+            b2 = input 2 (updated in place) f32[4, 8]
+            b3 = output f32[]
+            k0: pointwise [4, 8] f32 (2 nodes)
+                r0 = load b1 [8, 1]+0
+                r1 = const 0.1
+                r2 = mul r0, r1
+                r3 = load b0 [8, 1]+0
+                r4 = sub r3, r2
+                store r4 -> b0 [8, 1]+0
+            k1: pointwise [4, 8] f32 (2 nodes)
+                r0 = load b2 [8, 1]+0
+                r1 = const 0.9
+                r2 = mul r0, r1
+                r3 = load b1 [8, 1]+0
+                r4 = add r2, r3
+                store r4 -> b2 [8, 1]+0
+            k2: reduce sum over [0, 1] of [4, 8] f32 (1 nodes) -> b3 [0, 0]+0
+                r0 = load b1 [8, 1]+0
+            outputs: b0 f32[4, 8], b2 f32[4, 8], b3 f32[]
+        "#]]
+        .assert_eq(&c.plan_text().unwrap());
+        let ins: Vec<CpuTensor> =
+            g.inputs.iter().enumerate().map(|(i, x)| tensor_for(&x.meta, i as f64, false)).collect();
+        let fresh: Vec<CpuTensor> =
+            g.inputs.iter().enumerate().map(|(i, x)| tensor_for(&x.meta, i as f64, false)).collect();
+        let want = aotgrad_cpu::interpret(&g, &fresh).unwrap();
+        let versions: Vec<u64> = ins.iter().map(|t| t.storage.version()).collect();
+        let got = c.run(&ins).unwrap();
+        for (k, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(a.to_vec_f64(), b.to_vec_f64(), "output {k}");
+        }
+        assert!(got[0].same_storage(&ins[0]) && got[1].same_storage(&ins[2]));
+        assert_eq!(ins[0].to_vec_f64(), want[0].to_vec_f64(), "the input holds its new value");
+        assert_eq!(ins.iter().map(|t| t.storage.version()).collect::<Vec<_>>(), versions);
+        // The artifact keeps the updates: a checked load and a full re-check agree.
+        let bytes = c.serialize();
+        for loaded in [backend.load_verified(&bytes).unwrap(), backend.deserialize(&bytes).unwrap()] {
+            let again: Vec<CpuTensor> =
+                g.inputs.iter().enumerate().map(|(i, x)| tensor_for(&x.meta, i as f64, false)).collect();
+            let out = loaded.run(&again).unwrap();
+            assert!(out[0].same_storage(&again[0]));
+            assert_eq!(again[2].to_vec_f64(), want[1].to_vec_f64());
+        }
+    }
+}
+
+/// Where storing in place could change what the graph computes, the value gets a
+/// fresh output as before: the old value is read after the new one is written (by a
+/// later kernel, or in the writing kernel at another index), the input is itself an
+/// output, or the new value is another output too.
+#[test]
+fn input_updates_that_are_unsafe_stay_out_of_place() {
+    let updated = |g: &Graph, updates: Vec<(usize, usize)>| -> String {
+        let c =
+            CpuBackend::new(1).compile_graph_with(g, &aotgrad_ir::CompileOptions { input_updates: updates }).unwrap();
+        let ins: Vec<CpuTensor> =
+            g.inputs.iter().enumerate().map(|(i, x)| tensor_for(&x.meta, i as f64, false)).collect();
+        let fresh: Vec<CpuTensor> =
+            g.inputs.iter().enumerate().map(|(i, x)| tensor_for(&x.meta, i as f64, false)).collect();
+        let want = aotgrad_cpu::interpret(g, &fresh).unwrap();
+        let got = c.run(&ins).unwrap();
+        for (k, (a, b)) in got.iter().zip(&want).enumerate() {
+            for (x, y) in a.to_vec_f64().iter().zip(b.to_vec_f64()) {
+                assert!((x - y).abs() <= 1e-5 * y.abs().max(1.0), "output {k}: {x} vs {y}");
+            }
+        }
+        c.plan_text().unwrap()
+    };
+    // A later kernel reads the old value (`sum(p)` after `p2` is stored).
+    let mut g = Graph::new();
+    let p = input(&mut g, "p", m(&[4, 8], DType::F32));
+    let p2 = node(&mut g, Op::Unary(UnaryOp::Exp), &[p]);
+    let s = node(&mut g, Op::Reduce { op: ReduceOp::Sum, dims: vec![], keepdim: false }, &[p]);
+    g.outputs = vec![p2, s];
+    assert!(!updated(&g, vec![(0, 0)]).contains("updated in place"));
+    // The writing kernel reads the input transposed.
+    let mut g = Graph::new();
+    let p = input(&mut g, "p", m(&[4, 4], DType::F32));
+    let pt = node(&mut g, Op::T, &[p]);
+    let p2 = node(&mut g, Op::Binary(BinaryOp::Add), &[p, pt]);
+    g.outputs = vec![p2];
+    assert!(!updated(&g, vec![(0, 0)]).contains("updated in place"));
+    // The input is returned too, or the new value is returned twice.
+    let (mut g, [p, ..]) = update_graph();
+    g.outputs.push(p);
+    assert!(!updated(&g, vec![(0, 0)]).contains("input 0 (updated in place)"));
+    let (mut g, _) = update_graph();
+    let twice = g.outputs[0];
+    g.outputs.push(twice);
+    assert!(!updated(&g, vec![(0, 0)]).contains("input 0 (updated in place)"));
+    // A later kernel reading the *new* value is fine: it reads the input's buffer.
+    let (mut g, _) = update_graph();
+    let p2 = g.outputs[0];
+    let e = node(&mut g, Op::Unary(UnaryOp::Exp), &[p2]);
+    g.outputs.push(e);
+    assert!(updated(&g, vec![(0, 0)]).contains("input 0 (updated in place)"));
 }

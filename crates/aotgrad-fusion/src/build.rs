@@ -188,9 +188,107 @@ impl<'g> Ctx<'g> {
     }
 }
 
+/// What a backend knows of a graph beyond the graph itself.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PlanOptions {
+    /// `(output, input)`: graph output `output` is the new value of graph input
+    /// `input` (a mutated input, written back by the caller). Where it is safe, the
+    /// plan stores the value into the input's own buffer ([`BufferKind::Updated`])
+    /// instead of a fresh output: the input is not a graph output itself, the value
+    /// is one pointwise kernel's store in the input's exact layout and no other
+    /// output's buffer, and no kernel after that one reads the old value (which it
+    /// reads only at the index it writes). The caller must make sure the input
+    /// overlaps no other graph input.
+    pub input_updates: Vec<(usize, usize)>,
+}
+
 /// Plan `g`. Graphs with mutations or composite ops are rejected
 /// ([`PlanError::Unsupported`]): the plan is for functional graphs of core ops.
 pub fn plan_graph(g: &Graph) -> Result<KernelPlan, PlanError> {
+    plan_graph_with(g, &PlanOptions::default())
+}
+
+/// [`plan_graph`] with [`PlanOptions`].
+pub fn plan_graph_with(g: &Graph, opts: &PlanOptions) -> Result<KernelPlan, PlanError> {
+    let mut plan = plan_kernels(g)?;
+    if !opts.input_updates.is_empty() {
+        update_inputs_in_place(&mut plan, &opts.input_updates);
+    }
+    Ok(plan)
+}
+
+/// Store each mutated input's new value into the input's own buffer where that is
+/// safe (see [`PlanOptions::input_updates`]); the fresh output buffers that held
+/// them are dropped.
+fn update_inputs_in_place(plan: &mut KernelPlan, updates: &[(usize, usize)]) {
+    let mut dropped = vec![false; plan.buffers.len()];
+    for &(o, i) in updates {
+        let (Some(out), Some(input)) = (plan.outputs.get(o), plan.inputs.get(i)) else { continue };
+        let b = out.buf;
+        let buf = &plan.buffers[b];
+        if buf.kind != BufferKind::Output
+            || plan.buffers.get(i).map(|x| &x.kind) != Some(&BufferKind::Input(i))
+            || buf.layout != *input
+            || out.meta != *input
+            || plan.outputs.iter().enumerate().any(|(k, x)| (k != o && x.buf == b) || x.buf == i)
+        {
+            continue;
+        }
+        let Some(def) = buf.def else { continue };
+        if plan.kernels.iter().filter(|k| k.writes().contains(&b)).count() != 1 {
+            continue;
+        }
+        let Some(Kernel::Pointwise(pk)) = plan.kernels.get(def) else { continue };
+        let [store] = pk.stores.iter().filter(|s| s.dst.buf == b).collect::<Vec<_>>()[..] else { continue };
+        let same_index =
+            |a: &Access| a.shape == store.dst.shape && a.strides == store.dst.strides && a.offset == store.dst.offset;
+        let safe = plan.kernels.iter().enumerate().all(|(k, kern)| match k.cmp(&def) {
+            std::cmp::Ordering::Less => true,
+            std::cmp::Ordering::Equal => pk.body.loads.iter().filter(|l| l.buf == i).all(same_index),
+            std::cmp::Ordering::Greater => kern.reads().iter().all(|a| a.buf != i),
+        });
+        if !safe {
+            continue;
+        }
+        for k in &mut plan.kernels {
+            k.for_each_buf_mut(&mut |x| {
+                if *x == b {
+                    *x = i;
+                }
+            });
+        }
+        plan.outputs[o].buf = i;
+        plan.buffers[i].kind = BufferKind::Updated(i);
+        dropped[b] = true;
+    }
+    if !dropped.contains(&true) {
+        return;
+    }
+    // Renumber the buffers that stay.
+    let mut new_id = vec![usize::MAX; plan.buffers.len()];
+    let mut next = 0;
+    for (b, d) in dropped.iter().enumerate() {
+        if !d {
+            new_id[b] = next;
+            next += 1;
+        }
+    }
+    let mut b = 0;
+    plan.buffers.retain(|_| {
+        b += 1;
+        !dropped[b - 1]
+    });
+    for k in &mut plan.kernels {
+        k.for_each_buf_mut(&mut |x| *x = new_id[*x]);
+    }
+    for o in &mut plan.outputs {
+        o.buf = new_id[o.buf];
+    }
+    recompute_liveness(plan);
+}
+
+/// The kernels of `g` (steps 1 to 6).
+fn plan_kernels(g: &Graph) -> Result<KernelPlan, PlanError> {
     let n = g.nodes.len();
     let mut ctx = Ctx { g, def: ValueMap::for_graph(g) };
     for (i, inp) in g.inputs.iter().enumerate() {

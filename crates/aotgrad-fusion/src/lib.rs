@@ -21,7 +21,7 @@ mod print;
 mod wire;
 
 pub use buffers::{extent, plan_slots, Slot, SlotPlan};
-pub use build::plan_graph;
+pub use build::{plan_graph, plan_graph_with, PlanOptions};
 pub use plan::*;
 pub use print::{plan_summary, print_plan};
 

@@ -38,6 +38,11 @@ impl Compute {
 pub enum BufferKind {
     /// Graph input `i` (caller's memory, read only).
     Input(usize),
+    /// Graph input `i`, into which the plan stores the input's new value (a mutated
+    /// input updated in place, see [`crate::PlanOptions::input_updates`]): the kernel
+    /// that writes it is the last to read the old value, and reads it only at the
+    /// index it writes.
+    Updated(usize),
     /// An intermediate written by a planned kernel: lives in a reusable arena slot.
     Intermediate,
     /// Reachable from a graph output: fresh memory handed to the caller.
@@ -257,6 +262,34 @@ impl Kernel {
             }
             Kernel::Extern(e) => vec![e.out],
             Kernel::Rows(r) => r.stages.iter().flat_map(|k| k.writes()).collect(),
+        }
+    }
+    /// Call `f` on the buffer of every access and store of the kernel (to renumber
+    /// buffers).
+    pub fn for_each_buf_mut(&mut self, f: &mut dyn FnMut(&mut BufId)) {
+        fn pointwise(p: &mut PointwiseKernel, f: &mut dyn FnMut(&mut BufId)) {
+            p.body.loads.iter_mut().for_each(|a| f(&mut a.buf));
+            p.stores.iter_mut().for_each(|s| f(&mut s.dst.buf));
+        }
+        match self {
+            Kernel::Pointwise(p) => pointwise(p, f),
+            Kernel::Reduce(r) => {
+                r.body.loads.iter_mut().for_each(|a| f(&mut a.buf));
+                f(&mut r.dst.buf);
+            }
+            Kernel::Matmul(m) => {
+                for a in [&mut m.a, &mut m.b, &mut m.out] {
+                    f(&mut a.buf);
+                }
+                if let Some(e) = &mut m.epilogue {
+                    pointwise(e, f);
+                }
+            }
+            Kernel::Extern(e) => {
+                e.args.iter_mut().for_each(|a| f(&mut a.buf));
+                f(&mut e.out);
+            }
+            Kernel::Rows(r) => r.stages.iter_mut().for_each(|k| k.for_each_buf_mut(f)),
         }
     }
     /// How many graph nodes the kernel computes (an extern op: one).

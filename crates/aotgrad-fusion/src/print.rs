@@ -127,6 +127,7 @@ pub fn print_plan(plan: &KernelPlan, slots: Option<&SlotPlan>) -> String {
     for (i, b) in plan.buffers.iter().enumerate() {
         let kind = match &b.kind {
             BufferKind::Input(n) => format!("input {n}"),
+            BufferKind::Updated(n) => format!("input {n} (updated in place)"),
             BufferKind::Intermediate => match slots.and_then(|s| s.slot_of[i]) {
                 Some(s) => format!("slot {s}"),
                 None => "intermediate".to_string(),

@@ -20,12 +20,31 @@ pub struct BackendError {
     pub msg: String,
 }
 
+/// What the caller tells a backend about a graph beyond the graph itself.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CompileOptions {
+    /// `(output, input)` pairs: graph output `output` is the new value of graph input
+    /// `input`, which the caller writes into that input's memory after the call (a
+    /// mutated input). A backend may store the value into the input's memory itself,
+    /// when nothing it still reads is overwritten; it then returns that output as a
+    /// tensor sharing the input's storage with the input's metadata, and the caller
+    /// skips the copy. The caller promises that such an input overlaps no other graph
+    /// input, and that nothing but the graph reads it during the call.
+    pub input_updates: Vec<(usize, usize)>,
+}
+
 /// A compiler from graphs to runnable artifacts.
 pub trait Backend<T>: Send + Sync {
     /// Short name (`cpu-reference`, `cpu`, `wgpu`).
     fn name(&self) -> &str;
     /// Compile a functional graph.
     fn compile(&self, graph: &Graph) -> Result<Box<dyn CompiledGraph<T>>, BackendError>;
+    /// Compile a functional graph with what the caller knows of it
+    /// ([`CompileOptions`]); the default ignores the options.
+    fn compile_with(&self, graph: &Graph, options: &CompileOptions) -> Result<Box<dyn CompiledGraph<T>>, BackendError> {
+        let _ = options;
+        self.compile(graph)
+    }
     /// Rebuild an artifact from [`CompiledGraph::serialize`]'s bytes, trusting nothing
     /// in them: a backend re-checks and re-derives what it can (a file from anywhere).
     fn deserialize(&self, bytes: &[u8]) -> Result<Box<dyn CompiledGraph<T>>, BackendError>;

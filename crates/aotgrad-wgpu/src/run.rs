@@ -184,6 +184,10 @@ impl Instance {
         for (b, buf) in plan.buffers.iter().enumerate() {
             loc.push(match buf.kind {
                 BufferKind::Input(i) => Loc::Input(i),
+                // This backend plans without input updates (its inputs are uploads).
+                BufferKind::Updated(_) => {
+                    return Err(WgpuError::Internal("a kernel plan that updates an input in place".into()))
+                }
                 // An intermediate no kernel writes has no slot (and no reader).
                 BufferKind::Intermediate => slots.slot_of[b].map_or(Loc::Extern, Loc::Slot),
                 BufferKind::Output => {

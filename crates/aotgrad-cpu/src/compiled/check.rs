@@ -6,7 +6,8 @@
 //!
 //! Checked: every access stays inside the buffer it names (given the location that
 //! buffer gets during a call: an input's needed length, an arena slot, an output, an
-//! extern kernel's result), kernels write only arena slots and outputs, every register a body names exists and no instruction
+//! extern kernel's result), kernels write only arena slots, outputs and the inputs the
+//! plan updates in place, every register a body names exists and no instruction
 //! writes one of its own operands, reductions' accumulators fit the scratch, row
 //! groups' stages cover exactly their rows, products read and write within their
 //! operands, and each buffer's element type is the one its location holds.
@@ -64,12 +65,13 @@ impl Checker<'_> {
         Ok(())
     }
 
-    /// A buffer a kernel writes: only arena slots and outputs are writable (and
-    /// mapped for the whole call); inputs and extern results are only read.
+    /// A buffer a kernel writes: only arena slots and outputs (mapped for the whole
+    /// call) and inputs updated in place (locked for writing by the kernels that
+    /// write them) are writable; other inputs and extern results are only read.
     fn written(&self, b: usize) -> Result<()> {
         self.buf(b)?;
         match self.low.loc[b] {
-            Loc::Slot(_) | Loc::Output(_) => Ok(()),
+            Loc::Slot(_) | Loc::Output(_) | Loc::Updated(_) => Ok(()),
             loc => Err(bad(format!("a kernel writes buffer b{b}, which lives in {loc:?}"))),
         }
     }
@@ -256,7 +258,7 @@ impl Lowered {
         for (b, loc) in self.loc.iter().enumerate() {
             let dtype = self.dtypes[b];
             let (held, cap) = match *loc {
-                Loc::Input(i) => (inputs.get(i).copied(), self.input_need.get(i).copied()),
+                Loc::Input(i) | Loc::Updated(i) => (inputs.get(i).copied(), self.input_need.get(i).copied()),
                 Loc::Slot(s) => {
                     let slot = self.slots.slots.get(s);
                     (slot.map(|s| s.dtype), slot.map(|s| s.elems))

@@ -172,6 +172,29 @@ impl CKernel {
                 .collect(),
         }
     }
+
+    /// Buffers the kernel stores into.
+    pub(crate) fn stored(&self) -> Vec<usize> {
+        let stores = |p: &CPointwise| p.stores.iter().map(|(_, a)| a.buf).collect::<Vec<_>>();
+        match self {
+            CKernel::Pointwise(p) => stores(p),
+            CKernel::Reduce(r) => vec![r.dst.buf],
+            CKernel::Matmul(m) => {
+                let mut v = vec![m.out.0];
+                v.extend(m.epilogue.iter().flat_map(stores));
+                v
+            }
+            CKernel::Extern(e) => vec![e.out],
+            CKernel::Rows(g) => g
+                .stages
+                .iter()
+                .flat_map(|s| match s {
+                    CStage::Elem(p) | CStage::Row(p) => stores(p),
+                    CStage::Reduce { k, .. } => vec![k.dst.buf],
+                })
+                .collect(),
+        }
+    }
 }
 
 /// Longest row (elements) a row group runs block by block; longer rows do not fit
@@ -182,6 +205,9 @@ const MAX_BLOCKED_ROW: usize = 1 << 16;
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(crate) enum Loc {
     Input(usize),
+    /// Graph input `i`, which a kernel also writes (the plan's
+    /// [`BufferKind::Updated`]: a mutated input's new value stored in place).
+    Updated(usize),
     Slot(usize),
     Output(usize),
     Extern,
@@ -659,7 +685,7 @@ pub(crate) fn lower(plan: &KernelPlan) -> Result<Lowered> {
     for (b, buf) in plan.buffers.iter().enumerate() {
         let e =
             extent(&buf.layout).ok_or_else(|| CpuError::kernel("plan", format!("buffer b{b} has no concrete size")))?;
-        if !matches!(buf.kind, BufferKind::Input(_)) && l.need[b] > e {
+        if !matches!(buf.kind, BufferKind::Input(_) | BufferKind::Updated(_)) && l.need[b] > e {
             return Err(CpuError::Internal(format!("an access reads past the end of buffer b{b}")));
         }
         extents[b] = e;
@@ -670,10 +696,14 @@ pub(crate) fn lower(plan: &KernelPlan) -> Result<Lowered> {
     let mut input_need = vec![0usize; plan.inputs.len()];
     for (b, buf) in plan.buffers.iter().enumerate() {
         loc.push(match buf.kind {
-            BufferKind::Input(i) => {
+            BufferKind::Input(i) | BufferKind::Updated(i) => {
                 let own = extent(&buf.layout).unwrap_or(0);
                 input_need[i] = l.need[b].max(own);
-                Loc::Input(i)
+                if matches!(buf.kind, BufferKind::Updated(_)) {
+                    Loc::Updated(i)
+                } else {
+                    Loc::Input(i)
+                }
             }
             BufferKind::Intermediate => match slots.slot_of[b] {
                 Some(s) => Loc::Slot(s),

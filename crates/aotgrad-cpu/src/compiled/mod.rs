@@ -23,8 +23,8 @@ pub(crate) mod math;
 use crate::interp::bind_inputs;
 use crate::storage::{take_recycled, Buffer, CpuTensor, Storage};
 use crate::{interpret_with_symbols, CpuError};
-use aotgrad_fusion::{plan_graph, print_plan, KernelPlan, PlanError};
-use aotgrad_ir::{Backend, BackendError, CompiledGraph, Dim, Graph, SymId};
+use aotgrad_fusion::{plan_graph_with, print_plan, KernelPlan, PlanError, PlanOptions};
+use aotgrad_ir::{Backend, BackendError, CompileOptions, CompiledGraph, Dim, Graph, SymId};
 use exec::Raw;
 use lower::{finish, lower_with, CKernel, Loc, Lowered};
 use std::collections::HashMap;
@@ -74,7 +74,12 @@ impl CpuBackend {
     }
     /// Compile to the concrete type (for inspecting the plan).
     pub fn compile_graph(&self, graph: &Graph) -> Result<CpuCompiledGraph, BackendError> {
-        CpuCompiledGraph::new(graph.clone(), self.threads, self.jit)
+        self.compile_graph_with(graph, &CompileOptions::default())
+    }
+    /// [`CpuBackend::compile_graph`] with [`CompileOptions`] (mutated inputs the plan
+    /// may update in place).
+    pub fn compile_graph_with(&self, graph: &Graph, opts: &CompileOptions) -> Result<CpuCompiledGraph, BackendError> {
+        CpuCompiledGraph::new(graph.clone(), self.threads, self.jit, opts.input_updates.clone())
     }
 }
 
@@ -103,6 +108,36 @@ fn pool_for(threads: usize) -> Result<Option<Arc<rayon::ThreadPool>>, BackendErr
     let pool = Arc::new(pool);
     pools.insert(threads, pool.clone());
     Ok(Some(pool))
+}
+
+/// A lock held on an input or extern storage while a kernel runs.
+enum StorageGuard<'a> {
+    Read(std::sync::RwLockReadGuard<'a, Buffer>),
+    Write(std::sync::RwLockWriteGuard<'a, Buffer>),
+}
+
+impl StorageGuard<'_> {
+    /// A raw view of the locked elements.
+    fn raw(&self) -> Raw {
+        let b: &Buffer = match self {
+            StorageGuard::Read(g) => g,
+            StorageGuard::Write(g) => g,
+        };
+        macro_rules! r {
+            ($v:expr, $d:ident) => {
+                Raw { ptr: $v.as_ptr() as *mut u8, dtype: aotgrad_ir::DType::$d }
+            };
+        }
+        match b {
+            Buffer::Bool(v) => r!(v, Bool),
+            Buffer::I32(v) => r!(v, I32),
+            Buffer::I64(v) => r!(v, I64),
+            Buffer::F16(v) => r!(v, F16),
+            Buffer::BF16(v) => r!(v, BF16),
+            Buffer::F32(v) => r!(v, F32),
+            Buffer::F64(v) => r!(v, F64),
+        }
+    }
 }
 
 /// Reusable per-call memory of one lowered plan.
@@ -177,6 +212,8 @@ impl LazyPlan {
 pub struct CpuCompiledGraph {
     graph: LazyGraph,
     plan: Option<LazyPlan>,
+    /// The mutated inputs the plan was asked to update in place ([`CompileOptions`]).
+    input_updates: Vec<(usize, usize)>,
     fallback: Option<PlanError>,
     threads: usize,
     /// Whether lowered plans get machine code for their pointwise kernels.
@@ -265,9 +302,14 @@ fn instance(plan: &KernelPlan, jit: bool) -> Result<Instance, CpuError> {
 }
 
 impl CpuCompiledGraph {
-    fn new(graph: Graph, threads: usize, jit: bool) -> Result<CpuCompiledGraph, BackendError> {
+    fn new(
+        graph: Graph,
+        threads: usize,
+        jit: bool,
+        input_updates: Vec<(usize, usize)>,
+    ) -> Result<CpuCompiledGraph, BackendError> {
         let _span = tracing::debug_span!("cpu_compile", nodes = graph.nodes.len()).entered();
-        let (plan, fallback) = match plan_graph(&graph) {
+        let (plan, fallback) = match plan_graph_with(&graph, &PlanOptions { input_updates: input_updates.clone() }) {
             Ok(p) => (Some(p), None),
             Err(e @ (PlanError::Unsupported { .. } | PlanError::SymbolicBroadcast(_))) => {
                 tracing::debug!(reason = %e, "graph runs on the reference interpreter");
@@ -282,7 +324,7 @@ impl CpuCompiledGraph {
         if let (Some(p), Some(i)) = (&plan, &fixed) {
             tracing::debug!(plan = %print_plan(p, Some(&i.lowered.slots)), "kernel plan");
         }
-        Self::assemble(graph, plan.map(LazyPlan::new), fixed, fallback, threads, jit)
+        Self::assemble(graph, plan.map(LazyPlan::new), input_updates, fixed, fallback, threads, jit)
     }
 
     /// A graph with a plan made earlier for it (a verified artifact): its lowered
@@ -296,15 +338,22 @@ impl CpuCompiledGraph {
                 .map_err(|e| err(format!("the artifact's lowered plan does not decode: {e}")))?;
             let inputs: Vec<aotgrad_ir::DType> = a.inputs.iter().map(|i| i.meta.dtype).collect();
             low.check(&inputs).map_err(err)?;
+            // Only the inputs the caller let it update may be written.
+            let allowed = |i: usize| a.input_updates.iter().any(|&(o, j)| j == i && o < low.outputs.len());
+            if low.loc.iter().any(|l| matches!(*l, Loc::Updated(i) if !allowed(i))) {
+                return Err(err("the artifact's lowered plan writes an input it was not compiled to update"));
+            }
             Some(Arc::new(Instance { lowered: finish(low, jit), pool: Mutex::new(Vec::new()) }))
         };
         let plan = LazyPlan::encoded_only(std::mem::take(&mut a.plan));
-        Self::assemble(LazyGraph::from_artifact(a), Some(plan), fixed, None, threads, jit)
+        let updates = std::mem::take(&mut a.input_updates);
+        Self::assemble(LazyGraph::from_artifact(a), Some(plan), updates, fixed, None, threads, jit)
     }
 
     fn assemble(
         graph: impl Into<LazyGraph>,
         plan: Option<LazyPlan>,
+        input_updates: Vec<(usize, usize)>,
         fixed: Option<Arc<Instance>>,
         fallback: Option<PlanError>,
         threads: usize,
@@ -316,6 +365,7 @@ impl CpuCompiledGraph {
         Ok(CpuCompiledGraph {
             graph,
             plan,
+            input_updates,
             fallback,
             threads,
             jit,
@@ -492,7 +542,7 @@ impl CpuCompiledGraph {
             .iter()
             .map(|(b, meta)| {
                 let storage = match low.loc[*b] {
-                    Loc::Input(i) => inputs[i].storage.clone(),
+                    Loc::Input(i) | Loc::Updated(i) => inputs[i].storage.clone(),
                     Loc::Output(o) => out_storages[o]
                         .get_or_insert_with(|| Storage::new(outs[o].take().unwrap_or(Buffer::F32(Vec::new()))))
                         .clone(),
@@ -548,7 +598,7 @@ impl CpuCompiledGraph {
                     bufs[b] = match loc {
                         Loc::Slot(s) => raw_of(&mut arena.slots[*s]),
                         Loc::Output(o) => raw_of(&mut outs[*o]),
-                        Loc::Input(_) | Loc::Extern => Raw::NONE,
+                        Loc::Input(_) | Loc::Updated(_) | Loc::Extern => Raw::NONE,
                     };
                 }
                 raws_stale = false;
@@ -562,7 +612,7 @@ impl CpuCompiledGraph {
                 for (b, meta) in &e.args {
                     let loc = low.loc[*b];
                     let storage = match loc {
-                        Loc::Input(i) => inputs[i].storage.clone(),
+                        Loc::Input(i) | Loc::Updated(i) => inputs[i].storage.clone(),
                         Loc::Extern => externs
                             .get(b)
                             .cloned()
@@ -610,35 +660,48 @@ impl CpuCompiledGraph {
                 }
                 continue;
             }
-            // Raw views of every buffer this kernel touches; input storages are
-            // read-locked for the kernel's duration.
-            let mut guards = Vec::new();
-            let touched: Vec<usize> = k.loaded();
-            let mut set: Vec<usize> = Vec::new();
-            for b in touched {
-                let storage = match low.loc[b] {
-                    Loc::Input(i) => &inputs[i].storage,
-                    Loc::Extern => externs
-                        .get(&b)
-                        .ok_or_else(|| CpuError::Internal(format!("extern buffer b{b} read before it exists")))?,
+            // Raw views of every buffer this kernel touches: input storages are locked
+            // for the kernel's duration, once each (two inputs may share a storage),
+            // for writing when the kernel updates one of its buffers in place.
+            let mut touched: Vec<(usize, &Arc<Storage>, bool)> = Vec::new();
+            let stored = k.stored();
+            for b in k.loaded().into_iter().chain(stored.iter().copied()) {
+                let (storage, write) = match low.loc[b] {
+                    Loc::Input(i) => (&inputs[i].storage, false),
+                    Loc::Updated(i) => (&inputs[i].storage, stored.contains(&b)),
+                    Loc::Extern => (
+                        externs
+                            .get(&b)
+                            .ok_or_else(|| CpuError::Internal(format!("extern buffer b{b} read before it exists")))?,
+                        false,
+                    ),
                     _ => continue,
                 };
+                touched.push((b, storage, write));
+            }
+            let mut guards: Vec<(*const Storage, StorageGuard<'_>)> = Vec::new();
+            let mut set: Vec<usize> = Vec::new();
+            for &(b, storage, _) in &touched {
                 if !bufs[b].ptr.is_null() {
                     continue;
                 }
-                let g = storage.read();
-                let p = match &*g {
-                    Buffer::Bool(v) => Raw { ptr: v.as_ptr() as *mut u8, dtype: aotgrad_ir::DType::Bool },
-                    Buffer::I32(v) => Raw { ptr: v.as_ptr() as *mut u8, dtype: aotgrad_ir::DType::I32 },
-                    Buffer::I64(v) => Raw { ptr: v.as_ptr() as *mut u8, dtype: aotgrad_ir::DType::I64 },
-                    Buffer::F16(v) => Raw { ptr: v.as_ptr() as *mut u8, dtype: aotgrad_ir::DType::F16 },
-                    Buffer::BF16(v) => Raw { ptr: v.as_ptr() as *mut u8, dtype: aotgrad_ir::DType::BF16 },
-                    Buffer::F32(v) => Raw { ptr: v.as_ptr() as *mut u8, dtype: aotgrad_ir::DType::F32 },
-                    Buffer::F64(v) => Raw { ptr: v.as_ptr() as *mut u8, dtype: aotgrad_ir::DType::F64 },
+                let key = Arc::as_ptr(storage);
+                let p = match guards.iter().find(|(s, _)| *s == key) {
+                    Some((_, g)) => g.raw(),
+                    None => {
+                        let write = touched.iter().any(|&(_, s, w)| w && Arc::as_ptr(s) == key);
+                        let g = if write {
+                            StorageGuard::Write(storage.write_unversioned())
+                        } else {
+                            StorageGuard::Read(storage.read())
+                        };
+                        let p = g.raw();
+                        guards.push((key, g));
+                        p
+                    }
                 };
                 bufs[b] = p;
                 set.push(b);
-                guards.push(g);
             }
             // SAFETY: the lowering checked every access against its buffer (inputs
             // against `input_need` above); kernels write only their own outputs.
@@ -704,6 +767,7 @@ impl CompiledGraph<CpuTensor> for CpuCompiledGraph {
             graph: self.graph.encoded().to_vec(),
             plan: self.plan.as_ref().map(|p| p.encoded().to_vec()).unwrap_or_default(),
             lowered,
+            input_updates: self.input_updates.clone(),
         };
         // Encoding plain data cannot fail; an empty artifact would be rejected on load.
         aotgrad_ir::codec::encode("cpu artifact", &artifact).unwrap_or_default()
@@ -720,7 +784,7 @@ fn decode_artifact(bytes: &[u8]) -> Result<CpuArtifact, BackendError> {
 }
 
 /// The format tag of [`CpuArtifact`]s.
-pub const ARTIFACT_FORMAT: &str = "aotgrad-cpu/6";
+pub const ARTIFACT_FORMAT: &str = "aotgrad-cpu/7";
 
 /// The compiled CPU backend's artifact: the graph, its kernel plan and (static plans)
 /// the plan lowered, encoded with [`aotgrad_ir::codec`]. [`Backend::deserialize`]
@@ -755,6 +819,9 @@ pub struct CpuArtifact {
     /// this build (the format tag changes with it).
     #[serde(with = "aotgrad_ir::codec::bytes")]
     pub lowered: Vec<u8>,
+    /// The mutated inputs it was compiled to update in place
+    /// ([`CompileOptions::input_updates`]); planning again uses them too.
+    pub input_updates: Vec<(usize, usize)>,
 }
 
 impl CpuArtifact {
@@ -861,6 +928,13 @@ impl Backend<CpuTensor> for CpuBackend {
     fn compile(&self, graph: &Graph) -> Result<Box<dyn CompiledGraph<CpuTensor>>, BackendError> {
         Ok(Box::new(self.compile_graph(graph)?))
     }
+    fn compile_with(
+        &self,
+        graph: &Graph,
+        options: &CompileOptions,
+    ) -> Result<Box<dyn CompiledGraph<CpuTensor>>, BackendError> {
+        Ok(Box::new(self.compile_graph_with(graph, options)?))
+    }
     fn deserialize(&self, bytes: &[u8]) -> Result<Box<dyn CompiledGraph<CpuTensor>>, BackendError> {
         let a = decode_artifact(bytes)?;
         let graph = a.decode_graph()?;
@@ -871,7 +945,11 @@ impl Backend<CpuTensor> for CpuBackend {
             let at = e.node.map(|n| format!(" at node {n}")).unwrap_or_default();
             err(format!("artifact graph is invalid{at}: {}", e.msg))
         })?;
-        let compiled = CpuCompiledGraph::new(graph, self.threads, self.jit)?;
+        let updates = a.input_updates.clone();
+        if updates.iter().any(|&(o, i)| o >= graph.outputs.len() || i >= graph.inputs.len()) {
+            return Err(err("artifact names an input update outside its graph"));
+        }
+        let compiled = CpuCompiledGraph::new(graph, self.threads, self.jit, updates)?;
         if compiled.plan() != a.decode_plan()?.as_ref() {
             return Err(err("artifact plan does not match its graph (corrupt or from another aotgrad version)"));
         }
@@ -890,7 +968,7 @@ impl Backend<CpuTensor> for CpuBackend {
         let mut a = decode_artifact(bytes)?;
         Ok(Box::new(if a.plan.is_empty() {
             // The interpreter's graphs: planning again finds the reason it has none.
-            CpuCompiledGraph::new(a.decode_graph()?, self.threads, self.jit)?
+            CpuCompiledGraph::new(a.decode_graph()?, self.threads, self.jit, Vec::new())?
         } else {
             CpuCompiledGraph::from_artifact(&mut a, self.threads, self.jit)?
         }))

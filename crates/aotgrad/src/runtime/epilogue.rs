@@ -30,11 +30,17 @@ fn covers_storage(t: &CpuTensor) -> bool {
         && t.meta.numel().as_const() == Some(t.storage.len() as i64)
 }
 
-/// Copy a mutated input's new value `src` into the caller's storage `dst`. A value a
-/// device backend left on its device replaces a storage it covers whole without
-/// coming back to the host (device copies are never written after they are made,
-/// so the two storages may share one); anything else is an element copy.
+/// Copy a mutated input's new value `src` into the caller's storage `dst`. A value
+/// the backend already stored there (an input updated in place: the same storage,
+/// laid out as the input) is only counted, as a copy would be; a value a device
+/// backend left on its device replaces a storage it covers whole without coming back
+/// to the host (device copies are never written after they are made, so the two
+/// storages may share one); anything else is an element copy.
 fn write_back(dst: &CpuTensor, src: &CpuTensor) -> Result<()> {
+    if dst.same_storage(src) && dst.meta == src.meta {
+        dst.storage.bump_version();
+        return Ok(());
+    }
     if let Some(dev) = src.storage.device_copy() {
         if !src.storage.on_host()
             && dst.meta.dtype == src.meta.dtype

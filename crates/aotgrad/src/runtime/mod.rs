@@ -303,6 +303,15 @@ where
     })
 }
 
+/// The backend's options for a functional graph: its mutated inputs, whose new
+/// values (the first graph outputs) the backend may store in place. Every mutated
+/// graph input overlaps no other graph input (aliased inputs a mutation reaches are
+/// merged into a synthetic base, and an entry only runs on calls with its aliasing
+/// pattern), and the epilogue skips the copy of a value already in place.
+pub(crate) fn input_updates(fz: &Functionalized) -> aotgrad_ir::CompileOptions {
+    aotgrad_ir::CompileOptions { input_updates: fz.meta.mutated_inputs.iter().copied().enumerate().collect() }
+}
+
 /// Symbol values of one call.
 pub(crate) type Bindings = HashMap<SymId, i64>;
 
@@ -712,7 +721,7 @@ impl AotFunction {
             )?;
             (c.fw, Some(c.bw), Some(c.meta), Some(c.graphs))
         } else {
-            let compiled = backend.compile(&fz.graph)?;
+            let compiled = backend.compile_with(&fz.graph, &input_updates(&fz))?;
             timer.stage("backend");
             (Arc::from(compiled), None, None, None)
         };

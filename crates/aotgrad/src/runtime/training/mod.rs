@@ -147,7 +147,9 @@ pub(crate) fn compile_training(
         aotgrad_ir::text::print_graph(&part.backward),
         part.report
     );
-    let fw = backend.compile(&part.forward)?;
+    // The forward's first outputs are the mutated inputs' new values, as in the
+    // functional graph (the joint graph keeps its outputs first).
+    let fw = backend.compile_with(&part.forward, &super::input_updates(fz))?;
     timer.stage("backend forward");
     let bw = backend.compile(&part.backward)?;
     timer.stage("backend backward");
