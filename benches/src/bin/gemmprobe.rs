@@ -1,4 +1,4 @@
-//! Dev: which orientation of a product the `gemm` crate runs fastest, per operand layout.
+//! Dev: which orientation of a product the `gemm` crate runs fastest, per operand layout (`SHAPE=NxKxM` for one shape).
 use aotgrad_benches::runtime::median_ms;
 
 #[allow(clippy::too_many_arguments)]
@@ -32,14 +32,22 @@ unsafe fn run(
 }
 
 fn main() -> anyhow::Result<()> {
-    for (n, k, m) in [
+    let only: Option<(usize, usize, usize)> = std::env::var("SHAPE").ok().and_then(|s| {
+        let v: Vec<usize> = s.split('x').filter_map(|x| x.parse().ok()).collect();
+        (v.len() == 3).then(|| (v[0], v[1], v[2]))
+    });
+    let shapes = [
         (64usize, 512usize, 512usize),
         (1024, 256, 768),
         (1024, 1024, 256),
         (256, 1024, 1024),
         (128, 32, 128),
         (128, 128, 32),
-    ] {
+        (128, 784, 256),
+        (784, 128, 256),
+        (128, 256, 784),
+    ];
+    for (n, k, m) in only.into_iter().chain(shapes).take(if std::env::var("SHAPE").is_ok() { 1 } else { 99 }) {
         let a: Vec<f32> = (0..n * k).map(|i| (i as f32).sin()).collect();
         let b: Vec<f32> = (0..k * m).map(|i| (i as f32).cos()).collect();
         let mut c = vec![0f32; n * m];

@@ -16,7 +16,6 @@ use crate::{CpuError, Result};
 use aotgrad_fusion::Compute;
 use aotgrad_ir::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp};
 use half::{bf16, f16};
-use rayon::prelude::*;
 
 /// Elements per block of a fused body.
 pub(crate) const BLK: usize = 512;
@@ -48,14 +47,25 @@ impl Raw {
     }
 }
 
-/// Run `f` on `[lo, hi)` chunks of `0..total` on up to `threads` tasks.
+/// Run `f` on `[lo, hi)` chunks of `0..total` on up to `threads` tasks (on the pool
+/// this thread entered, see [`super::pool`]).
 pub(crate) fn par_chunks(total: usize, threads: usize, min_chunk: usize, f: impl Fn(usize, usize) + Sync) {
     let tasks = if threads <= 1 { 1 } else { (total / min_chunk.max(1)).clamp(1, threads * 4) };
+    par_tasks(tasks, |c| f(c * total / tasks, (c + 1) * total / tasks));
+}
+
+/// Run `f(0..tasks)` on the pool this thread entered (serially without one).
+pub(crate) fn par_tasks(tasks: usize, f: impl Fn(usize) + Sync) {
     if tasks <= 1 {
-        f(0, total);
+        if tasks == 1 {
+            f(0);
+        }
         return;
     }
-    (0..tasks).into_par_iter().for_each(|c| f(c * total / tasks, (c + 1) * total / tasks));
+    super::pool::current(|p| match p {
+        Some(p) => p.run(tasks, &f),
+        None => (0..tasks).for_each(&f),
+    })
 }
 
 // ---- register files -------------------------------------------------------------------
@@ -711,10 +721,15 @@ pub(crate) unsafe fn pointwise(k: &CPointwise, bufs: &[Raw], threads: usize) {
         Compute::F64 => unsafe { pointwise_range::<f64>(k, bufs, lo, hi) },
     };
     // Compiled bodies run several times faster than interpreted ones: a task must
-    // cover more elements before splitting pays for waking another thread.
+    // cover more elements before splitting pays for handing it to another thread.
     let compiled = k.jit.as_ref().is_some_and(|s| s.get().is_some());
-    par_chunks(k.numel, threads, if compiled { 64 * 1024 } else { 16 * 1024 }, f);
+    par_chunks(k.numel, threads, if compiled { POINTWISE_TASK_COMPILED } else { POINTWISE_TASK }, f);
 }
+
+/// Fewest elements of an interpreted pointwise kernel per task.
+pub(crate) const POINTWISE_TASK: usize = 8 * 1024;
+/// Fewest elements of a compiled pointwise kernel per task.
+pub(crate) const POINTWISE_TASK_COMPILED: usize = 32 * 1024;
 
 /// Instruction sets the hot loops are compiled for; the best one present is picked
 /// once at run time (the build itself targets the baseline CPU).
@@ -1299,7 +1314,6 @@ unsafe fn gemm_block<T: 'static + Copy + num_traits::Zero>(
     bufs: &[Raw],
     blk: Block,
     b_rows: Option<*mut T>,
-    par: gemm::Parallelism,
 ) {
     let (ab, ast, aoff) = mm.a;
     let (bb, mut bst, boff) = mm.b;
@@ -1343,7 +1357,7 @@ unsafe fn gemm_block<T: 'static + Copy + num_traits::Zero>(
             false,
             false,
             false,
-            par,
+            gemm::Parallelism::None,
         );
     }
 }
@@ -1498,14 +1512,14 @@ pub(crate) unsafe fn matmul(mm: &CMatmul, bufs: &[Raw], threads: usize) {
     let m_eff = if same_cols { 1 } else { mm.m };
     let n_eff = if same_rows { 1 } else { mm.n };
     let transpose = transpose_b(mm, m_eff);
-    let block = |blk: Block, par: gemm::Parallelism| {
+    let block = |blk: Block| {
         let words = if transpose { (mm.k * (blk.c1 - blk.c0) * mm.dtype.size_bytes()).div_ceil(8) } else { 0 };
         with_scratch(words, |scratch| {
             // SAFETY: the caller's guarantees; tasks own disjoint blocks.
             unsafe {
                 match mm.dtype {
-                    DType::F64 => gemm_block::<f64>(mm, bufs, blk, transpose.then_some(scratch.as_mut_ptr()), par),
-                    _ => gemm_block::<f32>(mm, bufs, blk, transpose.then_some(scratch.as_mut_ptr() as *mut f32), par),
+                    DType::F64 => gemm_block::<f64>(mm, bufs, blk, transpose.then_some(scratch.as_mut_ptr())),
+                    _ => gemm_block::<f32>(mm, bufs, blk, transpose.then_some(scratch.as_mut_ptr() as *mut f32)),
                 }
             }
         });
@@ -1545,38 +1559,87 @@ pub(crate) unsafe fn matmul(mm: &CMatmul, bufs: &[Raw], threads: usize) {
         }
     };
     let whole = |b: usize| Block { batch: b, r0: 0, r1: n_eff, c0: 0, c1: m_eff };
+    let split = split_product(n_eff, m_eff, mm.k, threads, transpose);
     if threads > 1 && mm.batch >= threads {
-        // Whole products per task, each gemm single-threaded, its epilogue right after.
+        // Whole products per task, its epilogue right after.
         par_chunks(mm.batch, threads, 1, |lo, hi| {
             for b in lo..hi {
-                block(whole(b), gemm::Parallelism::None);
+                block(whole(b));
                 fill(b);
                 epilogue(b * plane, (b + 1) * plane);
             }
         });
-    } else if threads > 1 && transpose {
-        // Column blocks per task: each copies its own columns of the right operand
-        // row-major and multiplies them single-threaded.
-        for b in 0..mm.batch {
-            let tasks = threads.min(m_eff.div_ceil(64)).max(1);
-            par_chunks(tasks, threads, 1, |lo, hi| {
-                for t in lo..hi {
-                    let (c0, c1) = (t * m_eff / tasks, (t + 1) * m_eff / tasks);
-                    block(Block { c0, c1, ..whole(b) }, gemm::Parallelism::None);
+        return;
+    }
+    for b in 0..mm.batch {
+        match split {
+            Split::Rows(tasks) => {
+                // Row blocks per task, each with its rows of the epilogue while they are
+                // hot (the epilogue reads the product in its element order).
+                let rows_ok = !same_rows && !same_cols;
+                par_tasks(tasks, |t| {
+                    let (r0, r1) = (tile_edge(t, tasks, n_eff, 16), tile_edge(t + 1, tasks, n_eff, 16));
+                    block(Block { r0, r1, ..whole(b) });
+                    if rows_ok {
+                        epilogue(b * plane + r0 * mm.m, b * plane + r1 * mm.m);
+                    }
+                });
+                fill(b);
+                if !rows_ok {
+                    par_chunks(plane, threads, 16 * 1024, |lo, hi| epilogue(b * plane + lo, b * plane + hi));
                 }
-            });
-            fill(b);
-            par_chunks(plane, threads, 16 * 1024, |lo, hi| epilogue(b * plane + lo, b * plane + hi));
-        }
-    } else {
-        // One product at a time on every thread (re-packing the right operand per row
-        // panel costs more than the epilogue gains from a hot cache), then the
-        // epilogue over it on every thread.
-        let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
-        for b in 0..mm.batch {
-            block(whole(b), par);
-            fill(b);
-            par_chunks(plane, threads, 16 * 1024, |lo, hi| epilogue(b * plane + lo, b * plane + hi));
+            }
+            Split::Cols(tasks) => {
+                // Column blocks per task (each copies its own columns of a transposed
+                // right operand row-major), then the epilogue over the product.
+                par_tasks(tasks, |t| {
+                    let (c0, c1) = (tile_edge(t, tasks, m_eff, 16), tile_edge(t + 1, tasks, m_eff, 16));
+                    block(Block { c0, c1, ..whole(b) });
+                });
+                fill(b);
+                par_chunks(plane, threads, 16 * 1024, |lo, hi| epilogue(b * plane + lo, b * plane + hi));
+            }
         }
     }
+}
+
+/// How a product's output is split across tasks.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Split {
+    /// Blocks of rows (`n`).
+    Rows(usize),
+    /// Blocks of columns (`m`).
+    Cols(usize),
+}
+
+/// Work (multiply-adds) below which a product runs as one task: splitting it costs
+/// more in packing its operands twice than the second core gains.
+pub(crate) const SPLIT_MIN_WORK: usize = 32 * 32 * 64;
+
+/// The split of an `n x k @ k x m` product for `threads` threads: one task per thread
+/// over the output dim with more 16-wide tiles (columns when the right operand is
+/// copied row-major per task, which each task then does for its own columns only),
+/// at most as many tasks as that dim has tiles. The `gemm` crate sums each element
+/// over `k` in the same order whatever the block, so the result does not depend on
+/// the split.
+fn split_product(n: usize, m: usize, k: usize, threads: usize, transpose: bool) -> Split {
+    if threads <= 1 || n.saturating_mul(m).saturating_mul(k) < SPLIT_MIN_WORK {
+        return Split::Rows(1);
+    }
+    let (row_tiles, col_tiles) = (n.div_ceil(16), m.div_ceil(16));
+    if transpose || col_tiles > row_tiles {
+        Split::Cols(threads.min(col_tiles).max(1))
+    } else {
+        Split::Rows(threads.min(row_tiles).max(1))
+    }
+}
+
+/// Boundary `t` of `tasks` near-equal blocks of `0..len`, on multiples of `tile`
+/// (the last block takes the rest).
+fn tile_edge(t: usize, tasks: usize, len: usize, tile: usize) -> usize {
+    if t >= tasks {
+        return len;
+    }
+    let tiles = len.div_ceil(tile);
+    (t * tiles / tasks * tile).min(len)
 }

@@ -728,19 +728,20 @@ pub(crate) fn lower(plan: &KernelPlan) -> Result<Lowered> {
 }
 
 /// Whether `k` may split across threads: the same thresholds as the executor's
-/// (pointwise kernels and row groups from 32K elements (128K compiled), reductions
-/// from 64K, products
-/// from the `gemm` crate's threading threshold of 48 x 48 x 256).
+/// (pointwise kernels from two tasks' worth of elements, reductions from 64K, row
+/// groups from 32K, products from [`exec::SPLIT_MIN_WORK`] multiply-adds).
 fn splits(k: &CKernel) -> bool {
+    use super::exec;
     match k {
-        // A compiled body splits from 64K elements a task (see `exec::pointwise`).
-        CKernel::Pointwise(p) => p.numel >= if p.jit.is_some() { 128 * 1024 } else { 32 * 1024 },
+        CKernel::Pointwise(p) => {
+            p.numel >= 2 * if p.jit.is_some() { exec::POINTWISE_TASK_COMPILED } else { exec::POINTWISE_TASK }
+        }
         CKernel::Reduce(r) => r.shape.iter().product::<usize>() >= 64 * 1024,
         CKernel::Rows(g) => g.rows.saturating_mul(g.row_len) >= 32 * 1024,
         CKernel::Matmul(m) => {
             m.batch >= 2 && m.n.saturating_mul(m.m) >= 16 * 1024
-                || m.n.saturating_mul(m.m).saturating_mul(m.k) >= 48 * 48 * 256
-                || m.epilogue.as_ref().is_some_and(|e| e.numel >= 32 * 1024)
+                || m.n.saturating_mul(m.m).saturating_mul(m.k) >= exec::SPLIT_MIN_WORK
+                || m.epilogue.as_ref().is_some_and(|e| e.numel >= 2 * exec::POINTWISE_TASK)
         }
         CKernel::Extern(_) => false,
     }

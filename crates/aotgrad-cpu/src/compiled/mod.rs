@@ -19,6 +19,7 @@ mod exec;
 mod jit;
 mod lower;
 pub(crate) mod math;
+mod pool;
 
 use crate::interp::bind_inputs;
 use crate::storage::{take_recycled, Buffer, CpuTensor, Storage};
@@ -91,23 +92,11 @@ pub fn wait_for_jit_idle(timeout: std::time::Duration) -> bool {
     jit::wait_idle(timeout)
 }
 
-fn pool_for(threads: usize) -> Result<Option<Arc<rayon::ThreadPool>>, BackendError> {
-    static POOLS: OnceLock<Mutex<HashMap<usize, Arc<rayon::ThreadPool>>>> = OnceLock::new();
+fn pool_for(threads: usize) -> Result<Option<Arc<pool::Pool>>, BackendError> {
     if threads <= 1 {
         return Ok(None);
     }
-    let mut pools = POOLS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(p) = pools.get(&threads) {
-        return Ok(Some(p.clone()));
-    }
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .thread_name(|i| format!("aotgrad-cpu-{i}"))
-        .build()
-        .map_err(|e| err(format!("could not start {threads} worker threads: {e}")))?;
-    let pool = Arc::new(pool);
-    pools.insert(threads, pool.clone());
-    Ok(Some(pool))
+    pool::Pool::shared(threads).map(Some).map_err(|e| err(format!("could not start {threads} worker threads: {e}")))
 }
 
 /// A lock held on an input or extern storage while a kernel runs.
@@ -218,7 +207,7 @@ pub struct CpuCompiledGraph {
     threads: usize,
     /// Whether lowered plans get machine code for their pointwise kernels.
     jit: bool,
-    pool: Option<Arc<rayon::ThreadPool>>,
+    pool: Option<Arc<pool::Pool>>,
     fixed: Option<Arc<Instance>>,
     by_binding: Mutex<HashMap<Binding, Arc<Instance>>>,
     stats: Mutex<AllocStats>,
@@ -487,7 +476,7 @@ impl CpuCompiledGraph {
         let env = bind_inputs(&self.graph.inputs, inputs, symbols)?;
         let inst = self.instance_for(&env)?;
         match &self.pool {
-            Some(p) if inst.lowered.parallel => p.install(|| self.run_instance(&inst, inputs)),
+            Some(p) if inst.lowered.parallel => p.enter(|| self.run_instance(&inst, inputs)),
             _ => self.run_instance(&inst, inputs),
         }
     }
