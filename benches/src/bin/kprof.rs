@@ -28,6 +28,10 @@ fn main() -> anyhow::Result<()> {
             Ok(vec![a[0].t()?.matmul(&g)?])
         }),
         "tiny" => (vec![r(&[16], 0)?], |a| Ok(vec![a[0].mul(2.0)?])),
+        "maxpool" => (vec![r(&[128, 16, 28, 28], 0)?], |a| Ok(vec![a[0].max_pool2d([2, 2], None, [0, 0], [1, 1])?])),
+        "conv" => (vec![r(&[128, 16, 14, 14], 0)?, r(&[32, 16, 3, 3], 1)?], |a| {
+            Ok(vec![a[0].conv2d(&a[1], None, aotgrad_trace::Conv2dOpts::default().padding(1))?])
+        }),
         "chain4m" => (vec![r(&[4096, 1024], 0)?], |a| {
             Ok(vec![a[0].mul(1.5)?.add(0.25)?.relu()?.sub(0.5)?.abs()?.mul(0.9)?.neg()?])
         }),

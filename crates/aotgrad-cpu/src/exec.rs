@@ -155,6 +155,11 @@ pub(crate) fn compute(op: &Op, args: &[&CpuTensor], out: &TensorMeta) -> Result<
         Op::ArgMin { dim, .. } => reduce::arg_extreme(false, a(0)?, *dim, out),
         Op::Cumsum(dim) => reduce::cumsum(a(0)?, *dim, out),
         Op::Argsort { dim, descending } => reduce::argsort(a(0)?, *dim, *descending, out),
+        Op::Conv2d(_)
+        | Op::Conv2dInputGrad { .. }
+        | Op::Conv2dWeightGrad { .. }
+        | Op::MaxPool2d(_)
+        | Op::MaxPool2dGrad(_) => crate::conv::compute(op, args, out),
         Op::Mm => matmul::matmul(a(0)?, a(1)?, out, false),
         Op::Bmm => matmul::matmul(a(0)?, a(1)?, out, true),
         Op::Full { value, .. } | Op::FullLike { value, .. } => {

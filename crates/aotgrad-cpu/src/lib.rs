@@ -19,6 +19,7 @@
 
 pub mod backend;
 pub mod compiled;
+mod conv;
 mod convert;
 mod exec;
 mod indexing;

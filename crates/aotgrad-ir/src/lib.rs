@@ -44,5 +44,5 @@ macro_rules! dims {
         d
     }};
 }
-pub use op::{Aliasing, BinaryOp, CmpOp, CompositeOp, Op, ReduceOp, UnaryOp};
+pub use op::{window_out, Aliasing, BinaryOp, CmpOp, CompositeOp, Conv2dParams, Op, Pool2dParams, ReduceOp, UnaryOp};
 pub use sym::{Dim, DimOracle, Guard, Poly, Rel, StaticOracle, SymId};

@@ -450,8 +450,76 @@ pub enum Op {
         offset: Dim,
     },
 
+    // ---- convolution and pooling over (N, C, H, W) images ------------------------
+    /// `[x: (N, C, H, W), w: (OC, C / groups, KH, KW)]` -> `(N, OC, OH, OW)`, with
+    /// `OH = (H + 2 padding - dilation (KH - 1) - 1) / stride + 1` (likewise `OW`): 2-D
+    /// cross-correlation (PyTorch's `conv2d` without its bias), zeros padded in.
+    Conv2d(Conv2dParams),
+    /// `[gy: (N, OC, OH, OW), w: (OC, C / groups, KH, KW)]` -> `(N, C, H, W)` with
+    /// `(H, W) = input`: the gradient of [`Op::Conv2d`] with respect to its input
+    /// (also PyTorch's `conv_transpose2d`, whose output size `input` names).
+    Conv2dInputGrad {
+        /// The convolution's geometry.
+        conv: Conv2dParams,
+        /// Spatial size of the convolution's input.
+        input: [usize; 2],
+    },
+    /// `[gy: (N, OC, OH, OW), x: (N, C, H, W)]` -> `(OC, C / groups, KH, KW)` with
+    /// `(KH, KW) = kernel`: the gradient of [`Op::Conv2d`] with respect to its weight.
+    Conv2dWeightGrad {
+        /// The convolution's geometry.
+        conv: Conv2dParams,
+        /// Spatial size of the weight.
+        kernel: [usize; 2],
+    },
+    /// `[x: (N, C, H, W)]` -> `(N, C, OH, OW)`: the maximum of each window (padding
+    /// counts as -inf; a window holding a NaN gives NaN), PyTorch's `max_pool2d` with
+    /// `ceil_mode=False`.
+    MaxPool2d(Pool2dParams),
+    /// `[gy: (N, C, OH, OW), x: (N, C, H, W)]` -> `x`'s shape: each window's gradient
+    /// added at the window's first maximum, or its last NaN when it holds one (the
+    /// element PyTorch's max-pooling indices name).
+    MaxPool2dGrad(Pool2dParams),
+
     /// A composite op kept whole (see [`CompositeOp`]).
     Composite(CompositeOp),
+}
+
+/// The geometry of a 2-D convolution (rows, columns).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Conv2dParams {
+    /// Step between windows.
+    pub stride: [usize; 2],
+    /// Zeros added on each side.
+    pub padding: [usize; 2],
+    /// Step between a window's taps.
+    pub dilation: [usize; 2],
+    /// Channel groups.
+    pub groups: usize,
+}
+
+/// The geometry of a 2-D pooling window (rows, columns).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Pool2dParams {
+    /// Window size.
+    pub kernel: [usize; 2],
+    /// Step between windows.
+    pub stride: [usize; 2],
+    /// Padding on each side.
+    pub padding: [usize; 2],
+    /// Step between a window's taps.
+    pub dilation: [usize; 2],
+}
+
+/// Output size of a window of `kernel` taps `dilation` apart sliding `stride` over
+/// `size` padded by `padding` on both sides (`None` when no window fits or a step is 0).
+pub fn window_out(size: usize, kernel: usize, stride: usize, padding: usize, dilation: usize) -> Option<usize> {
+    if stride == 0 || dilation == 0 || kernel == 0 {
+        return None;
+    }
+    let span = dilation.checked_mul(kernel - 1)?.checked_add(1)?;
+    let padded = size.checked_add(padding.checked_mul(2)?)?;
+    (padded >= span).then(|| (padded - span) / stride + 1)
 }
 
 impl UnaryOp {
@@ -647,6 +715,11 @@ impl Op {
             Op::SliceScatter { .. } => "slice_scatter",
             Op::SelectScatter { .. } => "select_scatter",
             Op::AsStridedScatter { .. } => "as_strided_scatter",
+            Op::Conv2d(_) => "conv2d",
+            Op::Conv2dInputGrad { .. } => "conv2d_input_grad",
+            Op::Conv2dWeightGrad { .. } => "conv2d_weight_grad",
+            Op::MaxPool2d(_) => "max_pool2d",
+            Op::MaxPool2dGrad(_) => "max_pool2d_grad",
             Op::Composite(c) => c.name(),
         }
     }

@@ -52,6 +52,22 @@ pub fn flops_of(op: &Op, args: &[&TensorMeta], out: &TensorMeta) -> u64 {
             let k = args.first().and_then(|a| a.shape.last()).map_or(1, dim_estimate);
             out_n.saturating_mul(k).saturating_mul(2)
         }
+        Op::Conv2d(_) | Op::Conv2dInputGrad { .. } | Op::Conv2dWeightGrad { .. } => {
+            // Multiply-adds: every product element of the one GEMM-shaped side (the
+            // output for conv2d, the gradient for the others) times the weight's
+            // elements per output channel.
+            let w = match op {
+                Op::Conv2dWeightGrad { .. } => out,
+                _ => args.get(1).copied().unwrap_or(out),
+            };
+            let per_channel = numel_estimate(w) / w.shape.first().map_or(1, dim_estimate).max(1);
+            let side = if matches!(op, Op::Conv2d(_)) { out_n } else { in_n };
+            side.saturating_mul(per_channel).saturating_mul(2)
+        }
+        Op::MaxPool2d(p) | Op::MaxPool2dGrad(p) => {
+            let taps = (p.kernel[0] * p.kernel[1]) as u64;
+            if matches!(op, Op::MaxPool2d(_)) { out_n } else { in_n }.saturating_mul(taps)
+        }
         Op::Composite(_) => out_n.saturating_mul(8).max(in_n),
         _ => out_n,
     }

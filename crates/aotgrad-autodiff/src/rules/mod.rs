@@ -1,5 +1,6 @@
 //! Derivative rules: the vector-Jacobian product of every core op, one themed module
-//! per op family ([`pointwise`], [`reduce`], [`views`], [`indexing`], [`linalg`]).
+//! per op family ([`pointwise`], [`reduce`], [`views`], [`indexing`], [`linalg`],
+//! [`conv`]).
 //!
 //! A rule receives the forward node, the gradient `g` of its result (the result's
 //! shape and dtype, any layout) and which arguments need a gradient; it returns one
@@ -8,6 +9,7 @@
 //! casts it to the argument's dtype (see [`crate::builder::Builder::fit_to`]).
 //! `None` means "zero" (no contribution).
 
+pub(crate) mod conv;
 pub(crate) mod indexing;
 pub(crate) mod linalg;
 pub(crate) mod pointwise;
@@ -57,6 +59,8 @@ pub(crate) fn grad_flows(op: &Op, i: usize) -> bool {
         Op::IndexSelect(_) | Op::Gather(_) => i == 0,
         Op::ScatterAdd(_) => i == 0 || i == 2,
         Op::Cat(_) | Op::SliceScatter { .. } | Op::SelectScatter { .. } | Op::AsStridedScatter { .. } => true,
+        Op::Conv2d(_) | Op::Conv2dInputGrad { .. } | Op::Conv2dWeightGrad { .. } | Op::MaxPool2d(_) => true,
+        Op::MaxPool2dGrad(_) => i == 0,
         Op::Composite(_) | Op::InPlace(_) | Op::MetaInPlace(_) => true,
     }
 }
@@ -114,6 +118,11 @@ pub(crate) fn vjp(b: &mut Builder, node: &Node, g: ValueId, needs: &[bool]) -> R
         | Op::SelectScatter { .. }
         | Op::AsStridedScatter { .. } => indexing::vjp(b, node, g, needs)?,
         Op::Full { .. } | Op::Arange { .. } | Op::Rand { .. } | Op::Randn { .. } => Vec::new(),
+        Op::Conv2d(_)
+        | Op::Conv2dInputGrad { .. }
+        | Op::Conv2dWeightGrad { .. }
+        | Op::MaxPool2d(_)
+        | Op::MaxPool2dGrad(_) => conv::vjp(b, node, g, needs)?,
         Op::Composite(c) => {
             return Err(AutodiffError::NotDifferentiable {
                 op: c.name().to_string(),

@@ -54,19 +54,7 @@ pub(crate) fn par_chunks(total: usize, threads: usize, min_chunk: usize, f: impl
     par_tasks(tasks, |c| f(c * total / tasks, (c + 1) * total / tasks));
 }
 
-/// Run `f(0..tasks)` on the pool this thread entered (serially without one).
-pub(crate) fn par_tasks(tasks: usize, f: impl Fn(usize) + Sync) {
-    if tasks <= 1 {
-        if tasks == 1 {
-            f(0);
-        }
-        return;
-    }
-    super::pool::current(|p| match p {
-        Some(p) => p.run(tasks, &f),
-        None => (0..tasks).for_each(&f),
-    })
-}
+pub(crate) use super::pool::par_tasks;
 
 // ---- register files -------------------------------------------------------------------
 
@@ -734,7 +722,7 @@ pub(crate) const POINTWISE_TASK_COMPILED: usize = 32 * 1024;
 /// Instruction sets the hot loops are compiled for; the best one present is picked
 /// once at run time (the build itself targets the baseline CPU).
 #[derive(Clone, Copy, PartialEq)]
-enum Isa {
+pub(crate) enum Isa {
     Base,
     #[cfg(target_arch = "x86_64")]
     Avx2,
@@ -742,7 +730,7 @@ enum Isa {
     Avx512,
 }
 
-fn isa() -> Isa {
+pub(crate) fn isa() -> Isa {
     static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
     *ISA.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]

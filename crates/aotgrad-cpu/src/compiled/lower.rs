@@ -743,7 +743,17 @@ fn splits(k: &CKernel) -> bool {
                 || m.n.saturating_mul(m.m).saturating_mul(m.k) >= exec::SPLIT_MIN_WORK
                 || m.epilogue.as_ref().is_some_and(|e| e.numel >= 2 * exec::POINTWISE_TASK)
         }
-        CKernel::Extern(_) => false,
+        // Convolutions and pooling split over images themselves.
+        CKernel::Extern(e) => {
+            matches!(
+                e.op,
+                Op::Conv2d(_)
+                    | Op::Conv2dInputGrad { .. }
+                    | Op::Conv2dWeightGrad { .. }
+                    | Op::MaxPool2d(_)
+                    | Op::MaxPool2dGrad(_)
+            ) && e.meta.numel().as_const().is_some_and(|n| n >= 2 * exec::POINTWISE_TASK as i64)
+        }
     }
 }
 

@@ -14,12 +14,12 @@
 //! not depend on the thread count.
 
 mod check;
-mod exec;
+pub(crate) mod exec;
 #[cfg_attr(not(target_arch = "x86_64"), path = "jit_stub.rs")]
 mod jit;
 mod lower;
 pub(crate) mod math;
-mod pool;
+pub(crate) mod pool;
 
 use crate::interp::bind_inputs;
 use crate::storage::{take_recycled, Buffer, CpuTensor, Storage};

@@ -178,6 +178,20 @@ impl Drop for Pool {
     }
 }
 
+/// Run `f(0..tasks)` on the pool this thread entered (serially without one).
+pub(crate) fn par_tasks(tasks: usize, f: impl Fn(usize) + Sync) {
+    if tasks <= 1 {
+        if tasks == 1 {
+            f(0);
+        }
+        return;
+    }
+    current(|p| match p {
+        Some(p) => p.run(tasks, &f),
+        None => (0..tasks).for_each(&f),
+    })
+}
+
 /// The pool kernels on this thread split across ([`Pool::enter`]), if any.
 pub(crate) fn current<R>(f: impl FnOnce(Option<&Pool>) -> R) -> R {
     let p = CURRENT.with(Cell::get);

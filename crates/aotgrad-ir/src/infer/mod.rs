@@ -16,7 +16,7 @@
 //!   dense permuted layout; we always produce row-major results.)
 //!
 //! The families live in submodules: [`pointwise`], [`reduce`], [`views`],
-//! [`indexing`], [`creation`], [`linalg`] and [`composite`]; [`shapes`] holds the
+//! [`indexing`], [`creation`], [`linalg`], [`conv`] and [`composite`]; [`shapes`] holds the
 //! size and stride arithmetic shared with the tracer (view/expand/slice resolution).
 
 // `ShapeError` carries pre-formatted shapes (several `String`s); errors are the cold
@@ -24,6 +24,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod composite;
+pub mod conv;
 pub mod creation;
 pub mod indexing;
 pub mod linalg;
@@ -135,6 +136,11 @@ pub(crate) fn infer_named(op: &Op, name: &str, args: &[&TensorMeta], oracle: &mu
         | Op::SliceScatter { .. }
         | Op::SelectScatter { .. }
         | Op::AsStridedScatter { .. } => indexing::infer_indexing(op, name, args, oracle),
+        Op::Conv2d(_)
+        | Op::Conv2dInputGrad { .. }
+        | Op::Conv2dWeightGrad { .. }
+        | Op::MaxPool2d(_)
+        | Op::MaxPool2dGrad(_) => conv::infer_conv(op, name, args, oracle),
         Op::Composite(c) => composite::infer_composite(c, name, args, oracle),
     }
 }

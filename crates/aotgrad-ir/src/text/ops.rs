@@ -70,10 +70,15 @@ pub(super) enum Base {
     Triu,
     Var,
     OneHot,
+    Conv2d,
+    Conv2dInputGrad,
+    Conv2dWeightGrad,
+    MaxPool2d,
+    MaxPool2dGrad,
 }
 
 /// Every base other than the families with their own `ALL` lists.
-const OTHER_BASES: [Base; 52] = [
+const OTHER_BASES: [Base; 57] = [
     Base::Where,
     Base::Clamp,
     Base::Cast,
@@ -126,6 +131,11 @@ const OTHER_BASES: [Base; 52] = [
     Base::Triu,
     Base::Var,
     Base::OneHot,
+    Base::Conv2d,
+    Base::Conv2dInputGrad,
+    Base::Conv2dWeightGrad,
+    Base::MaxPool2d,
+    Base::MaxPool2dGrad,
 ];
 
 const REDUCE_OPS: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Amax, ReduceOp::Amin];
@@ -201,6 +211,11 @@ impl Base {
             Base::Triu => "triu",
             Base::Var => "var",
             Base::OneHot => "one_hot",
+            Base::Conv2d => "conv2d",
+            Base::Conv2dInputGrad => "conv2d_input_grad",
+            Base::Conv2dWeightGrad => "conv2d_weight_grad",
+            Base::MaxPool2d => "max_pool2d",
+            Base::MaxPool2dGrad => "max_pool2d_grad",
         }
     }
 
@@ -524,7 +539,50 @@ fn parse_params(p: &mut Parser<'_>, base: Base, st: &mut Params<'_>) -> PResult<
             p.named(st, "num_classes")?;
             Op::Composite(CompositeOp::OneHot { num_classes: p.usize_value(cx("num_classes"))? })
         }
+        Base::Conv2d => Op::Conv2d(conv_params(p, st)?),
+        Base::Conv2dInputGrad => {
+            let conv = conv_params(p, st)?;
+            Op::Conv2dInputGrad { conv, input: pair(p, st, "input")? }
+        }
+        Base::Conv2dWeightGrad => {
+            let conv = conv_params(p, st)?;
+            Op::Conv2dWeightGrad { conv, kernel: pair(p, st, "kernel")? }
+        }
+        Base::MaxPool2d | Base::MaxPool2dGrad => {
+            let params = crate::op::Pool2dParams {
+                kernel: pair(p, st, "kernel")?,
+                stride: pair(p, st, "stride")?,
+                padding: pair(p, st, "padding")?,
+                dilation: pair(p, st, "dilation")?,
+            };
+            if base == Base::MaxPool2d {
+                Op::MaxPool2d(params)
+            } else {
+                Op::MaxPool2dGrad(params)
+            }
+        }
     })
+}
+
+/// `name=[a, b]`: a list of exactly two sizes.
+fn pair(p: &mut Parser<'_>, st: &mut Params<'_>, name: &str) -> PResult<[usize; 2]> {
+    p.named(st, name)?;
+    let at = p.peek()?.start;
+    let v = p.usize_list(Cx { op: st.op, param: name })?;
+    match v[..] {
+        [a, b] => Ok([a, b]),
+        _ => Err(p.err_at(at, format!("`{}`: `{name}` must list two sizes, got {}", st.op, v.len()))),
+    }
+}
+
+/// `stride=[..], padding=[..], dilation=[..], groups=<n>`.
+fn conv_params(p: &mut Parser<'_>, st: &mut Params<'_>) -> PResult<crate::op::Conv2dParams> {
+    let stride = pair(p, st, "stride")?;
+    let padding = pair(p, st, "padding")?;
+    let dilation = pair(p, st, "dilation")?;
+    p.named(st, "groups")?;
+    let groups = p.usize_value(Cx { op: st.op, param: "groups" })?;
+    Ok(crate::op::Conv2dParams { stride, padding, dilation, groups })
 }
 
 /// `name=<dim>`.

@@ -161,6 +161,13 @@ fn write_op_name(out: &mut String, op: &Op) {
     }
 }
 
+fn conv_params(w: &mut ParamWriter<'_>, c: &crate::op::Conv2dParams) {
+    w.named("stride", UsizeList(&c.stride));
+    w.named("padding", UsizeList(&c.padding));
+    w.named("dilation", UsizeList(&c.dilation));
+    w.named("groups", c.groups);
+}
+
 fn write_params(w: &mut ParamWriter<'_>, op: &Op) {
     match op {
         Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Where | Op::Mm | Op::Bmm | Op::T | Op::Alias => {}
@@ -209,6 +216,21 @@ fn write_params(w: &mut ParamWriter<'_>, op: &Op) {
             w.named("offset", offset);
         }
         Op::InPlace(inner) | Op::MetaInPlace(inner) => write_params(w, inner),
+        Op::Conv2d(c) => conv_params(w, c),
+        Op::Conv2dInputGrad { conv, input } => {
+            conv_params(w, conv);
+            w.named("input", UsizeList(input));
+        }
+        Op::Conv2dWeightGrad { conv, kernel } => {
+            conv_params(w, conv);
+            w.named("kernel", UsizeList(kernel));
+        }
+        Op::MaxPool2d(p) | Op::MaxPool2dGrad(p) => {
+            w.named("kernel", UsizeList(&p.kernel));
+            w.named("stride", UsizeList(&p.stride));
+            w.named("padding", UsizeList(&p.padding));
+            w.named("dilation", UsizeList(&p.dilation));
+        }
         Op::Full { shape, value, dtype } => {
             w.named("shape", DimList(shape));
             w.scalar(Some("value"), *value);

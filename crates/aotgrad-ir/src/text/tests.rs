@@ -463,13 +463,26 @@ fn proto(b: Base) -> Op {
         Base::Triu => Op::Composite(CompositeOp::Triu { diagonal: 2 }),
         Base::Var => Op::Composite(CompositeOp::Var { dims: vec![0, 2], correction: 1, keepdim: true }),
         Base::OneHot => Op::Composite(CompositeOp::OneHot { num_classes: 4 }),
+        Base::Conv2d => Op::Conv2d(conv()),
+        Base::Conv2dInputGrad => Op::Conv2dInputGrad { conv: conv(), input: [7, 5] },
+        Base::Conv2dWeightGrad => Op::Conv2dWeightGrad { conv: conv(), kernel: [3, 1] },
+        Base::MaxPool2d => Op::MaxPool2d(pool()),
+        Base::MaxPool2dGrad => Op::MaxPool2dGrad(pool()),
     }
+}
+
+fn conv() -> crate::Conv2dParams {
+    crate::Conv2dParams { stride: [2, 1], padding: [1, 0], dilation: [1, 2], groups: 3 }
+}
+
+fn pool() -> crate::Pool2dParams {
+    crate::Pool2dParams { kernel: [3, 2], stride: [2, 2], padding: [1, 0], dilation: [1, 1] }
 }
 
 #[test]
 fn text_base_names_agree_with_op_name_and_are_unambiguous() {
     let all: Vec<Base> = Base::all().collect();
-    assert_eq!(all.len(), 21 + 7 + 6 + 4 + 52);
+    assert_eq!(all.len(), 21 + 7 + 6 + 4 + 57);
     for &b in &all {
         assert_eq!(b.name(), proto(b).name(), "{b:?}");
         assert_eq!(Base::lookup(b.name()), Some(b), "name {} is used twice", b.name());

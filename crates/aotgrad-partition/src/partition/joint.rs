@@ -163,10 +163,14 @@ impl<'a> JointInfo<'a> {
     }
 }
 
-/// Ops whose results the backward never recomputes: matrix products (expensive),
-/// random ops (their values must be the forward's) and composites (opaque).
+/// Ops whose results the backward never recomputes: matrix products and
+/// convolutions (expensive), random ops (their values must be the forward's) and
+/// composites (opaque).
 pub fn is_banned(op: &Op) -> bool {
-    matches!(op, Op::Mm | Op::Bmm | Op::Composite(_)) || op.is_random()
+    matches!(
+        op,
+        Op::Mm | Op::Bmm | Op::Conv2d(_) | Op::Conv2dInputGrad { .. } | Op::Conv2dWeightGrad { .. } | Op::Composite(_)
+    ) || op.is_random()
 }
 
 /// Slots reachable backwards (through arguments) from `roots`, descending only into

@@ -1,20 +1,24 @@
-//! Convolution and pooling over 2-D images, as decompositions into core ops.
+//! Convolution and pooling over 2-D images.
 //!
-//! Every op here gathers the `kh * kw` window taps as strided slices of the (padded)
-//! input, `x[:, :, i*dh :: sh, j*dw :: sw]`, each a view of `[N, C, OH, OW]` (no
-//! overlapping views, so every gradient flows through the slices' own rule):
-//! - `conv_transpose2d` is the other way round: one matmul gives every tap's
-//!   contribution, each added into its strided window of the output;
-//! - `conv2d` stacks them into `[N, C, kh*kw, OH, OW]` (im2col) and multiplies that
-//!   with the weight as one (grouped, batched) matmul, the CPU backend's GEMM;
-//! - `avg_pool2d` and `max_pool2d` combine the taps elementwise (no stack: one fused
-//!   pointwise kernel): their mean, or their first maximum, so that the gradient goes
-//!   to that one element as PyTorch's indices send it.
+//! `conv2d`, `conv_transpose2d` (the convolution's input gradient) and `max_pool2d` of
+//! float images are core ops (`Op::Conv2d`, `Op::Conv2dInputGrad`, `Op::MaxPool2d`,
+//! whose gradients are core ops too): the backends run them as im2col GEMMs and
+//! window loops. The rest are decompositions that gather the `kh * kw` window taps as
+//! strided slices of the (padded) input, `x[:, :, i*dh :: sh, j*dw :: sw]`, each a
+//! view of `[N, C, OH, OW]` (no overlapping views, so every gradient flows through the
+//! slices' own rule):
+//! - `avg_pool2d`, and `max_pool2d` of integer images, combine the taps elementwise (no
+//!   stack: one fused pointwise kernel): their mean, or their first maximum, so that
+//!   the gradient goes to that one element as PyTorch's indices send it;
+//! - `conv_transpose2d` with an output padding of at least its stride (allowed when the
+//!   dilation is larger) adds one matmul's per-tap contributions into strided windows
+//!   of the output.
 
+use crate::dispatch::dispatch;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use aotgrad_ir::Dims;
-use aotgrad_ir::{Dim, SourceLoc};
+use aotgrad_ir::{Conv2dParams, Dim, Op, Pool2dParams, SourceLoc};
 
 /// A 2-D convolution's or pooling's geometry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,16 +85,14 @@ fn spatial(op: &str, x: &Tensor, loc: &SourceLoc) -> Result<[usize; 2]> {
     }
 }
 
-/// The `kh * kw` window taps of `x` `[N, C, H, W]`, each a strided view `[N, C, OH,
-/// OW]` of the padded input, in row-major window order, and `(OH, OW)`.
-fn taps(
-    op: &str,
-    x: &Tensor,
-    k: [usize; 2],
-    o: &Conv2dOpts,
-    pad: f64,
-    loc: &SourceLoc,
-) -> Result<(Vec<Tensor>, [usize; 2])> {
+/// The core ops' parameters of `opts`.
+fn conv_params(o: &Conv2dOpts) -> Conv2dParams {
+    Conv2dParams { stride: o.stride, padding: o.padding, dilation: o.dilation, groups: o.groups }
+}
+
+/// `(OH, OW)` of a `k` window sliding over `x` `[N, C, H, W]`, or the error naming
+/// the geometry that does not fit.
+fn window_sizes(op: &str, x: &Tensor, k: [usize; 2], o: &Conv2dOpts, loc: &SourceLoc) -> Result<[usize; 2]> {
     if o.stride.contains(&0) || o.dilation.contains(&0) || k.contains(&0) {
         return Err(bad(
             op,
@@ -116,6 +118,20 @@ fn taps(
         }
         out[a] = (padded - span) / o.stride[a] + 1;
     }
+    Ok(out)
+}
+
+/// The `kh * kw` window taps of `x` `[N, C, H, W]`, each a strided view `[N, C, OH,
+/// OW]` of the padded input, in row-major window order, and `(OH, OW)`.
+fn taps(
+    op: &str,
+    x: &Tensor,
+    k: [usize; 2],
+    o: &Conv2dOpts,
+    pad: f64,
+    loc: &SourceLoc,
+) -> Result<(Vec<Tensor>, [usize; 2])> {
+    let out = window_sizes(op, x, k, o, loc)?;
     // Padding: concatenate constant blocks on both sides of dims 2 and 3.
     let mut xp = x.clone();
     for a in 0..2 {
@@ -260,15 +276,9 @@ impl Tensor {
                 return Err(bad(op, &loc, format!("expected a bias of shape [{oc}], got {}", shape_text(b))));
             }
         }
-        let (parts, [oh, ow]) = taps(op, &x, [kh as usize, kw as usize], &opts, 0.0, &loc)?;
-        let refs: Vec<&Tensor> = parts.iter().collect();
-        let t = Tensor::stack(&refs, 2)?;
-        // [N, C, KK, OH, OW] -> [N, g, Cg*KK, OH*OW]; weight [OC, Cg, KH, KW] -> [1, g, OCg, Cg*KK].
-        let (l, kk) = ((oh * ow) as i64, kh * kw);
-        let n = x.size(0)?;
-        let cols = t.reshape_dims(&[n.clone(), Dim::Const(g), Dim::Const(cg * kk), Dim::Const(l)])?;
-        let wm = weight.reshape(&[1, g, oc / g, cg * kk])?;
-        let y = wm.matmul(&cols)?.reshape_dims(&[n, Dim::Const(oc), Dim::Const(oh as i64), Dim::Const(ow as i64)])?;
+        // The geometry checks of `taps` (positive steps, a kernel that fits) come first.
+        window_sizes(op, &x, [kh as usize, kw as usize], &opts, &loc)?;
+        let y = dispatch(Op::Conv2d(conv_params(&opts)), &[&x, weight], &loc)?;
         let y = match bias {
             Some(b) => y.add(&b.view(&[1, oc, 1, 1])?)?,
             None => y,
@@ -365,6 +375,16 @@ impl Tensor {
                 format!("padding {:?} leaves an empty output for input {}", opts.padding, shape_text(&x)),
             ));
         }
+        if output_padding.iter().zip(opts.stride).all(|(op, s)| *op < s) {
+            // The gradient of the convolution from the output's size to this input's.
+            let input = [full[0] - 2 * opts.padding[0], full[1] - 2 * opts.padding[1]];
+            let y = dispatch(Op::Conv2dInputGrad { conv: conv_params(&opts), input }, &[&x, weight], &loc)?;
+            let y = match bias {
+                Some(b) => y.add(&b.view(&[1, oc, 1, 1])?)?,
+                None => y,
+            };
+            return unbatched(y, squeeze);
+        }
         // Taps: [1, g, OCg*KK, Cg] @ [N, g, Cg, H*W] -> [N, g, OCg, KK, H, W] -> [N, OC, KK, H, W].
         let n = x.size(0)?;
         let (cg, kk, hw) = (cin / g, kh * kw, (h * w) as i64);
@@ -446,6 +466,11 @@ impl Tensor {
         let (x, squeeze) = batched("max_pool2d", self, &loc)?;
         pool_pad_check("max_pool2d", kernel, padding, &loc)?;
         let opts = Conv2dOpts { stride: stride.unwrap_or(kernel), padding, dilation, groups: 1 };
+        if x.dtype().is_float() {
+            window_sizes("max_pool2d", &x, kernel, &opts, &loc)?;
+            let p = Pool2dParams { kernel, stride: opts.stride, padding, dilation };
+            return unbatched(dispatch(Op::MaxPool2d(p), &[&x], &loc)?, squeeze);
+        }
         let pad = if x.dtype().is_float() { f64::NEG_INFINITY } else { i64::MIN as f64 };
         let (parts, _) = taps("max_pool2d", &x, kernel, &opts, pad, &loc)?;
         unbatched(first_max(&parts)?, squeeze)
