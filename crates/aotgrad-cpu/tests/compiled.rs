@@ -600,3 +600,39 @@ fn input_updates_that_are_unsafe_stay_out_of_place() {
     g.outputs.push(e);
     assert!(updated(&g, vec![(0, 0)]).contains("input 0 (updated in place)"));
 }
+
+/// Products split across threads sum every element as one thread does, bit for bit:
+/// the `gemm` crate blocks the inner dim differently for small and large products and
+/// runs single rows or columns as matrix-vector products, so a split must keep every
+/// block on the whole product's side (inner dims above 512, blocks near 64, 1-wide
+/// remainders; transposed and plain right operands).
+#[test]
+fn split_products_match_one_thread_bit_for_bit() {
+    for (n, k, mm, transposed) in [
+        (128, 1568, 10, true),
+        (128, 1568, 10, false),
+        (100, 600, 70, false),
+        (17, 700, 130, true),
+        (130, 520, 17, false),
+        (64, 513, 200, true),
+        (66, 1030, 66, false),
+        (33, 2048, 129, true),
+    ] {
+        let mut g = Graph::new();
+        let a = input(&mut g, "a", m(&[n, k], DType::F32));
+        let b = if transposed {
+            let bt = input(&mut g, "bt", m(&[mm, k], DType::F32));
+            node(&mut g, Op::T, &[bt])
+        } else {
+            input(&mut g, "b", m(&[k, mm], DType::F32))
+        };
+        let p = node(&mut g, Op::Mm, &[a, b]);
+        g.outputs = vec![p];
+        let ins: Vec<CpuTensor> =
+            g.inputs.iter().enumerate().map(|(i, x)| tensor_for(&x.meta, i as f64 + 0.5, false)).collect();
+        let one = CpuBackend::new(1).compile(&g).unwrap().run(&ins).unwrap()[0].to_vec_f64();
+        let two = CpuBackend::new(2).compile(&g).unwrap().run(&ins).unwrap()[0].to_vec_f64();
+        let differ = one.iter().zip(&two).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+        assert_eq!(differ, 0, "{n}x{k}x{mm} (transposed {transposed}): {differ} elements differ");
+    }
+}

@@ -1607,19 +1607,43 @@ pub(crate) const SPLIT_MIN_WORK: usize = 32 * 32 * 64;
 /// The split of an `n x k @ k x m` product for `threads` threads: one task per thread
 /// over the output dim with more 16-wide tiles (columns when the right operand is
 /// copied row-major per task, which each task then does for its own columns only),
-/// at most as many tasks as that dim has tiles. The `gemm` crate sums each element
-/// over `k` in the same order whatever the block, so the result does not depend on
-/// the split.
+/// at most as many tasks as that dim has tiles, and only as the `gemm` crate sums
+/// every element in the same order for each block as for the whole product (so the
+/// result does not depend on the split, see [`same_sums`]); else one task.
 fn split_product(n: usize, m: usize, k: usize, threads: usize, transpose: bool) -> Split {
     if threads <= 1 || n.saturating_mul(m).saturating_mul(k) < SPLIT_MIN_WORK {
         return Split::Rows(1);
     }
     let (row_tiles, col_tiles) = (n.div_ceil(16), m.div_ceil(16));
-    if transpose || col_tiles > row_tiles {
-        Split::Cols(threads.min(col_tiles).max(1))
-    } else {
-        Split::Rows(threads.min(row_tiles).max(1))
-    }
+    let rows = Split::Rows(threads.min(row_tiles).max(1));
+    let cols = Split::Cols(threads.min(col_tiles).max(1));
+    let order = if transpose || col_tiles > row_tiles { [cols, rows] } else { [rows, cols] };
+    let fits = |s: Split| -> bool {
+        let (tasks, len) = match s {
+            Split::Rows(t) => (t, n),
+            Split::Cols(t) => (t, m),
+        };
+        tasks > 1
+            && (0..tasks).all(|t| {
+                let b = tile_edge(t + 1, tasks, len, 16) - tile_edge(t, tasks, len, 16);
+                match s {
+                    Split::Rows(_) => same_sums((n, m, k), (b, m)),
+                    Split::Cols(_) => same_sums((n, m, k), (n, b)),
+                }
+            })
+    };
+    // A transposed right operand is copied per column block: rows would copy it all.
+    let candidates = if transpose { &order[..1] } else { &order[..] };
+    candidates.iter().copied().find(|&s| fits(s)).unwrap_or(Split::Rows(1))
+}
+
+/// Whether the `gemm` crate computes a `rows x cols` block of an `n x m` product
+/// (inner size `k`) with the same sums as the whole: it blocks `k` by 512 for
+/// products of at most 64 x 64 and by a cache-derived size beyond (the same when `k`
+/// is at most 512), and runs single rows or columns as matrix-vector products.
+fn same_sums((n, m, k): (usize, usize, usize), (rows, cols): (usize, usize)) -> bool {
+    let small = |r: usize, c: usize| r <= 64 && c <= 64;
+    (rows >= 2 || n < 2) && (cols >= 2 || m < 2) && (k <= 512 || small(rows, cols) == small(n, m))
 }
 
 /// Boundary `t` of `tasks` near-equal blocks of `0..len`, on multiples of `tile`
