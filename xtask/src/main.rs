@@ -9,9 +9,9 @@
 //! - `cargo xtask bench`: criterion benches (compile stages, training step) and the
 //!   report (`benches/src/bin/report.rs`), also written to `target/bench/report.{md,json}`
 //!   (`--report` for only it), then cold compile vs warm cache start
-//!   (`benches/src/bin/cache.rs`, `target/bench/cache.json`). `cargo xtask bench --compare` runs the bench workloads
-//!   next to their PyTorch versions (`benches/compare/torch_workloads.py`, with the
-//!   Python named by `AOTGRAD_COMPARE_PYTHON`) interleaved in one run, with ratios.
+//!   (`benches/src/bin/cache.rs`, `target/bench/cache.json`). `cargo xtask bench --compare` runs the bench and
+//!   main-job workloads next to PyTorch eager, torch.compile and JAX (`benches/compare/peers.py`, with the
+//!   Python named by `AOTGRAD_COMPARE_PYTHON`), round by round in one run, with ratios.
 //!   `cargo xtask bench --backend wgpu [--quick|--full]` runs the wgpu backend's bench
 //!   (`benches/src/bin/wgpu.rs`): GB/s and GFLOP/s next to the compiled CPU backend,
 //!   with the adapter's name (`target/bench/wgpu.{md,json}`).
@@ -223,8 +223,8 @@ fn bench(args: &[String]) -> Result<()> {
     if args.iter().any(|a| a == "--compare") {
         if std::env::var_os("AOTGRAD_COMPARE_PYTHON").is_none() {
             bail!(
-                "--compare needs AOTGRAD_COMPARE_PYTHON: a Python with torch, e.g. \
-                 `python3 -m venv ~/torch-venv && ~/torch-venv/bin/pip install torch`, then \
+                "--compare needs AOTGRAD_COMPARE_PYTHON: a Python with torch and jax, e.g. \
+                 `python3 -m venv ~/torch-venv && ~/torch-venv/bin/pip install torch 'jax[cpu]'`, then \
                  `AOTGRAD_COMPARE_PYTHON=~/torch-venv/bin/python cargo xtask bench --compare`"
             );
         }
@@ -264,7 +264,8 @@ fn main() -> Result<()> {
         Some("bench") => bench(&args[1..]),
         Some("train") => train(&args[1..]),
         Some("help") | None => {
-            println!("usage: cargo xtask <task>\n\ntasks:\n  ci       fmt check, clippy -D warnings, a short main job, all tests\n  train    the main job: install Fashion-MNIST if missing, then `aotgrad train ARGS` (release build; try `-- --help`)\n  bench    criterion benches + the report written to target/bench/report.{{md,json}} (--report: report only;\n           --compare: aotgrad next to PyTorch eager, interleaved, with AOTGRAD_COMPARE_PYTHON=a python with torch;\n           --backend wgpu [--quick|--full]: the wgpu backend's GB/s and GFLOP/s next to the CPU backend)");
+            println!("usage: cargo xtask <task>\n\ntasks:\n  ci       fmt check, clippy -D warnings, a short main job, all tests\n  train    the main job: install Fashion-MNIST if missing, then `aotgrad train ARGS` (release build; try `-- --help`)\n  bench    criterion benches + the report written to target/bench/report.{{md,json}} (--report: report only;\n           --compare: aotgrad next to PyTorch eager, torch.compile and JAX, round by round,
+           with AOTGRAD_COMPARE_PYTHON=a python with torch and jax;\n           --backend wgpu [--quick|--full]: the wgpu backend's GB/s and GFLOP/s next to the CPU backend)");
             Ok(())
         }
         Some(other) => bail!("unknown task `{other}` (try `cargo xtask help`)"),
