@@ -25,6 +25,35 @@ use crate::{CpuError, Result};
 use aotgrad_ir::{Conv2dParams, DType, Op, Pool2dParams, TensorMeta};
 use std::sync::RwLockReadGuard;
 
+/// Defines `$name`, which runs `$imp` compiled for the best instruction set present
+/// (AVX-512, AVX2 or the baseline): for loops the compiler vectorizes.
+macro_rules! multiversion {
+    ($name:ident, $imp:ident, ($($arg:ident: $ty:ty),*)) => {
+        fn $name<T: Elt>($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                use crate::compiled::exec::{isa, Isa};
+                #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma")]
+                unsafe fn v4<T: Elt>($($arg: $ty),*) {
+                    $imp::<T>($($arg),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn v3<T: Elt>($($arg: $ty),*) {
+                    $imp::<T>($($arg),*)
+                }
+                match isa() {
+                    // SAFETY: the features were detected.
+                    Isa::Avx512 => return unsafe { v4::<T>($($arg),*) },
+                    // SAFETY: the features were detected.
+                    Isa::Avx2 => return unsafe { v3::<T>($($arg),*) },
+                    Isa::Base => {}
+                }
+            }
+            $imp::<T>($($arg),*)
+        }
+    };
+}
+
 /// The two element types kernels compute in.
 trait Elt: num_traits::Float + Send + Sync + 'static {
     /// `a` where `mask` is all ones, `b` where it is zero.
@@ -245,10 +274,13 @@ fn valid(outs: usize, stride: usize, off: isize, size: usize) -> (usize, usize) 
     ((lo.max(0) as usize).min(hi), hi)
 }
 
-/// Fill `cols` (`(r1 - r0) x l`) with rows `r0..r1` of the column matrix of
-/// channel-group `gi` of image `img` (`c x h x w`): row `(c, kh, kw)` holds what tap
-/// `(kh, kw)` of channel `c` sees at each output position, zero in the padding.
-fn im2col<T: Elt>(geo: &Geo, img: &[T], gi: usize, r0: usize, r1: usize, cols: &mut [T]) {
+// Fill `cols` (`(r1 - r0) x l`) with rows `r0..r1` of the column matrix of
+// channel-group `gi` of image `img` (`c x h x w`): row `(c, kh, kw)` holds what tap
+// `(kh, kw)` of channel `c` sees at each output position, zero in the padding.
+multiversion!(im2col, im2col_impl, (geo: &Geo, img: &[T], gi: usize, r0: usize, r1: usize, cols: &mut [T]));
+
+#[inline(always)]
+fn im2col_impl<T: Elt>(geo: &Geo, img: &[T], gi: usize, r0: usize, r1: usize, cols: &mut [T]) {
     let (l, hw) = (geo.l(), geo.h * geo.w);
     let p = &geo.p;
     for r in r0..r1 {
@@ -268,13 +300,56 @@ fn im2col<T: Elt>(geo: &Geo, img: &[T], gi: usize, r0: usize, r1: usize, cols: &
             d[..q0].fill(T::zero());
             d[q1..].fill(T::zero());
             if q0 < q1 {
-                let first = (q0 * p.stride[1]) as isize + off;
-                if p.stride[1] == 1 {
-                    d[q0..q1].copy_from_slice(&row[first as usize..][..q1 - q0]);
-                } else {
-                    for (k, v) in d[q0..q1].iter_mut().enumerate() {
-                        *v = row[first as usize + k * p.stride[1]];
+                let first = ((q0 * p.stride[1]) as isize + off) as usize;
+                let s = p.stride[1];
+                // An element loop, not `copy_from_slice`: segments are short (a row of
+                // outputs), and a call per segment costs more than the copy.
+                if s == 1 {
+                    for (v, x) in d[q0..q1].iter_mut().zip(&row[first..]) {
+                        *v = *x;
                     }
+                } else {
+                    for (v, x) in d[q0..q1].iter_mut().zip(row[first..].iter().step_by(s)) {
+                        *v = *x;
+                    }
+                }
+            }
+        }
+    }
+}
+
+// Add the column matrix `cols` (`ckk x l`, channel-group `gi`) back into the image
+// gradient `dx` (`c x h x w`): each entry at the pixel it was read from, row by row of
+// the column matrix (a fixed order).
+multiversion!(col2im, col2im_impl, (geo: &Geo, cols: &[T], gi: usize, dx: &mut [T]));
+
+#[inline(always)]
+fn col2im_impl<T: Elt>(geo: &Geo, cols: &[T], gi: usize, dx: &mut [T]) {
+    let (l, hw) = (geo.l(), geo.h * geo.w);
+    let p = &geo.p;
+    for r in 0..geo.ckk() {
+        let (c, tap) = (r / geo.taps(), r % geo.taps());
+        let (ki, kj) = (tap / geo.kw, tap % geo.kw);
+        let chan = &mut dx[(gi * geo.cg() + c) * hw..][..hw];
+        let src = &cols[r * l..][..l];
+        let off = (kj * p.dilation[1]) as isize - p.padding[1] as isize;
+        let (q0, q1) = valid(geo.ow, p.stride[1], off, geo.w);
+        if q0 >= q1 {
+            continue;
+        }
+        let first = ((q0 * p.stride[1]) as isize + off) as usize;
+        let st = p.stride[1];
+        for o in 0..geo.oh {
+            let Some(i) = geo.ih(o, ki) else { continue };
+            let row = &mut chan[i * geo.w..][..geo.w];
+            let s = &src[o * geo.ow + q0..o * geo.ow + q1];
+            if st == 1 {
+                for (d, v) in row[first..].iter_mut().zip(s) {
+                    *d = *d + *v;
+                }
+            } else {
+                for (d, v) in row[first..].iter_mut().step_by(st).zip(s) {
+                    *d = *d + *v;
                 }
             }
         }
@@ -386,7 +461,7 @@ fn conv2d_input_grad<T: Elt>(op: &str, gy: &CpuTensor, w: &CpuTensor, geo: Geo, 
     let (gs, ws) = (dense::<T>(op, gy)?, dense::<T>(op, w)?);
     let (gs, ws) = (gs.get(), ws.get());
     let (l, ckk, ocg) = (geo.l(), geo.ckk(), geo.ocg());
-    let (hw, chw) = (geo.h * geo.w, geo.c * geo.h * geo.w);
+    let chw = geo.c * geo.h * geo.w;
     let mut gx = fresh::<T>(geo.n * chw, false);
     let out = Out(gx.as_mut_ptr());
     pool::par_tasks(geo.n, |img| {
@@ -401,34 +476,7 @@ fn conv2d_input_grad<T: Elt>(op: &str, gy: &CpuTensor, w: &CpuTensor, geo: Geo, 
                 // SAFETY: `cols` is `ckk x l`; `W_g^T` has row stride 1, column stride
                 // `ckk`; the image's gradient is `ocg x l` row-major.
                 unsafe { gemm(ckk, l, ocg, cols.as_mut_ptr(), l, false, wt, 1, ckk, gyi, l, 1) };
-                let p = &geo.p;
-                for r in 0..ckk {
-                    let (c, tap) = (r / geo.taps(), r % geo.taps());
-                    let (ki, kj) = (tap / geo.kw, tap % geo.kw);
-                    let chan = &mut dx[(gi * geo.cg() + c) * hw..][..hw];
-                    let src = &cols[r * l..][..l];
-                    let off = (kj * p.dilation[1]) as isize - p.padding[1] as isize;
-                    let (q0, q1) = valid(geo.ow, p.stride[1], off, geo.w);
-                    if q0 >= q1 {
-                        continue;
-                    }
-                    let first = ((q0 * p.stride[1]) as isize + off) as usize;
-                    for o in 0..geo.oh {
-                        let Some(i) = geo.ih(o, ki) else { continue };
-                        let row = &mut chan[i * geo.w..][..geo.w];
-                        let s = &src[o * geo.ow + q0..o * geo.ow + q1];
-                        if p.stride[1] == 1 {
-                            for (d, v) in row[first..first + s.len()].iter_mut().zip(s) {
-                                *d = *d + *v;
-                            }
-                        } else {
-                            for (k, v) in s.iter().enumerate() {
-                                let d = &mut row[first + k * p.stride[1]];
-                                *d = *d + *v;
-                            }
-                        }
-                    }
-                }
+                col2im(&geo, cols, gi, dx);
             });
         }
     });
@@ -619,11 +667,11 @@ fn pool_geo(op: &str, x: [usize; 4], y: [usize; 4], p: &Pool2dParams) -> Result<
 /// every output position at once (gathers, compare, blend: it vectorizes), keeping
 /// the first maximum or the last NaN and, with `at`, where it came from.
 #[inline(always)]
-fn table_plane<T: Elt>(table: &[u32], plane: &[T], max: &mut [T], mut at: Option<&mut [u32]>) {
+fn table_plane<T: Elt>(table: &[u32], reach: usize, plane: &[T], max: &mut [T], mut at: Option<&mut [u32]>) {
     let n = max.len();
-    // Every tap inside the plane (the table was built so; checked here once, so the
-    // loops below read without bounds checks and vectorize).
-    if n == 0 || !table.len().is_multiple_of(n) || table.iter().any(|&j| j as usize >= plane.len()) {
+    // Every tap inside the plane: `pool_geo` builds the table for planes of `reach`
+    // elements at least, so the loops below read without bounds checks (and vectorize).
+    if n == 0 || !table.len().is_multiple_of(n) || plane.len() < reach {
         max.fill(T::nan());
         return;
     }
@@ -654,29 +702,8 @@ fn table_plane<T: Elt>(table: &[u32], plane: &[T], max: &mut [T], mut at: Option
     }
 }
 
-/// [`table_plane`] compiled for the best instruction set present.
-fn table_plane_best<T: Elt>(table: &[u32], plane: &[T], max: &mut [T], at: Option<&mut [u32]>) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma")]
-        unsafe fn v4<T: Elt>(table: &[u32], plane: &[T], max: &mut [T], at: Option<&mut [u32]>) {
-            table_plane(table, plane, max, at)
-        }
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn v3<T: Elt>(table: &[u32], plane: &[T], max: &mut [T], at: Option<&mut [u32]>) {
-            table_plane(table, plane, max, at)
-        }
-        use crate::compiled::exec::{isa, Isa};
-        match isa() {
-            // SAFETY: the features were detected.
-            Isa::Avx512 => return unsafe { v4(table, plane, max, at) },
-            // SAFETY: the features were detected.
-            Isa::Avx2 => return unsafe { v3(table, plane, max, at) },
-            Isa::Base => {}
-        }
-    }
-    table_plane(table, plane, max, at)
-}
+// [`table_plane`] compiled for the best instruction set present.
+multiversion!(table_plane_best, table_plane, (table: &[u32], reach: usize, plane: &[T], max: &mut [T], at: Option<&mut [u32]>));
 
 /// Planes per pooling task.
 const POOL_PLANES: usize = 16;
@@ -693,7 +720,7 @@ fn max_pool<T: Elt>(op: &str, x: &CpuTensor, geo: PoolGeo, dtype: DType) -> Resu
             // SAFETY: task `t` writes only its planes of `y`.
             let dst = unsafe { std::slice::from_raw_parts_mut(out.at(pl * ohw), ohw) };
             if let Some(table) = &geo.table {
-                table_plane_best(table, plane, dst, None);
+                table_plane_best(table, hw, plane, dst, None);
                 continue;
             }
             let mut at = vec![0usize; geo.ow];
@@ -723,7 +750,7 @@ fn max_pool_grad<T: Elt>(op: &str, gy: &CpuTensor, x: &CpuTensor, geo: PoolGeo, 
                     // SAFETY: the scratch holds `ohw` elements of `T`, as many bytes as
                     // `ohw` u32 at least (`T` is f32 or f64).
                     let at = unsafe { std::slice::from_raw_parts_mut(at.as_mut_ptr() as *mut u32, ohw) };
-                    table_plane_best(table, plane, max, Some(&mut *at));
+                    table_plane_best(table, hw, plane, max, Some(&mut *at));
                     dst.fill(T::zero());
                     if at.iter().all(|&k| (k as usize) < dst.len()) {
                         for (&k, &v) in at.iter().zip(g) {

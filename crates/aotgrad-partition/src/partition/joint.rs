@@ -164,12 +164,20 @@ impl<'a> JointInfo<'a> {
 }
 
 /// Ops whose results the backward never recomputes: matrix products and
-/// convolutions (expensive), random ops (their values must be the forward's) and
-/// composites (opaque).
+/// convolutions (expensive), pooling (a pass over its input that no kernel fuses, as
+/// PyTorch keeps max pooling's results), random ops (their values must be the
+/// forward's) and composites (opaque).
 pub fn is_banned(op: &Op) -> bool {
     matches!(
         op,
-        Op::Mm | Op::Bmm | Op::Conv2d(_) | Op::Conv2dInputGrad { .. } | Op::Conv2dWeightGrad { .. } | Op::Composite(_)
+        Op::Mm
+            | Op::Bmm
+            | Op::Conv2d(_)
+            | Op::Conv2dInputGrad { .. }
+            | Op::Conv2dWeightGrad { .. }
+            | Op::MaxPool2d(_)
+            | Op::MaxPool2dGrad(_)
+            | Op::Composite(_)
     ) || op.is_random()
 }
 
