@@ -169,3 +169,99 @@ pub fn chain_gbps(ops: &[Op], n: usize, threads: usize, runs: usize) -> Result<(
     let bytes = 2.0 * 4.0 * n as f64;
     Ok((bytes / (ours * 1e6), bytes / (copy * 1e6)))
 }
+
+/// The fixed cost of one compiled call: `sum(x * w)` over 16 elements, forward and
+/// backward, at `threads` threads: `(forward µs, forward + backward µs)`, medians.
+pub fn fixed_cost_us(threads: usize, calls: usize) -> Result<(f64, f64)> {
+    let f = aot_function(
+        |a: &[Tensor]| Ok(vec![a[0].mul(&a[1])?.sum_all()?]),
+        AotConfig::default().threads(threads).no_cache(),
+    )?;
+    let x = Tensor::randn(&[16], DType::F32, 0)?.requires_grad(true)?;
+    let w = Tensor::randn(&[16], DType::F32, 1)?.requires_grad(true)?;
+    let one = Tensor::ones(&[], DType::F32)?;
+    let (mut fw, mut all) = (Vec::with_capacity(calls), Vec::with_capacity(calls));
+    for i in 0..calls + 100 {
+        let t = Instant::now();
+        let (outs, back) = f.forward(&[x.clone(), w.clone()])?;
+        let t1 = Instant::now();
+        back.backward(std::slice::from_ref(&one))?;
+        let t2 = Instant::now();
+        drop(outs);
+        if i >= 100 {
+            fw.push((t1 - t).as_secs_f64() * 1e6);
+            all.push((t2 - t).as_secs_f64() * 1e6);
+        }
+    }
+    fw.sort_by(f64::total_cmp);
+    all.sort_by(f64::total_cmp);
+    Ok((fw[fw.len() / 2], all[all.len() / 2]))
+}
+
+/// One layer of the main job's CNN (its second convolution: 16 -> 32 channels, 3x3,
+/// padding 1, over 14x14 images, batch 128) through the compiled backend: GFLOP/s of
+/// the forward, the input gradient and the weight gradient, and of the `gemm` crate
+/// on the equivalent single GEMM (`32 x 144` times `144 x 25088`), at `threads`.
+pub fn conv_gflops(threads: usize, runs: usize) -> Result<([f64; 3], f64)> {
+    use aotgrad_ir::Conv2dParams;
+    let p = Conv2dParams { stride: [1, 1], padding: [1, 1], dilation: [1, 1], groups: 1 };
+    let x = filled(&[128, 16, 14, 14], 0.3)?;
+    let w = filled(&[32, 16, 3, 3], 0.7)?;
+    let gy = filled(&[128, 32, 14, 14], 0.9)?;
+    let flops = 2.0 * 128.0 * 196.0 * 32.0 * 144.0;
+    let mut rates = [0.0; 3];
+    let cases: [(Op, Vec<CpuTensor>); 3] = [
+        (Op::Conv2d(p), vec![x.clone(), w.clone()]),
+        (Op::Conv2dInputGrad { conv: p, input: [14, 14] }, vec![gy.clone(), w.clone()]),
+        (Op::Conv2dWeightGrad { conv: p, kernel: [3, 3] }, vec![gy, x]),
+    ];
+    for (k, (op, args)) in cases.into_iter().enumerate() {
+        let mut g = Graph::new();
+        let ins: Vec<_> = args
+            .iter()
+            .enumerate()
+            .map(|(i, a)| g.add_input(format!("a{i}"), a.meta.clone(), StorageId(i as u32)))
+            .collect();
+        let out = node(&mut g, op, &ins)?;
+        g.outputs = vec![out];
+        let c = CpuBackend::new(threads).compile(&g)?;
+        let t = median_ms(runs, || c.run(&args).map(drop).map_err(Into::into))?;
+        rates[k] = flops / (t * 1e6);
+    }
+    let (m, kk, n) = (32usize, 144usize, 128 * 196);
+    let a: Vec<f32> = (0..m * kk).map(|i| (i as f32).sin()).collect();
+    let b: Vec<f32> = (0..kk * n).map(|i| (i as f32).cos()).collect();
+    let mut z = vec![0f32; m * n];
+    let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads.max(1)).build()?;
+    let t = median_ms(runs, || {
+        pool.install(|| {
+            // SAFETY: row-major m x k, k x n and m x n matrices.
+            unsafe {
+                gemm::gemm(
+                    m,
+                    n,
+                    kk,
+                    z.as_mut_ptr(),
+                    1,
+                    n as isize,
+                    false,
+                    a.as_ptr(),
+                    1,
+                    kk as isize,
+                    b.as_ptr(),
+                    1,
+                    n as isize,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    par,
+                )
+            }
+        });
+        Ok(())
+    })?;
+    Ok((rates, flops / (t * 1e6)))
+}

@@ -5,8 +5,10 @@
 //!    eager has no autograd yet), the reference interpreter and the compiled CPU
 //!    backend at 1 and 2 threads (default and min-cut partitions), with the tensor
 //!    memory one step adds according to the buffer plans;
-//! 2. GEMM GFLOP/s next to the `gemm` crate called directly, and a fused 8-op
-//!    elementwise chain's GB/s next to a plain copy, measured in the same run;
+//! 2. GEMM GFLOP/s next to the `gemm` crate called directly, a fused 8-op
+//!    elementwise chain's GB/s next to a plain copy, a convolution layer (forward and
+//!    both gradients) next to the `gemm` crate on the equivalent GEMM, and the fixed
+//!    cost of a compiled call (16 elements, forward and backward), in the same run;
 //! 3. compile time per stage, including the backend's, for both workloads;
 //! 4. scaling: per-stage compile times from about 100 to 100k nodes;
 //! 5. saved activation bytes per partitioner against PyTorch's anchors.
@@ -154,6 +156,25 @@ fn main() -> Result<()> {
             json!({"chain_elems": n, "cpu_1t_gbps": o1, "copy_1t_gbps": c1, "cpu_2t_gbps": o2, "copy_2t_gbps": c2}),
         );
     }
+    let ((c1, g1), (c2, g2)) = (conv_gflops(1, runs)?, conv_gflops(2, runs)?);
+    for (k, what) in ["forward", "input gradient", "weight gradient"].iter().enumerate() {
+        let _ = writeln!(
+            md,
+            "| conv 3×3 16→32 over 128×14×14, {what}: compiled / gemm crate on the equivalent GEMM | {:.1} / {g1:.1} \
+             GFLOP/s ({:.2}x) | {:.1} / {g2:.1} GFLOP/s ({:.2}x) |",
+            c1[k],
+            g1 / c1[k],
+            c2[k],
+            g2 / c2[k]
+        );
+        kern.push(json!({"conv": what, "cpu_1t_gflops": c1[k], "gemm_1t_gflops": g1, "cpu_2t_gflops": c2[k], "gemm_2t_gflops": g2}));
+    }
+    let ((f1, a1), (f2, a2)) = (fixed_cost_us(1, 2000)?, fixed_cost_us(2, 2000)?);
+    let _ = writeln!(
+        md,
+        "| fixed cost of a call (16 elements): forward / forward + backward | {f1:.1} / {a1:.1} µs | {f2:.1} / {a2:.1} µs |"
+    );
+    kern.push(json!({"fixed_cost_forward_us": [f1, f2], "fixed_cost_step_us": [a1, a2]}));
     js.insert("kernels".into(), Value::Array(kern));
 
     // 3. Compile stages.

@@ -164,6 +164,22 @@ thread_local! {
     static SCRATCH: std::cell::Cell<Vec<u64>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
+thread_local! {
+    /// Padded images for im2col (a second buffer, used inside `SCRATCH`'s).
+    static PAD_SCRATCH: std::cell::Cell<Vec<u64>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// `len` elements of `T` in `store` (grown as needed; stale contents).
+fn pad_slice<T: Elt>(store: &mut Vec<u64>, len: usize) -> &mut [T] {
+    let words = (len * std::mem::size_of::<T>()).div_ceil(8);
+    if store.len() < words {
+        store.resize(words, 0);
+    }
+    // SAFETY: `store` holds at least `len` elements of `T` (alignment 8 covers f32 and
+    // f64); every bit pattern is a valid float.
+    unsafe { std::slice::from_raw_parts_mut(store.as_mut_ptr() as *mut T, len) }
+}
+
 /// Run `f` with this thread's scratch of `len` elements of `T` (stale contents).
 fn with_scratch<T: Elt, R>(len: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
     let words = (len * std::mem::size_of::<T>()).div_ceil(8);
@@ -214,6 +230,28 @@ impl Geo {
     /// Input row of output row `o` at tap row `k` (`None` in the padding).
     fn ih(&self, o: usize, k: usize) -> Option<usize> {
         (o * self.p.stride[0] + k * self.p.dilation[0]).checked_sub(self.p.padding[0]).filter(|&i| i < self.h)
+    }
+    /// Padded sizes.
+    fn hp(&self) -> usize {
+        self.h + 2 * self.p.padding[0]
+    }
+    fn wp(&self) -> usize {
+        self.w + 2 * self.p.padding[1]
+    }
+    /// Whether the extended grid applies (stride 1): output rows of `wp` positions
+    /// (the padded width), the first `ow` of them real, so that a row of the column
+    /// matrix is one contiguous run of the padded image.
+    fn extended(&self) -> bool {
+        self.p.stride == [1, 1]
+    }
+    /// Positions of the extended grid.
+    fn le(&self) -> usize {
+        self.oh * self.wp()
+    }
+    /// Elements of a padded channel group, with the slack an extended run reads past
+    /// its last row (zeros).
+    fn padded_len(&self) -> usize {
+        self.cg() * self.hp() * self.wp() + self.kw * self.p.dilation[1] + self.wp()
     }
     /// Whether the columns are the image itself (a 1x1, stride-1, unpadded kernel).
     fn pointwise(&self) -> bool {
@@ -274,48 +312,71 @@ fn valid(outs: usize, stride: usize, off: isize, size: usize) -> (usize, usize) 
     ((lo.max(0) as usize).min(hi), hi)
 }
 
-// Fill `cols` (`(r1 - r0) x l`) with rows `r0..r1` of the column matrix of
+// Fill `cols` (`(r1 - r0) x l`, rows `ld >= l` apart) with rows `r0..r1` of the column matrix of
 // channel-group `gi` of image `img` (`c x h x w`): row `(c, kh, kw)` holds what tap
 // `(kh, kw)` of channel `c` sees at each output position, zero in the padding.
-multiversion!(im2col, im2col_impl, (geo: &Geo, img: &[T], gi: usize, r0: usize, r1: usize, cols: &mut [T]));
+multiversion!(im2col, im2col_impl, (geo: &Geo, img: &[T], gi: usize, r0: usize, r1: usize, cols: &mut [T], ld: usize));
 
 #[inline(always)]
-fn im2col_impl<T: Elt>(geo: &Geo, img: &[T], gi: usize, r0: usize, r1: usize, cols: &mut [T]) {
+fn im2col_impl<T: Elt>(geo: &Geo, img: &[T], gi: usize, r0: usize, r1: usize, cols: &mut [T], ld: usize) {
     let (l, hw) = (geo.l(), geo.h * geo.w);
     let p = &geo.p;
-    for r in r0..r1 {
-        let (c, tap) = (r / geo.taps(), r % geo.taps());
-        let (ki, kj) = (tap / geo.kw, tap % geo.kw);
-        let chan = &img[(gi * geo.cg() + c) * hw..][..hw];
-        let dst = &mut cols[(r - r0) * l..][..l];
-        let off = (kj * p.dilation[1]) as isize - p.padding[1] as isize;
-        let (q0, q1) = valid(geo.ow, p.stride[1], off, geo.w);
-        for o in 0..geo.oh {
-            let d = &mut dst[o * geo.ow..][..geo.ow];
-            let Some(i) = geo.ih(o, ki) else {
-                d.fill(T::zero());
-                continue;
-            };
-            let row = &chan[i * geo.w..][..geo.w];
-            d[..q0].fill(T::zero());
-            d[q1..].fill(T::zero());
-            if q0 < q1 {
-                let first = ((q0 * p.stride[1]) as isize + off) as usize;
-                let s = p.stride[1];
-                // An element loop, not `copy_from_slice`: segments are short (a row of
-                // outputs), and a call per segment costs more than the copy.
-                if s == 1 {
-                    for (v, x) in d[q0..q1].iter_mut().zip(&row[first..]) {
-                        *v = *x;
+    // The channel group's image with its padding as zeros (one small copy), so every
+    // tap row below is plain (strided) copies without edge tests.
+    let (hp, wp) = (geo.h + 2 * p.padding[0], geo.w + 2 * p.padding[1]);
+    let cg = geo.cg();
+    // The scratch taken out of its thread-local cell and put back at the end (no
+    // closure: its code must be compiled with this function's instruction set).
+    let mut store = PAD_SCRATCH.with(|c| c.take());
+    let words = (cg * hp * wp * std::mem::size_of::<T>()).div_ceil(8);
+    if store.len() < words {
+        store.resize(words, 0);
+    }
+    // SAFETY: `store` holds at least `cg * hp * wp` elements of `T` (alignment 8 covers
+    // f32 and f64); every bit pattern is a valid float.
+    let pad = unsafe { std::slice::from_raw_parts_mut(store.as_mut_ptr() as *mut T, cg * hp * wp) };
+    {
+        if p.padding == [0, 0] {
+            pad.copy_from_slice(&img[gi * cg * hw..][..cg * hw]);
+        } else {
+            pad.fill(T::zero());
+            for c in 0..cg {
+                let src = &img[(gi * cg + c) * hw..][..hw];
+                let dst = &mut pad[c * hp * wp..][..hp * wp];
+                for (i, row) in src.chunks_exact(geo.w).enumerate() {
+                    let at = (i + p.padding[0]) * wp + p.padding[1];
+                    for (d, v) in dst[at..at + geo.w].iter_mut().zip(row) {
+                        *d = *v;
+                    }
+                }
+            }
+        }
+        let (sh, sw) = (p.stride[0], p.stride[1]);
+        for r in r0..r1 {
+            let (c, tap) = (r / geo.taps(), r % geo.taps());
+            let (ki, kj) = (tap / geo.kw, tap % geo.kw);
+            let chan = &pad[c * hp * wp..][..hp * wp];
+            let row_all = &mut cols[(r - r0) * ld..][..ld];
+            // Columns past `l` (a row stride rounded up) are zeros.
+            for v in &mut row_all[l..] {
+                *v = T::zero();
+            }
+            for (o, d) in row_all[..l].chunks_exact_mut(geo.ow).enumerate() {
+                let start = (o * sh + ki * p.dilation[0]) * wp + kj * p.dilation[1];
+                let src = &chan[start..];
+                if sw == 1 {
+                    for (d, v) in d.iter_mut().zip(src) {
+                        *d = *v;
                     }
                 } else {
-                    for (v, x) in d[q0..q1].iter_mut().zip(row[first..].iter().step_by(s)) {
-                        *v = *x;
+                    for (d, v) in d.iter_mut().zip(src.iter().step_by(sw)) {
+                        *d = *v;
                     }
                 }
             }
         }
     }
+    PAD_SCRATCH.with(|c| c.set(store));
 }
 
 // Add the column matrix `cols` (`ckk x l`, channel-group `gi`) back into the image
@@ -352,6 +413,99 @@ fn col2im_impl<T: Elt>(geo: &Geo, cols: &[T], gi: usize, dx: &mut [T]) {
                     *d = *d + *v;
                 }
             }
+        }
+    }
+}
+
+// The padded channel group `gi` of image `img` into `pad` (`geo.padded_len()`
+// elements: zeros around the image and after it).
+multiversion!(pad_image, pad_image_impl, (geo: &Geo, img: &[T], gi: usize, pad: &mut [T]));
+
+#[inline(always)]
+fn pad_image_impl<T: Elt>(geo: &Geo, img: &[T], gi: usize, pad: &mut [T]) {
+    let (hw, hp, wp, cg) = (geo.h * geo.w, geo.hp(), geo.wp(), geo.cg());
+    let p = &geo.p;
+    for v in pad.iter_mut() {
+        *v = T::zero();
+    }
+    for c in 0..cg {
+        let src = &img[(gi * cg + c) * hw..][..hw];
+        let dst = &mut pad[c * hp * wp..][..hp * wp];
+        for (i, row) in src.chunks_exact(geo.w).enumerate() {
+            let at = (i + p.padding[0]) * wp + p.padding[1];
+            for (d, v) in dst[at..at + geo.w].iter_mut().zip(row) {
+                *d = *v;
+            }
+        }
+    }
+}
+
+/// Where row `r` of the extended column matrix starts in the padded channel group.
+fn ext_start(geo: &Geo, r: usize) -> usize {
+    let (c, tap) = (r / geo.taps(), r % geo.taps());
+    let (ki, kj) = (tap / geo.kw, tap % geo.kw);
+    c * geo.hp() * geo.wp() + ki * geo.p.dilation[0] * geo.wp() + kj * geo.p.dilation[1]
+}
+
+// The extended column matrix (`ckk x ld`, `ld >= le`) of a padded channel group: row
+// `r` the padded image's run from `ext_start(r)`, zeros past `le`. The positions past a
+// row's `ow` real ones hold whatever the run reads: only discarded outputs see them.
+multiversion!(im2col_ext, im2col_ext_impl, (geo: &Geo, pad: &[T], cols: &mut [T], ld: usize));
+
+#[inline(always)]
+fn im2col_ext_impl<T: Elt>(geo: &Geo, pad: &[T], cols: &mut [T], ld: usize) {
+    let le = geo.le();
+    for r in 0..geo.ckk() {
+        let row = &mut cols[r * ld..][..ld];
+        let start = ext_start(geo, r);
+        for (d, v) in row[..le].iter_mut().zip(&pad[start..start + le]) {
+            *d = *v;
+        }
+        for v in &mut row[le..] {
+            *v = T::zero();
+        }
+    }
+}
+
+// The extended column matrix `cols` (`ckk x ld`) added back into the padded channel
+// group `pad` (run by run, in row order), whose interior then goes into channel group
+// `gi` of the image gradient `dx` (`c x h x w`).
+multiversion!(col2im_ext, col2im_ext_impl, (geo: &Geo, cols: &[T], ld: usize, gi: usize, pad: &mut [T], dx: &mut [T]));
+
+#[inline(always)]
+fn col2im_ext_impl<T: Elt>(geo: &Geo, cols: &[T], ld: usize, gi: usize, pad: &mut [T], dx: &mut [T]) {
+    let (le, hp, wp, hw, cg) = (geo.le(), geo.hp(), geo.wp(), geo.h * geo.w, geo.cg());
+    for v in pad.iter_mut() {
+        *v = T::zero();
+    }
+    for r in 0..geo.ckk() {
+        let start = ext_start(geo, r);
+        for (d, v) in pad[start..start + le].iter_mut().zip(&cols[r * ld..][..le]) {
+            *d = *d + *v;
+        }
+    }
+    let p = &geo.p;
+    for c in 0..cg {
+        let src = &pad[c * hp * wp..][..hp * wp];
+        let dst = &mut dx[(gi * cg + c) * hw..][..hw];
+        for (i, row) in dst.chunks_exact_mut(geo.w).enumerate() {
+            let at = (i + p.padding[0]) * wp + p.padding[1];
+            for (d, v) in row.iter_mut().zip(&src[at..at + geo.w]) {
+                *d = *v;
+            }
+        }
+    }
+}
+
+/// `src` (`rows x l`, `l = oh * ow`, rows `ld_src` apart) onto the extended grid in
+/// `dst` (`rows x ld`): each output row at `wp` positions, zeros elsewhere.
+fn to_extended<T: Elt>(geo: &Geo, src: &[T], ld_src: usize, rows: usize, dst: &mut [T], ld: usize) {
+    let (wp, ow, l) = (geo.wp(), geo.ow, geo.l());
+    for r in 0..rows {
+        let d = &mut dst[r * ld..][..ld];
+        d.fill(T::zero());
+        for (o, seg) in src[r * ld_src..][..l].chunks_exact(ow).enumerate() {
+            d[o * wp..o * wp + ow].copy_from_slice(seg);
         }
     }
 }
@@ -447,10 +601,46 @@ fn conv2d_fwd<T: Elt>(op: &str, x: &CpuTensor, w: &CpuTensor, geo: Geo, dtype: D
                 unsafe { gemm(ocg, l, ckk, dst, l, false, wg, ckk, 1, cols, l, 1) };
                 continue;
             }
-            with_scratch::<T, _>(ckk * l, |cols| {
-                im2col(&geo, xi, gi, 0, ckk, cols);
-                // SAFETY: `W_g` is `ocg x ckk` row-major, `cols` `ckk x l`.
-                unsafe { gemm(ocg, l, ckk, dst, l, false, wg, ckk, 1, cols.as_ptr(), l, 1) };
+            if geo.extended() {
+                // The product over the extended grid (rows of `lp`, a multiple of 16: the
+                // gemm crate then reads the columns in place instead of packing them),
+                // copied out without its extra positions.
+                let (le, wp) = (geo.le(), geo.wp());
+                let lp = le.next_multiple_of(16);
+                with_scratch::<T, _>(ckk * lp + ocg * lp, |buf| {
+                    let (cols, prod) = buf.split_at_mut(ckk * lp);
+                    let mut store = PAD_SCRATCH.with(|c| c.take());
+                    let pad = pad_slice::<T>(&mut store, geo.padded_len());
+                    pad_image(&geo, xi, gi, pad);
+                    im2col_ext(&geo, pad, cols, lp);
+                    PAD_SCRATCH.with(|c| c.set(store));
+                    // SAFETY: `W_g` is `ocg x ckk` row-major, `cols` `ckk x lp`, `prod`
+                    // `ocg x lp`.
+                    unsafe { gemm(ocg, lp, ckk, prod.as_mut_ptr(), lp, false, wg, ckk, 1, cols.as_ptr(), lp, 1) };
+                    for (oc, row) in prod.chunks_exact(lp).enumerate() {
+                        // SAFETY: task `img` owns image `img`'s `ocg x l` output rows.
+                        let d = unsafe { std::slice::from_raw_parts_mut(dst.add(oc * l), l) };
+                        for (o, seg) in d.chunks_exact_mut(geo.ow).enumerate() {
+                            seg.copy_from_slice(&row[o * wp..o * wp + geo.ow]);
+                        }
+                    }
+                });
+                continue;
+            }
+            // Rows of the columns (and of the product) padded to 16 elements: the gemm
+            // crate then reads the columns in place instead of packing them each call.
+            let lp = l.next_multiple_of(16);
+            with_scratch::<T, _>(ckk * lp + ocg * lp, |buf| {
+                let (cols, prod) = buf.split_at_mut(ckk * lp);
+                im2col(&geo, xi, gi, 0, ckk, cols, lp);
+                // SAFETY: `W_g` is `ocg x ckk` row-major, `cols` `ckk x lp`, `prod`
+                // `ocg x lp`.
+                unsafe { gemm(ocg, lp, ckk, prod.as_mut_ptr(), lp, false, wg, ckk, 1, cols.as_ptr(), lp, 1) };
+                for (o, row) in prod.chunks_exact(lp).enumerate() {
+                    // SAFETY: task `img` owns image `img`'s `ocg x l` output rows.
+                    let d = unsafe { std::slice::from_raw_parts_mut(dst.add(o * l), l) };
+                    d.copy_from_slice(&row[..l]);
+                }
             });
         }
     });
@@ -464,6 +654,9 @@ fn conv2d_input_grad<T: Elt>(op: &str, gy: &CpuTensor, w: &CpuTensor, geo: Geo, 
     let chw = geo.c * geo.h * geo.w;
     let mut gx = fresh::<T>(geo.n * chw, false);
     let out = Out(gx.as_mut_ptr());
+    // The extended grid's extra columns are zeros in the gradient, so they add exactly
+    // nothing back, unless the weight holds an infinity or NaN (times zero: NaN).
+    let extended = geo.extended() && ws.iter().all(|v| v.is_finite());
     pool::par_tasks(geo.n, |img| {
         // SAFETY: task `img` writes only image `img` of `gx`.
         let dx = unsafe { std::slice::from_raw_parts_mut(out.at(img * chw), chw) };
@@ -471,6 +664,26 @@ fn conv2d_input_grad<T: Elt>(op: &str, gy: &CpuTensor, w: &CpuTensor, geo: Geo, 
         for gi in 0..geo.g {
             // `W_g^T` (`ckk x ocg`): the weight read column-major.
             let wt = ws[gi * ocg * ckk..].as_ptr();
+            if extended {
+                // The gradient on the extended grid (zeros off the real outputs), its
+                // columns `W^T @ gy` added back into a padded image as whole runs
+                // (the extra positions are zeros, so they add nothing), whose interior
+                // is the image's gradient.
+                let lp = geo.le().next_multiple_of(16);
+                let gyi = &gs[(img * geo.oc + gi * ocg) * l..][..ocg * l];
+                with_scratch::<T, _>(ckk * lp + ocg * lp, |buf| {
+                    let (cols, gext) = buf.split_at_mut(ckk * lp);
+                    to_extended(&geo, gyi, l, ocg, gext, lp);
+                    // SAFETY: `cols` is `ckk x lp`; `W_g^T` has row stride 1, column
+                    // stride `ckk`; `gext` is `ocg x lp` row-major.
+                    unsafe { gemm(ckk, lp, ocg, cols.as_mut_ptr(), lp, false, wt, 1, ckk, gext.as_ptr(), lp, 1) };
+                    let mut store = PAD_SCRATCH.with(|c| c.take());
+                    let pad = pad_slice::<T>(&mut store, geo.padded_len());
+                    col2im_ext(&geo, cols, lp, gi, pad, dx);
+                    PAD_SCRATCH.with(|c| c.set(store));
+                });
+                continue;
+            }
             let gyi = gs[(img * geo.oc + gi * ocg) * l..].as_ptr();
             with_scratch::<T, _>(ckk * l, |cols| {
                 // SAFETY: `cols` is `ckk x l`; `W_g^T` has row stride 1, column stride
@@ -513,7 +726,7 @@ fn conv2d_weight_grad<T: Elt>(op: &str, gy: &CpuTensor, x: &CpuTensor, geo: Geo,
                     continue;
                 }
                 with_scratch::<T, _>(ckk * l, |cols| {
-                    im2col(&geo, xi, gi, 0, ckk, cols);
+                    im2col(&geo, xi, gi, 0, ckk, cols, l);
                     // SAFETY: as above, with the columns in the scratch.
                     unsafe { gemm(ocg, ckk, l, dst, ckk, acc, gyi, l, 1, cols.as_ptr(), 1, l) };
                 });

@@ -76,9 +76,10 @@ fn pos(c: &Case, o: usize, q: usize, a: usize, b: usize) -> Option<(usize, usize
     (i < c.h && j < c.w).then_some((i, j))
 }
 
-/// Every term of the convolution: the indices of the output, input and weight
-/// elements it multiplies.
-fn terms(c: &Case, mut f: impl FnMut(usize, usize, usize)) {
+/// Every term of the convolution: the indices of the output, input (`None` in the
+/// padding, whose zeros take part in the products as in PyTorch's im2col: a NaN
+/// weight makes a padded window NaN) and weight elements it multiplies.
+fn terms(c: &Case, mut f: impl FnMut(usize, Option<usize>, usize)) {
     let [oh, ow] = c.out().unwrap();
     for n in 0..c.n {
         for gi in 0..c.g {
@@ -89,12 +90,10 @@ fn terms(c: &Case, mut f: impl FnMut(usize, usize, usize)) {
                         for q in 0..ow {
                             for a in 0..c.k[0] {
                                 for b in 0..c.k[1] {
-                                    if let Some((i, j)) = pos(c, o, q, a, b) {
-                                        let y = ((n * c.oc() + oc) * oh + o) * ow + q;
-                                        let x = ((n * c.c() + ch) * c.h + i) * c.w + j;
-                                        let w = ((oc * c.cg + ci) * c.k[0] + a) * c.k[1] + b;
-                                        f(y, x, w);
-                                    }
+                                    let y = ((n * c.oc() + oc) * oh + o) * ow + q;
+                                    let x = pos(c, o, q, a, b).map(|(i, j)| ((n * c.c() + ch) * c.h + i) * c.w + j);
+                                    let w = ((oc * c.cg + ci) * c.k[0] + a) * c.k[1] + b;
+                                    f(y, x, w);
                                 }
                             }
                         }
@@ -154,9 +153,12 @@ proptest! {
         let tol = if dtype == DType::F64 { 1e-12 } else { 1e-5 };
         let (mut y, mut dx, mut dw) = (vec![0.0; n(&ys)], vec![0.0; n(&xs)], vec![0.0; n(&ws)]);
         terms(&c, |yi, xi, wi| {
-            y[yi] += xv[xi] * wv[wi];
-            dx[xi] += gv[yi] * wv[wi];
-            dw[wi] += gv[yi] * xv[xi];
+            let xval = xi.map_or(0.0, |i| xv[i]);
+            y[yi] += xval * wv[wi];
+            if let Some(i) = xi {
+                dx[i] += gv[yi] * wv[wi];
+            }
+            dw[wi] += gv[yi] * xval;
         });
         close("conv2d", &run(Op::Conv2d(c.p), &[x.clone(), w.clone()]), &y, tol);
         close("input grad", &run(Op::Conv2dInputGrad { conv: c.p, input: [c.h, c.w] }, &[gy.clone(), w]), &dx, tol);
@@ -214,4 +216,52 @@ proptest! {
         prop_assert!(got.iter().zip(&y).all(|(a, b)| a == b || (a.is_nan() && b.is_nan())), "{got:?} vs {y:?}");
         close("max_pool2d_grad", &run(Op::MaxPool2dGrad(p), &[gy, x]), &dx, 1e-6);
     }
+}
+
+/// Infinities and NaNs in the input, the weight or the gradient reach exactly the
+/// elements the definition says, padding included (the kernels' extended output grid
+/// adds zeros, never `0 * inf`, to other elements).
+#[test]
+fn non_finite_values_stay_where_the_definition_puts_them() {
+    let c = Case {
+        n: 2,
+        g: 1,
+        cg: 2,
+        ocg: 2,
+        h: 5,
+        w: 6,
+        k: [3, 3],
+        p: Conv2dParams { stride: [1, 1], padding: [1, 1], dilation: [1, 1], groups: 1 },
+    };
+    let [oh, ow] = c.out().unwrap();
+    let (xs, ws, ys) = ([c.n, c.c(), c.h, c.w], [c.oc(), c.cg, c.k[0], c.k[1]], [c.n, c.oc(), oh, ow]);
+    let n = |s: &[usize]| s.iter().product::<usize>();
+    let (mut xv, mut wv, mut gv) = (vals(n(&xs), 0.3), vals(n(&ws), 1.1), vals(n(&ys), 2.7));
+    // An infinite pixel at a row's end, a NaN weight tap, an infinite gradient.
+    xv[c.w - 1] = f64::INFINITY;
+    wv[0] = f64::NAN;
+    gv[7] = f64::NEG_INFINITY;
+    let (x, w, gy) = (tensor(&xv, &xs, DType::F32), tensor(&wv, &ws, DType::F32), tensor(&gv, &ys, DType::F32));
+    let (mut y, mut dx, mut dw) = (vec![0.0; n(&ys)], vec![0.0; n(&xs)], vec![0.0; n(&ws)]);
+    terms(&c, |yi, xi, wi| {
+        let xval = xi.map_or(0.0, |i| xv[i]);
+        y[yi] += xval * wv[wi];
+        if let Some(i) = xi {
+            dx[i] += gv[yi] * wv[wi];
+        }
+        dw[wi] += gv[yi] * xval;
+    });
+    let same = |what: &str, got: &[f64], want: &[f64]| {
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            let ok = if w.is_finite() {
+                (g - w).abs() <= 1e-4 * (1.0 + w.abs())
+            } else {
+                g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan())
+            };
+            assert!(ok, "{what}[{i}]: {g} vs {w}");
+        }
+    };
+    same("conv2d", &run(Op::Conv2d(c.p), &[x.clone(), w.clone()]), &y);
+    same("input grad", &run(Op::Conv2dInputGrad { conv: c.p, input: [c.h, c.w] }, &[gy.clone(), w]), &dx);
+    same("weight grad", &run(Op::Conv2dWeightGrad { conv: c.p, kernel: c.k }, &[gy, x]), &dw);
 }

@@ -743,8 +743,16 @@ fn splits(k: &CKernel) -> bool {
                 || m.n.saturating_mul(m.m).saturating_mul(m.k) >= exec::SPLIT_MIN_WORK
                 || m.epilogue.as_ref().is_some_and(|e| e.numel >= 2 * exec::POINTWISE_TASK)
         }
-        // Convolutions and pooling split over images themselves.
+        // Convolutions and pooling split over images (or chunks of them) themselves;
+        // their work follows their largest operand (a weight gradient is small).
         CKernel::Extern(e) => {
+            let largest = e
+                .args
+                .iter()
+                .map(|(_, m)| m)
+                .chain(std::iter::once(&e.meta))
+                .filter_map(|m| m.numel().as_const())
+                .max();
             matches!(
                 e.op,
                 Op::Conv2d(_)
@@ -752,7 +760,7 @@ fn splits(k: &CKernel) -> bool {
                     | Op::Conv2dWeightGrad { .. }
                     | Op::MaxPool2d(_)
                     | Op::MaxPool2dGrad(_)
-            ) && e.meta.numel().as_const().is_some_and(|n| n >= 2 * exec::POINTWISE_TASK as i64)
+            ) && largest.is_some_and(|n| n >= 2 * exec::POINTWISE_TASK as i64)
         }
     }
 }
