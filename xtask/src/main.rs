@@ -1,7 +1,9 @@
 //! `cargo xtask`: project chores.
 //!
 //! - `cargo xtask ci`: formatting check, clippy with warnings denied, the whole test suite,
-//!   then the inference and training contract suites again with `AOTGRAD_BACKEND=wgpu`.
+//!   then the inference and training contract suites again with `AOTGRAD_BACKEND=wgpu`,
+//!   and the CPU backend's differential, JIT and convolution tests on its AVX2 code
+//!   (`AOTGRAD_CPU_ISA=avx2`).
 //!   This is what `.ci/run` and the README's test command run.
 //! - `cargo xtask train [ARGS]`: the main job — installs Fashion-MNIST when it is missing
 //!   (Debian's `dataset-fashion-mnist`, when running as root with apt), then runs
@@ -213,8 +215,16 @@ fn ci() -> Result<()> {
             &[("AOTGRAD_BACKEND", "wgpu")],
         )?
     };
+    // The compiled CPU backend's differential suite, JIT and convolution tests again on
+    // its AVX2 code (this machine's AVX-512 capped: both paths checked bit for bit
+    // against the interpreter on one machine).
+    let (p4, f4) = run_tests_with(
+        "cpu backend on AVX2",
+        &["test", "-p", "aotgrad-cpu", "--test", "jit", "--test", "compiled", "--test", "conv"],
+        &[("AOTGRAD_CPU_ISA", "avx2")],
+    )?;
     // The plain closing line: the whole suite's count.
-    println!("ci: {} passed, {} failed", p1 + p2 + p3, f1 + f2 + f3);
+    println!("ci: {} passed, {} failed", p1 + p2 + p3 + p4, f1 + f2 + f3 + f4);
     Ok(())
 }
 

@@ -721,7 +721,7 @@ pub(crate) const POINTWISE_TASK_COMPILED: usize = 32 * 1024;
 
 /// Instruction sets the hot loops are compiled for; the best one present is picked
 /// once at run time (the build itself targets the baseline CPU).
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy, PartialEq, Debug)]
 pub(crate) enum Isa {
     Base,
     #[cfg(target_arch = "x86_64")]
@@ -730,12 +730,22 @@ pub(crate) enum Isa {
     Avx512,
 }
 
+/// Environment variable capping the instruction set the hot loops and the JIT use:
+/// `avx2` (an AVX-512 machine runs the AVX2 code, so both paths can be tested on one
+/// machine), `base` (neither), anything else or unset: the best one present.
+pub const CPU_ISA_ENV: &str = "AOTGRAD_CPU_ISA";
+
 pub(crate) fn isa() -> Isa {
     static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
     *ISA.get_or_init(|| {
+        let cap = std::env::var(CPU_ISA_ENV).unwrap_or_default().trim().to_ascii_lowercase();
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx512f")
+            if cap == "base" {
+                return Isa::Base;
+            }
+            if cap != "avx2"
+                && std::arch::is_x86_feature_detected!("avx512f")
                 && std::arch::is_x86_feature_detected!("avx512vl")
                 && std::arch::is_x86_feature_detected!("avx512dq")
                 && std::arch::is_x86_feature_detected!("fma")
@@ -746,6 +756,7 @@ pub(crate) fn isa() -> Isa {
                 return Isa::Avx2;
             }
         }
+        let _ = cap;
         Isa::Base
     })
 }

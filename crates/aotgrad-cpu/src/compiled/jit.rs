@@ -1,13 +1,18 @@
 //! A JIT for fused pointwise bodies: each lowered [`CPointwise`] whose body it covers
-//! becomes AVX-512 machine code (assembled with `iced-x86`, mapped executable with
-//! `memmap2`) that keeps every value of the body in a vector register and touches
-//! memory only for its loads and stores, 16 f32 lanes at a time.
+//! becomes AVX-512 machine code, or AVX2 code on a machine without AVX-512
+//! (assembled with `iced-x86`, mapped executable with `memmap2`) that keeps every
+//! value of the body in a vector register and touches memory only for its loads and
+//! stores, 16 (AVX2: 8) f32 lanes at a time. One emitter ([`Em`]) writes both: every
+//! operation is the same IEEE operation on either set, only registers, masks (mask
+//! registers or mask vectors) and constants' encodings differ. AVX2 has 16 vector
+//! registers: bodies of up to 7 live values (5 for a reduction), and sums and means
+//! among reductions; the rest runs on the interpreter.
 //!
 //! Why: the block interpreter ([`super::exec`]) loads and stores every instruction's
 //! operands through L1, a few cycles per vector and instruction; on the bench machine
 //! an 8-op chain ran at 19 GB/s interpreted and 72–77 GB/s compiled here, next to a
 //! copy's 80–110 GB/s. Everything else (f64 bodies, loads or stores of other dtypes,
-//! strided stores, `sin`/`cos`/`log`/general `pow`, machines without AVX-512) stays
+//! strided stores, `sin`/`cos`/`log`/general `pow`, machines without AVX2) stays
 //! on the interpreter, which is also the reference the tests hold this code to:
 //! every instruction is emitted as the same IEEE operations in the same order as
 //! [`super::math`] computes them (no fused multiply-adds), so the results are equal
@@ -58,21 +63,38 @@ impl std::fmt::Debug for JitKernel {
 
 /// Most accesses (loads plus stores) a compiled kernel takes; 9 live in registers.
 const MAX_ACCESSES: usize = 16;
-/// Vector registers the body may use; the rest are scratch for sequences.
-const MAX_VALUES: usize = 24;
 
-/// Whether this process runs compiled kernels: x86-64 with AVX-512 (F, VL, DQ, BW),
-/// unless `AOTGRAD_JIT=0`.
-pub(crate) fn available() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| {
-        let off = std::env::var("AOTGRAD_JIT").is_ok_and(|v| v == "0");
-        !off && std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512vl")
-            && std::arch::is_x86_feature_detected!("avx512dq")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("bmi2")
+/// The instruction set this process compiles kernels for: AVX-512 (F, VL, DQ, BW, with
+/// BMI2) where the hot loops use it, else AVX2 (with FMA, F16C, BMI2) where they use
+/// that (`AOTGRAD_CPU_ISA=avx2` makes an AVX-512 machine use AVX2 for both, so the
+/// two code paths can be tested on one machine), else none; `AOTGRAD_JIT=0`: none.
+pub(crate) fn isa() -> Option<Isa> {
+    static ISA: OnceLock<Option<Isa>> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        use super::exec::{isa as loops, Isa as Loops};
+        use std::arch::is_x86_feature_detected as has;
+        if std::env::var("AOTGRAD_JIT").is_ok_and(|v| v == "0") || !has!("bmi2") {
+            return None;
+        }
+        match loops() {
+            Loops::Avx512 if has!("avx512bw") => Some(Isa::Avx512),
+            Loops::Avx2 if has!("f16c") => Some(Isa::Avx2),
+            _ => None,
+        }
     })
+}
+
+/// [`isa`]'s name.
+pub(crate) fn isa_name() -> Option<&'static str> {
+    isa().map(|i| match i {
+        Isa::Avx512 => "avx512",
+        Isa::Avx2 => "avx2",
+    })
+}
+
+/// Whether this process runs compiled kernels (see [`isa`]).
+pub(crate) fn available() -> bool {
+    isa().is_some()
 }
 
 /// Compile every pointwise kernel of `kernels` (standalone, matmul epilogues, row
@@ -184,8 +206,14 @@ impl<'a> Spec<'a> {
         if !((inner_reduced && dst_inner == 0) || (!inner_reduced && dst_inner == 1)) {
             return Err("a reduction whose accumulators are strided");
         }
-        if r.body.nregs > MAX_VALUES - 4 {
+        let isa = isa().ok_or("no JIT on this machine")?;
+        if r.body.nregs > isa.reduce_values() {
             return Err("too many live values for a reduction");
+        }
+        if isa == Isa::Avx2 && !matches!(r.op, ReduceOp::Sum | ReduceOp::Mean) {
+            // The interpreter's AVX2 maximum keeps the first of equal (signed) zeros
+            // element by element, which lane-wise code would not reproduce.
+            return Err("a maximum or minimum on AVX2");
         }
         let spec = Spec {
             inner_len: r.shape[rank - 1],
@@ -242,7 +270,7 @@ impl<'a> Spec<'a> {
         if p.body.compute != Compute::F32 {
             return Err("f64 body");
         }
-        if p.body.nregs > MAX_VALUES {
+        if p.body.nregs > isa().ok_or("no JIT on this machine")?.values() {
             return Err("too many live values");
         }
         if p.accesses() > MAX_ACCESSES {
@@ -392,17 +420,59 @@ const CACHE_CAP: usize = 4096;
 
 type R<T> = Result<T, IcedError>;
 
-const ZMM: [AsmRegisterZmm; 32] = [
-    zmm0, zmm1, zmm2, zmm3, zmm4, zmm5, zmm6, zmm7, zmm8, zmm9, zmm10, zmm11, zmm12, zmm13, zmm14, zmm15, zmm16, zmm17,
-    zmm18, zmm19, zmm20, zmm21, zmm22, zmm23, zmm24, zmm25, zmm26, zmm27, zmm28, zmm29, zmm30, zmm31,
-];
-/// Scratch vector registers (above the body's values).
-const T: [AsmRegisterZmm; 8] = [zmm24, zmm25, zmm26, zmm27, zmm28, zmm29, zmm30, zmm31];
+/// The instruction set a module is compiled for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Isa {
+    /// 16 f32 lanes in `zmm` registers, `k` mask registers, masked tails.
+    Avx512,
+    /// 8 f32 lanes in `ymm` registers; masks are vectors, tails `vmaskmovps`.
+    Avx2,
+}
+
+impl Isa {
+    /// f32 lanes per vector.
+    pub(crate) fn lanes(self) -> usize {
+        match self {
+            Isa::Avx512 => 16,
+            Isa::Avx2 => 8,
+        }
+    }
+    /// Vector registers the body's values may use (the rest are scratch and masks).
+    fn values(self) -> usize {
+        match self {
+            Isa::Avx512 => 24,
+            Isa::Avx2 => 7,
+        }
+    }
+    /// Values a reduction's body may use (its accumulators take the top ones).
+    fn reduce_values(self) -> usize {
+        match self {
+            Isa::Avx512 => 20,
+            Isa::Avx2 => 5,
+        }
+    }
+    /// Scratch register `i` (0..8), above the values.
+    fn t(self, i: usize) -> usize {
+        self.values() + i
+    }
+}
+
+/// A vector register by number (zmm or ymm, as the module's [`Isa`] says).
+type V = usize;
+
+/// A mask: AVX-512 mask register `k2` (compares), or on AVX2 the one vector register
+/// kept for masks (`ymm15`).
+const AVX2_MASK: V = 15;
+
+/// Stack frame: spilled access addresses, the `outer` pointer, then (AVX2) the tail's
+/// lane mask and a spill of the tail's reduced value (8-byte words).
+const FRAME_OUTER: i32 = 8 * MAX_ACCESSES as i32;
+const FRAME_TAIL_MASK: i32 = FRAME_OUTER + 16;
+const FRAME_TAIL_VALUE: i32 = FRAME_TAIL_MASK + 32;
+const FRAME_BYTES: i32 = FRAME_TAIL_VALUE + 32;
+
 /// Registers holding the accesses' current run addresses; the rest live on the stack.
 const AREG: [AsmRegister64; 9] = [rbx, rbp, r8, r12, r13, r14, r15, rsi, rdi];
-/// Stack frame: spilled access addresses, then the `outer` pointer (8-byte words).
-const FRAME_OUTER: i32 = 8 * MAX_ACCESSES as i32;
-const FRAME_BYTES: i32 = FRAME_OUTER + 8 + 8; // keeps rsp 16-byte aligned after 6 pushes
 
 /// `cmpps` predicates (quiet, as Rust's comparisons).
 mod pred {
@@ -416,59 +486,283 @@ mod pred {
     pub const GT_OQ: i32 = 0x1E;
 }
 
-/// The constant pool: one label per distinct 32-bit pattern, and the lane indices.
+const ZMM: [AsmRegisterZmm; 32] = [
+    zmm0, zmm1, zmm2, zmm3, zmm4, zmm5, zmm6, zmm7, zmm8, zmm9, zmm10, zmm11, zmm12, zmm13, zmm14, zmm15, zmm16, zmm17,
+    zmm18, zmm19, zmm20, zmm21, zmm22, zmm23, zmm24, zmm25, zmm26, zmm27, zmm28, zmm29, zmm30, zmm31,
+];
+const YMM: [AsmRegisterYmm; 32] = [
+    ymm0, ymm1, ymm2, ymm3, ymm4, ymm5, ymm6, ymm7, ymm8, ymm9, ymm10, ymm11, ymm12, ymm13, ymm14, ymm15, ymm16, ymm17,
+    ymm18, ymm19, ymm20, ymm21, ymm22, ymm23, ymm24, ymm25, ymm26, ymm27, ymm28, ymm29, ymm30, ymm31,
+];
+const XMM: [AsmRegisterXmm; 32] = [
+    xmm0, xmm1, xmm2, xmm3, xmm4, xmm5, xmm6, xmm7, xmm8, xmm9, xmm10, xmm11, xmm12, xmm13, xmm14, xmm15, xmm16, xmm17,
+    xmm18, xmm19, xmm20, xmm21, xmm22, xmm23, xmm24, xmm25, xmm26, xmm27, xmm28, xmm29, xmm30, xmm31,
+];
+
+/// The constant pool: one label per distinct 32-bit pattern (a broadcast dword on
+/// AVX-512, a whole vector of it on AVX2), and the lane indices.
 struct Pool {
     labels: HashMap<u32, CodeLabel>,
     iota: Option<CodeLabel>,
 }
 
 impl Pool {
-    fn bits(&mut self, a: &mut CodeAssembler, bits: u32) -> CodeLabel {
+    fn label(&mut self, a: &mut CodeAssembler, bits: u32) -> CodeLabel {
         *self.labels.entry(bits).or_insert_with(|| a.create_label())
     }
-    fn f(&mut self, a: &mut CodeAssembler, v: f32) -> AsmMemoryOperand {
-        let l = self.bits(a, v.to_bits());
-        dword_bcst(l)
-    }
-    fn u(&mut self, a: &mut CodeAssembler, v: u32) -> AsmMemoryOperand {
-        let l = self.bits(a, v);
-        dword_bcst(l)
-    }
-    /// The same constant as a plain 4-byte operand (for `vbroadcastss`).
-    fn scalar(&mut self, a: &mut CodeAssembler, v: f32) -> AsmMemoryOperand {
-        let l = self.bits(a, v.to_bits());
-        dword_ptr(l)
-    }
-    fn emit(self, a: &mut CodeAssembler) -> R<()> {
+    fn emit(self, a: &mut CodeAssembler, isa: Isa) -> R<()> {
+        let lanes = isa.lanes() as u32;
         if let Some(mut l) = self.iota {
             a.set_label(&mut l)?;
-            let lanes: Vec<u32> = (0..16).collect();
-            a.dd(&lanes)?;
+            let idx: Vec<u32> = (0..lanes).collect();
+            a.dd(&idx)?;
         }
         let mut all: Vec<(u32, CodeLabel)> = self.labels.into_iter().collect();
         all.sort_by_key(|(b, _)| *b);
         for (bits, mut l) in all {
             a.set_label(&mut l)?;
-            a.dd(&[bits])?;
+            let n = if isa == Isa::Avx2 { lanes as usize } else { 1 };
+            a.dd(&vec![bits; n])?;
         }
         Ok(())
     }
 }
 
+/// An operand of a binary instruction.
+#[derive(Clone, Copy)]
+enum Opnd {
+    Reg(V),
+    Const(f32),
+    Bits(u32),
+}
+
+fn opnd(s: &Src) -> Opnd {
+    match s {
+        Src::Reg(r) => Opnd::Reg(*r),
+        Src::Const(c) => Opnd::Const(*c as f32),
+    }
+}
+
+/// The emitter of one module: the assembler, its constant pool and instruction set.
+/// Every primitive is the same IEEE operation on either set; only registers, masks
+/// and constants' encodings differ.
+struct Em<'a> {
+    a: &'a mut CodeAssembler,
+    pool: Pool,
+    isa: Isa,
+}
+
+/// Emit `$m(d, x, y)` for a second source that may be a pooled constant.
+macro_rules! two {
+    ($em:ident, $m:ident, $d:expr, $x:expr, $y:expr) => {{
+        let (d, x) = ($d, $x);
+        match ($em.isa, $y) {
+            (Isa::Avx512, Opnd::Reg(y)) => $em.a.$m(ZMM[d], ZMM[x], ZMM[y]),
+            (Isa::Avx2, Opnd::Reg(y)) => $em.a.$m(YMM[d], YMM[x], YMM[y]),
+            (isa, c) => {
+                let bits = match c {
+                    Opnd::Const(v) => v.to_bits(),
+                    Opnd::Bits(b) => b,
+                    Opnd::Reg(_) => unreachable!("matched above"),
+                };
+                let l = $em.pool.label($em.a, bits);
+                match isa {
+                    Isa::Avx512 => $em.a.$m(ZMM[d], ZMM[x], dword_bcst(l)),
+                    Isa::Avx2 => $em.a.$m(YMM[d], YMM[x], ymmword_ptr(l)),
+                }
+            }
+        }
+    }};
+}
+
+impl Em<'_> {
+    fn bits_mem(&mut self, bits: u32) -> AsmMemoryOperand {
+        let l = self.pool.label(self.a, bits);
+        match self.isa {
+            Isa::Avx512 => dword_bcst(l),
+            Isa::Avx2 => ymmword_ptr(l),
+        }
+    }
+    /// `d = broadcast(c)`.
+    fn splat(&mut self, d: V, c: f32) -> R<()> {
+        let l = self.pool.label(self.a, c.to_bits());
+        match self.isa {
+            Isa::Avx512 => self.a.vbroadcastss(ZMM[d], dword_ptr(l)),
+            Isa::Avx2 => self.a.vbroadcastss(YMM[d], dword_ptr(l)),
+        }
+    }
+    fn mov(&mut self, d: V, x: V) -> R<()> {
+        match self.isa {
+            Isa::Avx512 => self.a.vmovaps(ZMM[d], ZMM[x]),
+            Isa::Avx2 => self.a.vmovaps(YMM[d], YMM[x]),
+        }
+    }
+    fn zero(&mut self, d: V) -> R<()> {
+        match self.isa {
+            Isa::Avx512 => self.a.vxorps(ZMM[d], ZMM[d], ZMM[d]),
+            Isa::Avx2 => self.a.vxorps(YMM[d], YMM[d], YMM[d]),
+        }
+    }
+    fn add(&mut self, d: V, x: V, y: Opnd) -> R<()> {
+        two!(self, vaddps, d, x, y)
+    }
+    fn sub(&mut self, d: V, x: V, y: Opnd) -> R<()> {
+        two!(self, vsubps, d, x, y)
+    }
+    fn mul(&mut self, d: V, x: V, y: Opnd) -> R<()> {
+        two!(self, vmulps, d, x, y)
+    }
+    fn div(&mut self, d: V, x: V, y: Opnd) -> R<()> {
+        two!(self, vdivps, d, x, y)
+    }
+    fn max(&mut self, d: V, x: V, y: Opnd) -> R<()> {
+        two!(self, vmaxps, d, x, y)
+    }
+    fn min(&mut self, d: V, x: V, y: Opnd) -> R<()> {
+        two!(self, vminps, d, x, y)
+    }
+    fn and(&mut self, d: V, x: V, y: Opnd) -> R<()> {
+        two!(self, vandps, d, x, y)
+    }
+    fn or(&mut self, d: V, x: V, y: Opnd) -> R<()> {
+        two!(self, vorps, d, x, y)
+    }
+    fn xor(&mut self, d: V, x: V, y: Opnd) -> R<()> {
+        two!(self, vxorps, d, x, y)
+    }
+    fn isub(&mut self, d: V, x: V, y: Opnd) -> R<()> {
+        two!(self, vpsubd, d, x, y)
+    }
+    fn iadd(&mut self, d: V, x: V, y: Opnd) -> R<()> {
+        two!(self, vpaddd, d, x, y)
+    }
+    fn shl(&mut self, d: V, x: V, n: i32) -> R<()> {
+        match self.isa {
+            Isa::Avx512 => self.a.vpslld(ZMM[d], ZMM[x], n),
+            Isa::Avx2 => self.a.vpslld(YMM[d], YMM[x], n),
+        }
+    }
+    fn sqrt(&mut self, d: V, x: V) -> R<()> {
+        match self.isa {
+            Isa::Avx512 => self.a.vsqrtps(ZMM[d], ZMM[x]),
+            Isa::Avx2 => self.a.vsqrtps(YMM[d], YMM[x]),
+        }
+    }
+    /// Round to an integer by `mode` (0x08 nearest even, 0x09 floor, 0x0A ceil, 0x0B
+    /// truncate, the precision exception suppressed).
+    fn round(&mut self, d: V, x: V, mode: i32) -> R<()> {
+        match self.isa {
+            Isa::Avx512 => self.a.vrndscaleps(ZMM[d], ZMM[x], mode),
+            Isa::Avx2 => self.a.vroundps(YMM[d], YMM[x], mode),
+        }
+    }
+    /// `d = x` rounded to f16 and back.
+    fn round_f16(&mut self, d: V, x: V) -> R<()> {
+        let t = self.isa.t(0);
+        match self.isa {
+            Isa::Avx512 => {
+                self.a.vcvtps2ph(YMM[t], ZMM[x], 0)?;
+                self.a.vcvtph2ps(ZMM[d], YMM[t])
+            }
+            Isa::Avx2 => {
+                self.a.vcvtps2ph(XMM[t], YMM[x], 0)?;
+                self.a.vcvtph2ps(YMM[d], XMM[t])
+            }
+        }
+    }
+    /// The mask `x pr y`.
+    fn cmp(&mut self, x: V, y: Opnd, pr: i32) -> R<()> {
+        match (self.isa, y) {
+            (Isa::Avx512, Opnd::Reg(y)) => self.a.vcmpps(k2, ZMM[x], ZMM[y], pr),
+            (Isa::Avx2, Opnd::Reg(y)) => self.a.vcmpps(YMM[AVX2_MASK], YMM[x], YMM[y], pr),
+            (isa, c) => {
+                let bits = match c {
+                    Opnd::Const(v) => v.to_bits(),
+                    Opnd::Bits(b) => b,
+                    Opnd::Reg(_) => unreachable!("matched above"),
+                };
+                let m = self.bits_mem(bits);
+                match isa {
+                    Isa::Avx512 => self.a.vcmpps(k2, ZMM[x], m, pr),
+                    Isa::Avx2 => self.a.vcmpps(YMM[AVX2_MASK], YMM[x], m, pr),
+                }
+            }
+        }
+    }
+    /// `d = mask ? x : d`.
+    fn mov_if(&mut self, d: V, x: V) -> R<()> {
+        match self.isa {
+            Isa::Avx512 => self.a.vmovaps(ZMM[d].k2(), ZMM[x]),
+            Isa::Avx2 => self.a.vblendvps(YMM[d], YMM[d], YMM[x], YMM[AVX2_MASK]),
+        }
+    }
+    /// `d = mask ? x : 0`.
+    fn mov_if_z(&mut self, d: V, x: V) -> R<()> {
+        match self.isa {
+            Isa::Avx512 => self.a.vmovaps(ZMM[d].k2().z(), ZMM[x]),
+            Isa::Avx2 => self.a.vandps(YMM[d], YMM[AVX2_MASK], YMM[x]),
+        }
+    }
+    /// `d = mask ? c : d`.
+    fn const_if(&mut self, d: V, c: f32) -> R<()> {
+        let l = self.pool.label(self.a, c.to_bits());
+        match self.isa {
+            Isa::Avx512 => self.a.vbroadcastss(ZMM[d].k2(), dword_ptr(l)),
+            Isa::Avx2 => self.a.vblendvps(YMM[d], YMM[d], ymmword_ptr(l), YMM[AVX2_MASK]),
+        }
+    }
+    /// `d = mask ? c : 0`.
+    fn const_if_z(&mut self, d: V, c: f32) -> R<()> {
+        let l = self.pool.label(self.a, c.to_bits());
+        match self.isa {
+            Isa::Avx512 => self.a.vbroadcastss(ZMM[d].k2().z(), dword_ptr(l)),
+            Isa::Avx2 => self.a.vandps(YMM[d], YMM[AVX2_MASK], ymmword_ptr(l)),
+        }
+    }
+    /// `d = mask ? x : y`.
+    fn blend(&mut self, d: V, x: V, y: V) -> R<()> {
+        match self.isa {
+            Isa::Avx512 => self.a.vblendmps(ZMM[d].k2(), ZMM[y], ZMM[x]),
+            Isa::Avx2 => self.a.vblendvps(YMM[d], YMM[y], YMM[x], YMM[AVX2_MASK]),
+        }
+    }
+    /// `o` in a register (a constant is broadcast into `scratch`).
+    fn reg_of(&mut self, o: Opnd, scratch: V) -> R<V> {
+        Ok(match o {
+            Opnd::Reg(r) => r,
+            Opnd::Const(c) => {
+                self.splat(scratch, c)?;
+                scratch
+            }
+            Opnd::Bits(b) => {
+                self.splat(scratch, f32::from_bits(b))?;
+                scratch
+            }
+        })
+    }
+    /// AVX2: the tail's lane mask (from the stack) into the mask register.
+    fn tail_mask(&mut self) -> R<()> {
+        self.a.vmovups(YMM[AVX2_MASK], ymmword_ptr(rsp + FRAME_TAIL_MASK))
+    }
+}
+
 fn assemble(kernels: &[&Spec]) -> Result<(Module, Vec<Entry>), String> {
     let e = |e: IcedError| e.to_string();
+    let isa = self::isa().ok_or("no JIT on this machine")?;
     let mut a = CodeAssembler::new(64).map_err(e)?;
-    // EVEX wherever an instruction has both encodings: the code uses xmm/ymm 16-31.
-    a.set_prefer_vex(false);
-    let mut pool = Pool { labels: HashMap::new(), iota: None };
+    // AVX-512: EVEX wherever an instruction has both encodings (the code uses xmm/ymm
+    // 16-31); AVX2: VEX only.
+    a.set_prefer_vex(isa == Isa::Avx2);
+    let mut em = Em { a: &mut a, pool: Pool { labels: HashMap::new(), iota: None }, isa };
     let mut labels = Vec::with_capacity(kernels.len());
     for k in kernels {
-        let mut l = a.create_label();
-        a.set_label(&mut l).map_err(e)?;
-        kernel(&mut a, &mut pool, k).map_err(e)?;
+        let mut l = em.a.create_label();
+        em.a.set_label(&mut l).map_err(e)?;
+        kernel(&mut em, k).map_err(e)?;
         labels.push(l);
     }
-    pool.emit(&mut a).map_err(e)?;
+    let pool = std::mem::replace(&mut em.pool, Pool { labels: HashMap::new(), iota: None });
+    pool.emit(em.a, isa).map_err(e)?;
     // The code is position independent (branches and constants are RIP-relative):
     // assemble it at address 0 and copy it anywhere.
     let res = a.assemble_options(0, iced_x86::BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS).map_err(e)?;
@@ -552,58 +846,76 @@ fn addr(a: &mut CodeAssembler, acc: usize) -> R<AsmRegister64> {
 }
 
 /// One kernel's code (see the module docs for the calling convention).
-fn kernel(a: &mut CodeAssembler, pool: &mut Pool, p: &Spec) -> R<()> {
+fn kernel(em: &mut Em, p: &Spec) -> R<()> {
     let n_acc = p.accesses();
-    for r in [rbx, rbp, r12, r13, r14, r15] {
-        a.push(r)?;
-    }
-    a.sub(rsp, FRAME_BYTES)?;
-    a.mov(qword_ptr(rsp + FRAME_OUTER), rsi)?;
-    // Access addresses: spilled ones and those not in rsi / rdi first (rdi is the
-    // `ptrs` argument until the last of them is read).
-    for i in (0..n_acc).rev() {
-        match base_of(i) {
-            Base::Stack(off) => {
-                a.mov(rax, qword_ptr(rdi + 8 * i as i32))?;
-                a.mov(qword_ptr(rsp + off), rax)?;
+    let lanes = em.isa.lanes() as i32;
+    {
+        let a = &mut *em.a;
+        for r in [rbx, rbp, r12, r13, r14, r15] {
+            a.push(r)?;
+        }
+        a.sub(rsp, FRAME_BYTES)?;
+        a.mov(qword_ptr(rsp + FRAME_OUTER), rsi)?;
+        // Access addresses: spilled ones and those not in rsi / rdi first (rdi is the
+        // `ptrs` argument until the last of them is read).
+        for i in (0..n_acc).rev() {
+            match base_of(i) {
+                Base::Stack(off) => {
+                    a.mov(rax, qword_ptr(rdi + 8 * i as i32))?;
+                    a.mov(qword_ptr(rsp + off), rax)?;
+                }
+                Base::Reg(r) if r != rdi => a.mov(r, qword_ptr(rdi + 8 * i as i32))?,
+                Base::Reg(_) => {}
             }
-            Base::Reg(r) if r != rdi => a.mov(r, qword_ptr(rdi + 8 * i as i32))?,
-            Base::Reg(_) => {}
+        }
+        if n_acc > 8 {
+            a.mov(rdi, qword_ptr(rdi + 64))?;
         }
     }
-    if n_acc > 8 {
-        a.mov(rdi, qword_ptr(rdi + 64))?;
-    }
-    let mut row = a.create_label();
-    let mut vec_loop = a.create_label();
-    let mut tail = a.create_label();
-    let mut row_end = a.create_label();
-    let mut done = a.create_label();
-    a.test(rdx, rdx)?;
-    a.jz(done)?;
-    a.set_label(&mut row)?;
-    a.xor(r10d, r10d)?;
-    row_start(a, p)?;
+    let mut row = em.a.create_label();
+    let mut vec_loop = em.a.create_label();
+    let mut tail = em.a.create_label();
+    let mut row_end = em.a.create_label();
+    let mut done = em.a.create_label();
+    em.a.test(rdx, rdx)?;
+    em.a.jz(done)?;
+    em.a.set_label(&mut row)?;
+    em.a.xor(r10d, r10d)?;
+    row_start(em, p)?;
     // Full vectors unmasked, then one masked tail (a body masked on every vector ran
     // about 35% slower on the bench machine, so long bodies are emitted twice too).
-    a.mov(r11, rcx)?;
-    a.sub(r11, 16)?;
-    a.set_label(&mut vec_loop)?;
-    a.cmp(r10, r11)?;
-    a.jg(tail)?;
-    body(a, pool, p, false)?;
-    a.add(r10, 16)?;
-    a.jmp(vec_loop)?;
-    a.set_label(&mut tail)?;
-    a.mov(rax, rcx)?;
-    a.sub(rax, r10)?;
-    a.jle(row_end)?;
-    a.mov(r9d, -1)?;
-    a.bzhi(r9d, r9d, eax)?;
-    a.kmovw(k1, r9d)?;
-    body(a, pool, p, true)?;
-    a.set_label(&mut row_end)?;
-    row_finish(a, pool, p)?;
+    em.a.mov(r11, rcx)?;
+    em.a.sub(r11, lanes)?;
+    em.a.set_label(&mut vec_loop)?;
+    em.a.cmp(r10, r11)?;
+    em.a.jg(tail)?;
+    body(em, p, false)?;
+    em.a.add(r10, lanes)?;
+    em.a.jmp(vec_loop)?;
+    em.a.set_label(&mut tail)?;
+    em.a.mov(rax, rcx)?;
+    em.a.sub(rax, r10)?;
+    em.a.jle(row_end)?;
+    match em.isa {
+        Isa::Avx512 => {
+            em.a.mov(r9d, -1)?;
+            em.a.bzhi(r9d, r9d, eax)?;
+            em.a.kmovw(k1, r9d)?;
+        }
+        Isa::Avx2 => {
+            // Lanes below the count: iota < count, kept on the stack.
+            let iota = *em.pool.iota.get_or_insert_with(|| em.a.create_label());
+            let m = YMM[AVX2_MASK];
+            em.a.vmovd(XMM[AVX2_MASK], eax)?;
+            em.a.vpbroadcastd(m, XMM[AVX2_MASK])?;
+            em.a.vpcmpgtd(m, m, ymmword_ptr(iota))?;
+            em.a.vmovups(ymmword_ptr(rsp + FRAME_TAIL_MASK), m)?;
+        }
+    }
+    body(em, p, true)?;
+    em.a.set_label(&mut row_end)?;
+    row_finish(em, p)?;
+    let a = &mut *em.a;
     a.mov(r9, qword_ptr(rsp + FRAME_OUTER))?;
     for i in 0..n_acc {
         match base_of(i) {
@@ -625,29 +937,45 @@ fn kernel(a: &mut CodeAssembler, pool: &mut Pool, p: &Spec) -> R<()> {
     a.ret()
 }
 
-// A reduction's registers: a row's two f64 partial sums (or its running extreme in
-// `RED_M`, with `k5` the lanes that saw a NaN), and scratch for combining them.
+// AVX-512 reduction registers: a row's two f64 partial sums (or its running extreme
+// in `RED_M`, with `k5` the lanes that saw a NaN), and scratch for combining them.
 const RED_A0: AsmRegisterZmm = zmm20;
 const RED_A1: AsmRegisterZmm = zmm21;
 const RED_M: AsmRegisterZmm = zmm20;
 const RED_T: AsmRegisterZmm = zmm22;
 const RED_U: AsmRegisterZmm = zmm23;
+// AVX2 reduction registers: a row's partial sums of lanes 0-3 and 4-7 (f64), above
+// the body's values.
+const RED2_A0: AsmRegisterYmm = ymm5;
+const RED2_A1: AsmRegisterYmm = ymm6;
 
 /// A reduction over the run's row starts afresh (the accumulated row, for a reduced
 /// inner dim, as [`super::exec`]'s `sum_f64` / `extreme` start).
-fn row_start(a: &mut CodeAssembler, p: &Spec) -> R<()> {
-    match p.reduce {
-        Some((ReduceOp::Sum | ReduceOp::Mean, _, 0)) => {
+fn row_start(em: &mut Em, p: &Spec) -> R<()> {
+    let a = &mut *em.a;
+    match (em.isa, p.reduce) {
+        (Isa::Avx512, Some((ReduceOp::Sum | ReduceOp::Mean, _, 0))) => {
             a.vxorpd(RED_A0, RED_A0, RED_A0)?;
             a.vxorpd(RED_A1, RED_A1, RED_A1)
         }
-        Some((ReduceOp::Amax | ReduceOp::Amin, _, 0)) => a.kxorw(k5, k5, k5),
+        (Isa::Avx512, Some((ReduceOp::Amax | ReduceOp::Amin, _, 0))) => a.kxorw(k5, k5, k5),
+        (Isa::Avx2, Some((ReduceOp::Sum | ReduceOp::Mean, _, 0))) => {
+            a.vxorpd(RED2_A0, RED2_A0, RED2_A0)?;
+            a.vxorpd(RED2_A1, RED2_A1, RED2_A1)
+        }
         _ => Ok(()),
     }
 }
 
-/// Accumulate one vector of the reduced value (the lanes of `k1` when `masked`).
-fn accumulate(a: &mut CodeAssembler, pool: &mut Pool, p: &Spec, masked: bool) -> R<()> {
+/// Accumulate one vector of the reduced value (the tail's lanes when `masked`).
+fn accumulate(em: &mut Em, p: &Spec, masked: bool) -> R<()> {
+    match em.isa {
+        Isa::Avx512 => accumulate_avx512(em.a, p, masked),
+        Isa::Avx2 => accumulate_avx2(em, p, masked),
+    }
+}
+
+fn accumulate_avx512(a: &mut CodeAssembler, p: &Spec, masked: bool) -> R<()> {
     let Some((op, value, dst_inner)) = p.reduce else { return Ok(()) };
     let v = ZMM[value];
     let acc = addr(a, p.body.loads.len())?;
@@ -659,7 +987,7 @@ fn accumulate(a: &mut CodeAssembler, pool: &mut Pool, p: &Spec, masked: bool) ->
             if masked {
                 a.vmovaps(v.k1().z(), v)?;
             }
-            a.vcvtps2pd(RED_T, ymm_of(value))?;
+            a.vcvtps2pd(RED_T, YMM[value])?;
             a.vaddpd(RED_A0, RED_A0, RED_T)?;
             let mut skip = a.create_label();
             if masked {
@@ -683,7 +1011,7 @@ fn accumulate(a: &mut CodeAssembler, pool: &mut Pool, p: &Spec, masked: bool) ->
             let mut not_first = a.create_label();
             a.test(r10, r10)?;
             a.jnz(not_first)?;
-            a.vbroadcastss(RED_M, xmm_of(value))?;
+            a.vbroadcastss(RED_M, XMM[value])?;
             a.set_label(&mut not_first)?;
             let x = if masked {
                 a.vblendmps(RED_U.k1(), RED_M, v)?;
@@ -705,7 +1033,7 @@ fn accumulate(a: &mut CodeAssembler, pool: &mut Pool, p: &Spec, masked: bool) ->
             a.kshiftrw(k4, k1, 8)?;
             for half in 0..2 {
                 let src = if half == 0 {
-                    ymm_of(value)
+                    YMM[value]
                 } else {
                     a.vextractf32x8(ymm22, v, 1)?;
                     ymm22
@@ -735,18 +1063,77 @@ fn accumulate(a: &mut CodeAssembler, pool: &mut Pool, p: &Spec, masked: bool) ->
                     (true, _) => a.vmovupd(at.k4(), RED_U)?,
                 }
             }
-            let _ = pool;
             Ok(())
         }
     }
 }
 
+/// AVX2 covers sums and means (`Spec::check`): over a reduced inner dim as the
+/// interpreter's `sum_f64` without AVX-512 (lanes 0-3 and 4-7 of full vectors into two
+/// f64 partial sums; the tail's values added one by one after the lanes combine, in
+/// `row_finish`), over a kept inner dim one f64 accumulator per lane.
+fn accumulate_avx2(em: &mut Em, p: &Spec, masked: bool) -> R<()> {
+    let Some((_, value, dst_inner)) = p.reduce else { return Ok(()) };
+    let (t0, t1) = (em.isa.t(0), em.isa.t(1));
+    let acc = addr(em.a, p.body.loads.len())?;
+    if dst_inner == 0 {
+        if masked {
+            // The tail's values, for `row_finish` to add one by one.
+            return em.a.vmovups(ymmword_ptr(rsp + FRAME_TAIL_VALUE), YMM[value]);
+        }
+        let a = &mut *em.a;
+        a.vcvtps2pd(YMM[t0], XMM[value])?;
+        a.vaddpd(RED2_A0, RED2_A0, YMM[t0])?;
+        a.vextractf128(XMM[t1], YMM[value], 1)?;
+        a.vcvtps2pd(YMM[t0], XMM[t1])?;
+        return a.vaddpd(RED2_A1, RED2_A1, YMM[t0]);
+    }
+    // Kept inner dim: lanes 0-3 then 4-7, each `acc[j] + x` in f64.
+    let (t2, t3) = (em.isa.t(2), em.isa.t(3));
+    if masked {
+        em.tail_mask()?;
+    }
+    let a = &mut *em.a;
+    for half in 0..2i32 {
+        if half == 0 {
+            a.vcvtps2pd(YMM[t0], XMM[value])?;
+        } else {
+            a.vextractf128(XMM[t1], YMM[value], 1)?;
+            a.vcvtps2pd(YMM[t0], XMM[t1])?;
+        }
+        let at = ymmword_ptr(acc + r10 * 8 + 32 * half);
+        if masked {
+            // The half's four 64-bit lane masks from the tail's 32-bit ones.
+            if half == 0 {
+                a.vpmovsxdq(YMM[t2], XMM[AVX2_MASK])?;
+            } else {
+                a.vextracti128(XMM[t3], YMM[AVX2_MASK], 1)?;
+                a.vpmovsxdq(YMM[t2], XMM[t3])?;
+            }
+            a.vmaskmovpd(YMM[t3], YMM[t2], at)?;
+            a.vaddpd(YMM[t3], YMM[t3], YMM[t0])?;
+            let at = ymmword_ptr(acc + r10 * 8 + 32 * half);
+            a.vmaskmovpd(at, YMM[t2], YMM[t3])?;
+        } else {
+            a.vmovupd(YMM[t3], at)?;
+            a.vaddpd(YMM[t3], YMM[t3], YMM[t0])?;
+            let at = ymmword_ptr(acc + r10 * 8 + 32 * half);
+            a.vmovupd(at, YMM[t3])?;
+        }
+    }
+    Ok(())
+}
+
 /// Fold a reduced row into its accumulator, as [`super::exec`] does after `sum_f64`
 /// or `extreme` (lanes combined in one fixed order, then `acc + s` or
 /// `combine_extreme(acc, m)`).
-fn row_finish(a: &mut CodeAssembler, pool: &mut Pool, p: &Spec) -> R<()> {
+fn row_finish(em: &mut Em, p: &Spec) -> R<()> {
     let Some((op, _, 0)) = p.reduce else { return Ok(()) };
-    let acc = addr(a, p.body.loads.len())?;
+    if em.isa == Isa::Avx2 {
+        return row_finish_avx2(em, p);
+    }
+    let acc = addr(em.a, p.body.loads.len())?;
+    let a = &mut *em.a;
     match op {
         ReduceOp::Sum | ReduceOp::Mean => {
             // v = A0 + A1; then lanes 0-3 + 4-7, 0-1 + 2-3, 0 + 1.
@@ -792,8 +1179,8 @@ fn row_finish(a: &mut CodeAssembler, pool: &mut Pool, p: &Spec) -> R<()> {
             let mut clean = a.create_label();
             a.kortestw(k5, k5)?;
             a.jz(clean)?;
-            let nan = pool.scalar(a, f32::NAN);
-            a.vmovss(xmm20, nan)?;
+            let nan = em.pool.label(a, f32::NAN.to_bits());
+            a.vmovss(xmm20, dword_ptr(nan))?;
             a.set_label(&mut clean)?;
             a.vcvtss2sd(xmm20, xmm20, xmm20)?;
             // acc = x when x > acc (x < acc for a minimum) or x is NaN.
@@ -808,51 +1195,52 @@ fn row_finish(a: &mut CodeAssembler, pool: &mut Pool, p: &Spec) -> R<()> {
     }
 }
 
-const YMM: [AsmRegisterYmm; 24] = [
-    ymm0, ymm1, ymm2, ymm3, ymm4, ymm5, ymm6, ymm7, ymm8, ymm9, ymm10, ymm11, ymm12, ymm13, ymm14, ymm15, ymm16, ymm17,
-    ymm18, ymm19, ymm20, ymm21, ymm22, ymm23,
-];
-const XMM: [AsmRegisterXmm; 24] = [
-    xmm0, xmm1, xmm2, xmm3, xmm4, xmm5, xmm6, xmm7, xmm8, xmm9, xmm10, xmm11, xmm12, xmm13, xmm14, xmm15, xmm16, xmm17,
-    xmm18, xmm19, xmm20, xmm21, xmm22, xmm23,
-];
-
-fn ymm_of(r: usize) -> AsmRegisterYmm {
-    YMM[r]
+/// `s = ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7))`, then the tail's values one
+/// by one, then `acc + s`: the interpreter's `sum_f64` over the run.
+fn row_finish_avx2(em: &mut Em, p: &Spec) -> R<()> {
+    let (t0, t1) = (em.isa.t(0), em.isa.t(1));
+    let acc = addr(em.a, p.body.loads.len())?;
+    let a = &mut *em.a;
+    a.vaddpd(RED2_A0, RED2_A0, RED2_A1)?; // [l0+l4, l1+l5, l2+l6, l3+l7]
+    a.vextractf128(XMM[t0], RED2_A0, 1)?; // [l2+l6, l3+l7]
+    a.vunpckhpd(XMM[t1], XMM[5], XMM[5])?; // l1+l5
+    a.vaddsd(XMM[t1], XMM[5], XMM[t1])?; // (l0+l4) + (l1+l5)
+    let hi = XMM[em.isa.t(2)];
+    a.vunpckhpd(hi, XMM[t0], XMM[t0])?; // l3+l7
+    a.vaddsd(XMM[t0], XMM[t0], hi)?; // (l2+l6) + (l3+l7)
+    a.vaddsd(XMM[t1], XMM[t1], XMM[t0])?;
+    // The tail's values (rax = count when the run had a tail: r10 stopped short).
+    let mut no_tail = a.create_label();
+    let mut next = a.create_label();
+    a.mov(rax, rcx)?;
+    a.sub(rax, r10)?;
+    a.jle(no_tail)?;
+    a.xor(r9d, r9d)?;
+    a.set_label(&mut next)?;
+    a.vmovss(XMM[t0], dword_ptr(rsp + r9 * 4 + FRAME_TAIL_VALUE))?;
+    a.vcvtss2sd(XMM[t0], XMM[t0], XMM[t0])?;
+    a.vaddsd(XMM[t1], XMM[t1], XMM[t0])?;
+    a.inc(r9)?;
+    a.cmp(r9, rax)?;
+    a.jl(next)?;
+    a.set_label(&mut no_tail)?;
+    a.vmovsd(XMM[t0], qword_ptr(acc))?;
+    a.vaddsd(XMM[t0], XMM[t0], XMM[t1])?;
+    a.vmovsd(qword_ptr(acc), XMM[t0])
 }
 
-fn xmm_of(r: usize) -> AsmRegisterXmm {
-    XMM[r]
-}
-
-/// An operand of a binary instruction.
-#[derive(Clone, Copy)]
-enum Opnd {
-    Reg(AsmRegisterZmm),
-    Const(f32),
-}
-
-fn opnd(s: &Src) -> Opnd {
-    match s {
-        Src::Reg(r) => Opnd::Reg(ZMM[*r]),
-        Src::Const(c) => Opnd::Const(*c as f32),
-    }
-}
-
-/// The body over one vector of lanes (`masked`: the lanes of `k1`, the run's tail).
-fn body(a: &mut CodeAssembler, pool: &mut Pool, p: &Spec, masked: bool) -> R<()> {
+/// The body over one vector of lanes (`masked`: the run's tail lanes).
+fn body(em: &mut Em, p: &Spec, masked: bool) -> R<()> {
     let nl = p.body.loads.len();
+    let t0 = em.isa.t(0);
     for ins in &p.body.instrs {
         match ins {
-            LInstr::Load { load, d } => load_vec(a, pool, *load, p.load_inner[*load], ZMM[*d], masked)?,
-            LInstr::Fill { v, d } => {
-                let m0 = pool.scalar(a, *v as f32);
-                a.vbroadcastss(ZMM[*d], m0)?;
-            }
-            LInstr::Unary { op, a: x, d } => unary(a, pool, *op, ZMM[*x], ZMM[*d])?,
-            LInstr::Binary { op, a: x, b: y, d } => binary(a, pool, *op, opnd(x), opnd(y), ZMM[*d])?,
+            LInstr::Load { load, d } => load_vec(em, *load, p.load_inner[*load], *d, masked)?,
+            LInstr::Fill { v, d } => em.splat(*d, *v as f32)?,
+            LInstr::Unary { op, a: x, d } => unary(em, *op, *x, *d)?,
+            LInstr::Binary { op, a: x, b: y, d } => binary(em, *op, opnd(x), opnd(y), *d)?,
             LInstr::Compare { op, a: x, b: y, d } => {
-                let x = reg_of(a, pool, opnd(x), T[0])?;
+                let x = em.reg_of(opnd(x), t0)?;
                 let pr = match op {
                     CmpOp::Eq => pred::EQ_OQ,
                     CmpOp::Ne => pred::NEQ_UQ,
@@ -861,376 +1249,305 @@ fn body(a: &mut CodeAssembler, pool: &mut Pool, p: &Spec, masked: bool) -> R<()>
                     CmpOp::Gt => pred::GT_OQ,
                     CmpOp::Ge => pred::GE_OQ,
                 };
-                match opnd(y) {
-                    Opnd::Reg(y) => a.vcmpps(k2, x, y, pr)?,
-                    Opnd::Const(c) => {
-                        let m0 = pool.f(a, c);
-                        a.vcmpps(k2, x, m0, pr)?;
-                    }
-                }
-                let m0 = pool.scalar(a, 1.0);
-                a.vbroadcastss(ZMM[*d].k2().z(), m0)?;
+                em.cmp(x, opnd(y), pr)?;
+                em.const_if_z(*d, 1.0)?;
             }
             LInstr::Where { c, a: x, b: y, d } => {
-                let m0 = pool.f(a, 0.0);
-                a.vcmpps(k2, ZMM[*c], m0, pred::NEQ_UQ)?;
-                a.vblendmps(ZMM[*d].k2(), ZMM[*y], ZMM[*x])?;
+                em.cmp(*c, Opnd::Const(0.0), pred::NEQ_UQ)?;
+                em.blend(*d, *x, *y)?;
             }
             LInstr::Clamp { a: x, lo, hi, d } => {
-                let d = ZMM[*d];
-                a.vmovaps(d, ZMM[*x])?;
+                em.mov(*d, *x)?;
                 // Lanes below `lo` (above `hi`) take the bound; NaN compares false.
                 for (bound, pr) in [(lo, pred::LT_OQ), (hi, pred::GT_OQ)] {
                     if let Some(b) = bound {
-                        let b = *b as f32;
-                        let m0 = pool.f(a, b);
-                        a.vcmpps(k2, d, m0, pr)?;
-                        let m0 = pool.scalar(a, b);
-                        a.vbroadcastss(d.k2(), m0)?;
+                        em.cmp(*d, Opnd::Const(*b as f32), pr)?;
+                        em.const_if(*d, *b as f32)?;
                     }
                 }
             }
             LInstr::Round { dtype, a: x, d } => match dtype {
-                DType::F16 => {
-                    a.vcvtps2ph(ymm24, ZMM[*x], 0)?;
-                    a.vcvtph2ps(ZMM[*d], ymm24)?;
-                }
+                DType::F16 => em.round_f16(*d, *x)?,
                 DType::Bool => {
-                    let m0 = pool.f(a, 0.0);
-                    a.vcmpps(k2, ZMM[*x], m0, pred::NEQ_UQ)?;
-                    let m0 = pool.scalar(a, 1.0);
-                    a.vbroadcastss(ZMM[*d].k2().z(), m0)?;
+                    em.cmp(*x, Opnd::Const(0.0), pred::NEQ_UQ)?;
+                    em.const_if_z(*d, 1.0)?;
                 }
-                _ => a.vmovaps(ZMM[*d], ZMM[*x])?,
+                _ => em.mov(*d, *x)?,
             },
         }
     }
+    if masked && em.isa == Isa::Avx2 && !p.stores.is_empty() {
+        em.tail_mask()?;
+    }
     for (s, reg) in p.stores.iter().enumerate() {
-        let base = addr(a, nl + s)?;
-        let at = zmmword_ptr(base + r10 * 4);
-        if masked {
-            a.vmovups(at.k1(), ZMM[*reg])?;
-        } else {
-            a.vmovups(at, ZMM[*reg])?;
+        let base = addr(em.a, nl + s)?;
+        match (em.isa, masked) {
+            (Isa::Avx512, false) => em.a.vmovups(zmmword_ptr(base + r10 * 4), ZMM[*reg])?,
+            (Isa::Avx512, true) => em.a.vmovups(zmmword_ptr(base + r10 * 4).k1(), ZMM[*reg])?,
+            (Isa::Avx2, false) => em.a.vmovups(ymmword_ptr(base + r10 * 4), YMM[*reg])?,
+            (Isa::Avx2, true) => em.a.vmaskmovps(ymmword_ptr(base + r10 * 4), YMM[AVX2_MASK], YMM[*reg])?,
         }
     }
-    accumulate(a, pool, p, masked)
+    accumulate(em, p, masked)
 }
 
-fn load_vec(
-    a: &mut CodeAssembler,
-    pool: &mut Pool,
-    acc: usize,
-    stride: usize,
-    d: AsmRegisterZmm,
-    masked: bool,
-) -> R<()> {
-    let base = addr(a, acc)?;
-    match stride {
-        0 => a.vbroadcastss(d, dword_ptr(base)),
-        1 => {
+fn load_vec(em: &mut Em, acc: usize, stride: usize, d: V, masked: bool) -> R<()> {
+    let base = addr(em.a, acc)?;
+    let isa = em.isa;
+    match (isa, stride) {
+        (Isa::Avx512, 0) => em.a.vbroadcastss(ZMM[d], dword_ptr(base)),
+        (Isa::Avx2, 0) => em.a.vbroadcastss(YMM[d], dword_ptr(base)),
+        (Isa::Avx512, 1) => {
             let at = zmmword_ptr(base + r10 * 4);
             if masked {
-                a.vmovups(d.k1().z(), at)
+                em.a.vmovups(ZMM[d].k1().z(), at)
             } else {
-                a.vmovups(d, at)
+                em.a.vmovups(ZMM[d], at)
             }
         }
-        s => {
-            // Lane l reads element (i + l) * s.
-            let iota = *pool.iota.get_or_insert_with(|| a.create_label());
-            a.vpbroadcastd(T[7], r10d)?;
-            a.vpaddd(T[7], T[7], zmmword_ptr(iota))?;
-            let m0 = pool.u(a, s as u32);
-            a.vpmulld(T[7], T[7], m0)?;
+        (Isa::Avx2, 1) => {
+            let at = ymmword_ptr(base + r10 * 4);
             if masked {
-                a.kmovw(k3, k1)?;
+                em.tail_mask()?;
+                em.a.vmaskmovps(YMM[d], YMM[AVX2_MASK], at)
             } else {
-                a.kxnorw(k3, k3, k3)?;
+                em.a.vmovups(YMM[d], at)
             }
-            a.vxorps(d, d, d)?;
-            a.vgatherdps(d.k3(), zmmword_ptr(base + T[7] * 4))
         }
-    }
-}
-
-/// `o` in a register (a constant is broadcast into `scratch`).
-fn reg_of(a: &mut CodeAssembler, pool: &mut Pool, o: Opnd, scratch: AsmRegisterZmm) -> R<AsmRegisterZmm> {
-    Ok(match o {
-        Opnd::Reg(r) => r,
-        Opnd::Const(c) => {
-            let m0 = pool.scalar(a, c);
-            a.vbroadcastss(scratch, m0)?;
-            scratch
-        }
-    })
-}
-
-/// `d = x op y` for the arithmetic ops whose second source may be a broadcast constant.
-fn arith(a: &mut CodeAssembler, pool: &mut Pool, op: BinaryOp, d: AsmRegisterZmm, x: AsmRegisterZmm, y: Opnd) -> R<()> {
-    macro_rules! go {
-        ($m:ident) => {
-            match y {
-                Opnd::Reg(y) => a.$m(d, x, y),
-                Opnd::Const(c) => {
-                    let m0 = pool.f(a, c);
-                    a.$m(d, x, m0)
+        (_, s) => {
+            // Lane l reads element (i + l) * s (masked-off lanes: zero).
+            let iota = *em.pool.iota.get_or_insert_with(|| em.a.create_label());
+            let stride = em.bits_mem(s as u32);
+            let (ix, gm) = (isa.t(7), isa.t(6));
+            match isa {
+                Isa::Avx512 => {
+                    let a = &mut *em.a;
+                    a.vpbroadcastd(ZMM[ix], r10d)?;
+                    a.vpaddd(ZMM[ix], ZMM[ix], zmmword_ptr(iota))?;
+                    a.vpmulld(ZMM[ix], ZMM[ix], stride)?;
+                    if masked {
+                        a.kmovw(k3, k1)?;
+                    } else {
+                        a.kxnorw(k3, k3, k3)?;
+                    }
+                    a.vxorps(ZMM[d], ZMM[d], ZMM[d])?;
+                    a.vgatherdps(ZMM[d].k3(), zmmword_ptr(base + ZMM[ix] * 4))
+                }
+                Isa::Avx2 => {
+                    if masked {
+                        em.a.vmovups(YMM[gm], ymmword_ptr(rsp + FRAME_TAIL_MASK))?;
+                    }
+                    let a = &mut *em.a;
+                    a.vmovd(XMM[ix], r10d)?;
+                    a.vpbroadcastd(YMM[ix], XMM[ix])?;
+                    a.vpaddd(YMM[ix], YMM[ix], ymmword_ptr(iota))?;
+                    a.vpmulld(YMM[ix], YMM[ix], stride)?;
+                    if !masked {
+                        a.vpcmpeqd(YMM[gm], YMM[gm], YMM[gm])?;
+                    }
+                    a.vxorps(YMM[d], YMM[d], YMM[d])?;
+                    a.vgatherdps_3(YMM[d], dword_ptr(base + YMM[ix] * 4), YMM[gm])
                 }
             }
-        };
-    }
-    match op {
-        BinaryOp::Add => go!(vaddps),
-        BinaryOp::Sub => go!(vsubps),
-        BinaryOp::Mul => go!(vmulps),
-        BinaryOp::Div => go!(vdivps),
-        BinaryOp::Maximum => go!(vmaxps),
-        BinaryOp::Minimum => go!(vminps),
-        BinaryOp::Pow => unreachable!("pow is expanded by `binary`"),
+        }
     }
 }
 
-fn binary(a: &mut CodeAssembler, pool: &mut Pool, op: BinaryOp, x: Opnd, y: Opnd, d: AsmRegisterZmm) -> R<()> {
+fn binary(em: &mut Em, op: BinaryOp, x: Opnd, y: Opnd, d: V) -> R<()> {
+    let t0 = em.isa.t(0);
+    let x = em.reg_of(x, t0)?;
     match op {
         BinaryOp::Pow => {
-            let x = reg_of(a, pool, x, T[0])?;
             let Opnd::Const(c) = y else { unreachable!("`covers` admits constant exponents only") };
             if c == 1.0 {
-                a.vmovaps(d, x)
+                em.mov(d, x)
             } else if c == 2.0 {
-                a.vmulps(d, x, x)
+                em.mul(d, x, Opnd::Reg(x))
             } else if c == 3.0 {
-                a.vmulps(d, x, x)?;
-                a.vmulps(d, d, x)
+                em.mul(d, x, Opnd::Reg(x))?;
+                em.mul(d, d, Opnd::Reg(x))
             } else {
-                let m0 = pool.scalar(a, 1.0);
-                a.vbroadcastss(d, m0)?;
-                a.vdivps(d, d, x)
+                em.splat(d, 1.0)?;
+                em.div(d, d, Opnd::Reg(x))
             }
         }
         BinaryOp::Maximum | BinaryOp::Minimum => {
             // NaN on either side gives NaN: the instruction returns the second source
             // when either is NaN, so a NaN first source is put back after.
-            let x = reg_of(a, pool, x, T[0])?;
-            arith(a, pool, op, d, x, y)?;
-            a.vcmpps(k2, x, x, pred::UNORD_Q)?;
-            a.vmovaps(d.k2(), x)
+            if op == BinaryOp::Maximum {
+                em.max(d, x, y)?;
+            } else {
+                em.min(d, x, y)?;
+            }
+            em.cmp(x, Opnd::Reg(x), pred::UNORD_Q)?;
+            em.mov_if(d, x)
         }
-        _ => {
-            let x = reg_of(a, pool, x, T[0])?;
-            arith(a, pool, op, d, x, y)
-        }
+        BinaryOp::Add => em.add(d, x, y),
+        BinaryOp::Sub => em.sub(d, x, y),
+        BinaryOp::Mul => em.mul(d, x, y),
+        BinaryOp::Div => em.div(d, x, y),
     }
 }
 
-fn unary(a: &mut CodeAssembler, pool: &mut Pool, op: UnaryOp, x: AsmRegisterZmm, d: AsmRegisterZmm) -> R<()> {
+fn unary(em: &mut Em, op: UnaryOp, x: V, d: V) -> R<()> {
+    let isa = em.isa;
+    let t = |i: usize| isa.t(i);
+    let (t0, t5, t6) = (t(0), t(5), t(6));
     match op {
-        UnaryOp::Neg => {
-            let m0 = pool.u(a, 0x8000_0000);
-            a.vxorps(d, x, m0)
-        }
-        UnaryOp::Abs => {
-            let m0 = pool.u(a, 0x7fff_ffff);
-            a.vandps(d, x, m0)
-        }
-        UnaryOp::Sqrt => a.vsqrtps(d, x),
+        UnaryOp::Neg => em.xor(d, x, Opnd::Bits(0x8000_0000)),
+        UnaryOp::Abs => em.and(d, x, Opnd::Bits(0x7fff_ffff)),
+        UnaryOp::Sqrt => em.sqrt(d, x),
         UnaryOp::Rsqrt => {
-            a.vsqrtps(T[0], x)?;
-            let m0 = pool.scalar(a, 1.0);
-            a.vbroadcastss(d, m0)?;
-            a.vdivps(d, d, T[0])
+            em.sqrt(t0, x)?;
+            em.splat(d, 1.0)?;
+            em.div(d, d, Opnd::Reg(t0))
         }
         UnaryOp::Reciprocal => {
-            let m0 = pool.scalar(a, 1.0);
-            a.vbroadcastss(d, m0)?;
-            a.vdivps(d, d, x)
+            em.splat(d, 1.0)?;
+            em.div(d, d, Opnd::Reg(x))
         }
         UnaryOp::Relu => {
             // x when x > 0 or NaN, else +0.
-            let m0 = pool.f(a, 0.0);
-            a.vcmpps(k2, x, m0, pred::NLE_UQ)?;
-            a.vmovaps(d.k2().z(), x)
+            em.cmp(x, Opnd::Const(0.0), pred::NLE_UQ)?;
+            em.mov_if_z(d, x)
         }
         UnaryOp::Sign => {
-            a.vxorps(d, d, d)?;
-            let m0 = pool.f(a, 0.0);
-            a.vcmpps(k2, x, m0, pred::GT_OQ)?;
-            let m0 = pool.scalar(a, 1.0);
-            a.vbroadcastss(d.k2(), m0)?;
-            let m0 = pool.f(a, 0.0);
-            a.vcmpps(k2, x, m0, pred::LT_OQ)?;
-            let m0 = pool.scalar(a, -1.0);
-            a.vbroadcastss(d.k2(), m0)
+            em.zero(d)?;
+            em.cmp(x, Opnd::Const(0.0), pred::GT_OQ)?;
+            em.const_if(d, 1.0)?;
+            em.cmp(x, Opnd::Const(0.0), pred::LT_OQ)?;
+            em.const_if(d, -1.0)
         }
         UnaryOp::LogicalNot => {
-            let m0 = pool.f(a, 0.0);
-            a.vcmpps(k2, x, m0, pred::EQ_OQ)?;
-            let m0 = pool.scalar(a, 1.0);
-            a.vbroadcastss(d.k2().z(), m0)
+            em.cmp(x, Opnd::Const(0.0), pred::EQ_OQ)?;
+            em.const_if_z(d, 1.0)
         }
-        // Round to an integer, suppressing the precision exception (imm bit 3).
-        UnaryOp::Floor => a.vrndscaleps(d, x, 0x09),
-        UnaryOp::Ceil => a.vrndscaleps(d, x, 0x0A),
-        UnaryOp::Trunc => a.vrndscaleps(d, x, 0x0B),
-        UnaryOp::Round => a.vrndscaleps(d, x, 0x08),
-        UnaryOp::Exp => exp(a, pool, x, d, [T[0], T[1], T[2], T[3], T[4]]),
+        UnaryOp::Floor => em.round(d, x, 0x09),
+        UnaryOp::Ceil => em.round(d, x, 0x0A),
+        UnaryOp::Trunc => em.round(d, x, 0x0B),
+        UnaryOp::Round => em.round(d, x, 0x08),
+        UnaryOp::Exp => exp(em, x, d, [t(0), t(1), t(2), t(3), t(4)]),
         UnaryOp::Sigmoid => {
             // 1 / (1 + exp(-x))
-            let m0 = pool.u(a, 0x8000_0000);
-            a.vxorps(T[5], x, m0)?;
-            exp(a, pool, T[5], T[6], [T[0], T[1], T[2], T[3], T[4]])?;
-            let m0 = pool.f(a, 1.0);
-            a.vaddps(T[6], T[6], m0)?;
-            let m0 = pool.scalar(a, 1.0);
-            a.vbroadcastss(d, m0)?;
-            a.vdivps(d, d, T[6])
+            em.xor(t5, x, Opnd::Bits(0x8000_0000))?;
+            exp(em, t5, t6, [t(0), t(1), t(2), t(3), t(4)])?;
+            em.add(t6, t6, Opnd::Const(1.0))?;
+            em.splat(d, 1.0)?;
+            em.div(d, d, Opnd::Reg(t6))
         }
-        UnaryOp::Erf => erf(a, pool, x, d),
-        UnaryOp::Tanh => tanh(a, pool, x, d),
+        UnaryOp::Erf => erf(em, x, d),
+        UnaryOp::Tanh => tanh(em, x, d),
         UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Log | UnaryOp::Log1p | UnaryOp::Expm1 => {
             unreachable!("`covers` rejects {op:?}")
         }
     }
 }
 
-/// `d = x * c` then `d = d + c2` as separate roundings (Rust never fuses them).
-fn horner_step(a: &mut CodeAssembler, pool: &mut Pool, d: AsmRegisterZmm, z: AsmRegisterZmm, add: f32) -> R<()> {
-    a.vmulps(d, d, z)?;
-    let m0 = pool.f(a, add);
-    a.vaddps(d, d, m0)
+/// `d = d * z` then `d = d + c` as separate roundings (Rust never fuses them).
+fn horner_step(em: &mut Em, d: V, z: V, add: f32) -> R<()> {
+    em.mul(d, d, Opnd::Reg(z))?;
+    em.add(d, d, Opnd::Const(add))
 }
 
 /// `d = exp(x)` as [`super::math::exp_f32`]; `t` are scratch registers distinct from
 /// `x` and `d`.
-fn exp(a: &mut CodeAssembler, pool: &mut Pool, x: AsmRegisterZmm, d: AsmRegisterZmm, t: [AsmRegisterZmm; 5]) -> R<()> {
+fn exp(em: &mut Em, x: V, d: V, t: [V; 5]) -> R<()> {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const MAGIC: f32 = 12_582_912.0;
     // xc = clamp(x, -87, 88) (a NaN lane is replaced at the end).
-    let m0 = pool.f(a, -87.0);
-    a.vmaxps(t[0], x, m0)?;
-    let m0 = pool.f(a, 88.0);
-    a.vminps(t[0], t[0], m0)?;
+    em.max(t[0], x, Opnd::Const(-87.0))?;
+    em.min(t[0], t[0], Opnd::Const(88.0))?;
     // t = xc * log2e + magic; n = t - magic
-    let m0 = pool.f(a, LOG2E);
-    a.vmulps(t[1], t[0], m0)?;
-    let m0 = pool.f(a, MAGIC);
-    a.vaddps(t[1], t[1], m0)?;
-    let m0 = pool.f(a, MAGIC);
-    a.vsubps(t[2], t[1], m0)?;
+    em.mul(t[1], t[0], Opnd::Const(LOG2E))?;
+    em.add(t[1], t[1], Opnd::Const(MAGIC))?;
+    em.sub(t[2], t[1], Opnd::Const(MAGIC))?;
     // 2^n from t's low mantissa bits.
-    let m0 = pool.u(a, 0x4B40_0000);
-    a.vpsubd(t[3], t[1], m0)?;
-    let m0 = pool.u(a, 127);
-    a.vpaddd(t[3], t[3], m0)?;
-    a.vpslld(t[3], t[3], 23)?;
+    em.isub(t[3], t[1], Opnd::Bits(0x4B40_0000))?;
+    em.iadd(t[3], t[3], Opnd::Bits(127))?;
+    em.shl(t[3], t[3], 23)?;
     // r = (xc - n * ln2_hi) - n * ln2_lo
-    let m0 = pool.f(a, 0.693_145_75);
-    a.vmulps(t[4], t[2], m0)?;
-    a.vsubps(t[0], t[0], t[4])?;
-    let m0 = pool.f(a, 1.428_606_8e-6);
-    a.vmulps(t[4], t[2], m0)?;
-    a.vsubps(t[0], t[0], t[4])?;
+    em.mul(t[4], t[2], Opnd::Const(0.693_145_75))?;
+    em.sub(t[0], t[0], Opnd::Reg(t[4]))?;
+    em.mul(t[4], t[2], Opnd::Const(1.428_606_8e-6))?;
+    em.sub(t[0], t[0], Opnd::Reg(t[4]))?;
     // p = 1 + r * (1 + r * (0.5 + r * (...)))
-    let m0 = pool.f(a, 0.000_198_412_7);
-    a.vmulps(t[1], t[0], m0)?;
-    let m0 = pool.f(a, 0.001_388_889);
-    a.vaddps(t[1], t[1], m0)?;
+    em.mul(t[1], t[0], Opnd::Const(0.000_198_412_7))?;
+    em.add(t[1], t[1], Opnd::Const(0.001_388_889))?;
     for c in [0.008_333_334, 0.041_666_668, 0.166_666_67, 0.5, 1.0, 1.0] {
-        horner_step(a, pool, t[1], t[0], c)?;
+        horner_step(em, t[1], t[0], c)?;
     }
-    a.vmulps(d, t[1], t[3])?;
-    let m0 = pool.f(a, 88.72);
-    a.vcmpps(k2, x, m0, pred::GT_OQ)?;
-    let m0 = pool.scalar(a, f32::INFINITY);
-    a.vbroadcastss(d.k2(), m0)?;
-    let m0 = pool.f(a, -87.33);
-    a.vcmpps(k2, x, m0, pred::LT_OQ)?;
-    let m0 = pool.scalar(a, 0.0);
-    a.vbroadcastss(d.k2(), m0)?;
-    a.vcmpps(k2, x, x, pred::UNORD_Q)?;
-    a.vmovaps(d.k2(), x)
+    em.mul(d, t[1], Opnd::Reg(t[3]))?;
+    em.cmp(x, Opnd::Const(88.72), pred::GT_OQ)?;
+    em.const_if(d, f32::INFINITY)?;
+    em.cmp(x, Opnd::Const(-87.33), pred::LT_OQ)?;
+    em.const_if(d, 0.0)?;
+    em.cmp(x, Opnd::Reg(x), pred::UNORD_Q)?;
+    em.mov_if(d, x)
 }
 
 /// `d = erf(x)` as [`super::math::erf_f32`].
-fn erf(a: &mut CodeAssembler, pool: &mut Pool, x: AsmRegisterZmm, d: AsmRegisterZmm) -> R<()> {
-    let (c, z, p, q) = (T[0], T[1], T[2], T[3]);
-    let m0 = pool.f(a, -4.0);
-    a.vmaxps(c, x, m0)?;
-    let m0 = pool.f(a, 4.0);
-    a.vminps(c, c, m0)?;
-    a.vmulps(z, c, c)?;
-    let m0 = pool.f(a, -2.726_142_3e-10);
-    a.vmulps(p, z, m0)?;
-    let m0 = pool.f(a, 2.770_681_4e-8);
-    a.vaddps(p, p, m0)?;
+fn erf(em: &mut Em, x: V, d: V) -> R<()> {
+    let isa = em.isa;
+    let t = |i: usize| isa.t(i);
+    let (c, z, p, q, t4, t5) = (t(0), t(1), t(2), t(3), t(4), t(5));
+    em.max(c, x, Opnd::Const(-4.0))?;
+    em.min(c, c, Opnd::Const(4.0))?;
+    em.mul(z, c, Opnd::Reg(c))?;
+    em.mul(p, z, Opnd::Const(-2.726_142_3e-10))?;
+    em.add(p, p, Opnd::Const(2.770_681_4e-8))?;
     for k in [-2.101_024e-6, -5.692_506_4e-5, -7.349_906_3e-4, -2.954_6e-3, -1.609_603_3e-2] {
-        horner_step(a, pool, p, z, k)?;
+        horner_step(em, p, z, k)?;
     }
-    a.vmulps(p, p, c)?;
-    let m0 = pool.f(a, -1.456_607_2e-5);
-    a.vmulps(q, z, m0)?;
-    let m0 = pool.f(a, -2.133_740_6e-4);
-    a.vaddps(q, q, m0)?;
+    em.mul(p, p, Opnd::Reg(c))?;
+    em.mul(q, z, Opnd::Const(-1.456_607_2e-5))?;
+    em.add(q, q, Opnd::Const(-2.133_740_6e-4))?;
     for k in [-1.682_827e-3, -7.373_329_2e-3, -1.426_474e-2] {
-        horner_step(a, pool, q, z, k)?;
+        horner_step(em, q, z, k)?;
     }
-    a.vdivps(d, p, q)?;
+    em.div(d, p, Opnd::Reg(q))?;
     // |c| > 3.92: ±1 with x's sign.
-    let m0 = pool.u(a, 0x7fff_ffff);
-    a.vandps(T[4], c, m0)?;
-    let m0 = pool.f(a, 3.92);
-    a.vcmpps(k2, T[4], m0, pred::GT_OQ)?;
-    let m0 = pool.u(a, 0x8000_0000);
-    a.vandps(T[5], x, m0)?;
-    let m0 = pool.u(a, 1f32.to_bits());
-    a.vorps(T[5], T[5], m0)?;
-    a.vmovaps(d.k2(), T[5])?;
-    a.vcmpps(k2, x, x, pred::UNORD_Q)?;
-    a.vmovaps(d.k2(), x)
+    em.and(t4, c, Opnd::Bits(0x7fff_ffff))?;
+    em.cmp(t4, Opnd::Const(3.92), pred::GT_OQ)?;
+    em.and(t5, x, Opnd::Bits(0x8000_0000))?;
+    em.or(t5, t5, Opnd::Bits(1f32.to_bits()))?;
+    em.mov_if(d, t5)?;
+    em.cmp(x, Opnd::Reg(x), pred::UNORD_Q)?;
+    em.mov_if(d, x)
 }
 
 /// `d = tanh(x)` as [`super::math::tanh_f32`].
-fn tanh(a: &mut CodeAssembler, pool: &mut Pool, x: AsmRegisterZmm, d: AsmRegisterZmm) -> R<()> {
-    let (abs, e, z2) = (T[5], T[6], T[7]);
+fn tanh(em: &mut Em, x: V, d: V) -> R<()> {
+    let isa = em.isa;
+    let t = |i: usize| isa.t(i);
+    let (abs, e, z2) = (t(5), t(6), t(7));
     // a = min(|x|, 20) (Rust's min: a NaN |x| gives 20; NaN lanes are replaced below).
-    let m0 = pool.u(a, 0x7fff_ffff);
-    a.vandps(abs, x, m0)?;
-    let m0 = pool.f(a, 20.0);
-    a.vminps(abs, abs, m0)?;
-    a.vcmpps(k2, x, x, pred::UNORD_Q)?;
-    let m0 = pool.scalar(a, 20.0);
-    a.vbroadcastss(abs.k2(), m0)?;
-    a.vaddps(z2, abs, abs)?;
-    exp(a, pool, z2, e, [T[0], T[1], T[2], T[3], T[4]])?;
+    em.and(abs, x, Opnd::Bits(0x7fff_ffff))?;
+    em.min(abs, abs, Opnd::Const(20.0))?;
+    em.cmp(x, Opnd::Reg(x), pred::UNORD_Q)?;
+    em.const_if(abs, 20.0)?;
+    em.add(z2, abs, Opnd::Reg(abs))?;
+    exp(em, z2, e, [t(0), t(1), t(2), t(3), t(4)])?;
     // big = copysign(1 - 2 / (e + 1), x)
-    let m0 = pool.f(a, 1.0);
-    a.vaddps(e, e, m0)?;
-    let m0 = pool.scalar(a, 2.0);
-    a.vbroadcastss(d, m0)?;
-    a.vdivps(d, d, e)?;
-    let m0 = pool.scalar(a, 1.0);
-    a.vbroadcastss(e, m0)?;
-    a.vsubps(d, e, d)?;
-    let m0 = pool.u(a, 0x7fff_ffff);
-    a.vandps(d, d, m0)?;
-    let m0 = pool.u(a, 0x8000_0000);
-    a.vandps(e, x, m0)?;
-    a.vorps(d, d, e)?;
+    em.add(e, e, Opnd::Const(1.0))?;
+    em.splat(d, 2.0)?;
+    em.div(d, d, Opnd::Reg(e))?;
+    em.splat(e, 1.0)?;
+    em.sub(d, e, Opnd::Reg(d))?;
+    em.and(d, d, Opnd::Bits(0x7fff_ffff))?;
+    em.and(e, x, Opnd::Bits(0x8000_0000))?;
+    em.or(d, d, Opnd::Reg(e))?;
     // small = x * (1 + z2 * (...)) for a < 0.125
-    a.vmulps(z2, x, x)?;
-    let m0 = pool.f(a, 0.021_869_488);
-    a.vmulps(e, z2, m0)?;
-    let m0 = pool.f(a, -0.053_968_254);
-    a.vaddps(e, e, m0)?;
+    em.mul(z2, x, Opnd::Reg(x))?;
+    em.mul(e, z2, Opnd::Const(0.021_869_488))?;
+    em.add(e, e, Opnd::Const(-0.053_968_254))?;
     for k in [0.133_333_34, -0.333_333_34, 1.0] {
-        horner_step(a, pool, e, z2, k)?;
+        horner_step(em, e, z2, k)?;
     }
-    a.vmulps(e, e, x)?;
-    let m0 = pool.f(a, 0.125);
-    a.vcmpps(k2, abs, m0, pred::LT_OQ)?;
-    a.vmovaps(d.k2(), e)?;
-    a.vcmpps(k2, x, x, pred::UNORD_Q)?;
-    a.vmovaps(d.k2(), x)
+    em.mul(e, e, Opnd::Reg(x))?;
+    em.cmp(abs, Opnd::Const(0.125), pred::LT_OQ)?;
+    em.mov_if(d, e)?;
+    em.cmp(x, Opnd::Reg(x), pred::UNORD_Q)?;
+    em.mov_if(d, x)
 }
 
 /// Elements per tile handed to a compiled kernel (see [`CPU_JIT_BLOCK`]).

@@ -29,3 +29,8 @@ pub(crate) fn attach(_kernels: &mut [CKernel], _dtypes: &[DType]) {}
 pub(crate) fn wait_idle(_timeout: std::time::Duration) -> bool {
     true
 }
+
+/// No instruction set on this target.
+pub(crate) fn isa_name() -> Option<&'static str> {
+    None
+}

@@ -69,6 +69,15 @@ impl CpuBackend {
     pub fn jit_active(&self) -> bool {
         self.jit && jit::available()
     }
+    /// The instruction set this backend's compiled kernels use (`"avx512"` or
+    /// `"avx2"`; `None`: everything runs on the block interpreter). AVX2 code covers
+    /// bodies of up to 7 live values and, among reductions, sums and means.
+    pub fn jit_isa(&self) -> Option<&'static str> {
+        if !self.jit_active() {
+            return None;
+        }
+        jit::isa_name()
+    }
     /// Threads a compiled graph runs on.
     pub fn threads(&self) -> usize {
         self.threads
