@@ -605,7 +605,8 @@ fn input_updates_that_are_unsafe_stay_out_of_place() {
 /// the `gemm` crate blocks the inner dim differently for small and large products and
 /// runs single rows or columns as matrix-vector products, so a split must keep every
 /// block on the whole product's side (inner dims above 512, blocks near 64, 1-wide
-/// remainders; transposed and plain right operands).
+/// remainders; transposed and plain right operands, and products computed
+/// column-major and copied row-major).
 #[test]
 fn split_products_match_one_thread_bit_for_bit() {
     for (n, k, mm, transposed) in [
@@ -617,6 +618,9 @@ fn split_products_match_one_thread_bit_for_bit() {
         (64, 513, 200, true),
         (66, 1030, 66, false),
         (33, 2048, 129, true),
+        (64, 512, 512, true),
+        (128, 784, 256, true),
+        (40, 600, 96, true),
     ] {
         let mut g = Graph::new();
         let a = input(&mut g, "a", m(&[n, k], DType::F32));

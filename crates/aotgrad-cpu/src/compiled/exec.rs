@@ -1301,18 +1301,31 @@ struct Block {
     c1: usize,
 }
 
-/// Compute one block of a product with the `gemm` crate. With `b_rows`, the right
-/// operand's columns of the block are first copied row-major there (see
-/// [`transpose_b`]).
+/// How a product's operands are rearranged before the `gemm` crate runs it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Stage {
+    /// As they are.
+    Plain,
+    /// The right operand's columns of the block copied row-major (see [`transpose_b`]).
+    RowsOfB,
+    /// The block computed column-major into the scratch, then copied row-major into
+    /// the product (see [`transpose_c`]).
+    ColsOfC,
+}
+
+/// Compute one block of a product with the `gemm` crate, through `scratch` as `stage`
+/// says.
 ///
 /// # Safety
-/// The operand and result pointers cover the lowered strides; `b_rows` holds
-/// `k * (c1 - c0)` elements.
+/// The operand and result pointers cover the lowered strides; `scratch` holds
+/// `k * (c1 - c0)` elements for [`Stage::RowsOfB`], `(r1 - r0) * (c1 - c0)` for
+/// [`Stage::ColsOfC`] (whose block spans every column of a row-major product).
 unsafe fn gemm_block<T: 'static + Copy + num_traits::Zero>(
     mm: &CMatmul,
     bufs: &[Raw],
     blk: Block,
-    b_rows: Option<*mut T>,
+    stage: Stage,
+    scratch: *mut T,
 ) {
     let (ab, ast, aoff) = mm.a;
     let (bb, mut bst, boff) = mm.b;
@@ -1323,12 +1336,14 @@ unsafe fn gemm_block<T: 'static + Copy + num_traits::Zero>(
     unsafe {
         let a = (bufs[ab].ptr as *const T).offset(aoff as isize + bi * ast[0] + r * ast[1]);
         let mut b = (bufs[bb].ptr as *const T).offset(boff as isize + bi * bst[0] + c * bst[2]);
-        if let Some(rm) = b_rows {
-            transpose_to_rows(b, bst[1], bst[2], mm.k, cols, rm);
-            b = rm;
+        if stage == Stage::RowsOfB {
+            transpose_to_rows(b, bst[1], bst[2], mm.k, cols, scratch);
+            b = scratch;
             bst = [0, cols as isize, 1];
         }
-        let o = (bufs[ob].ptr as *mut T).offset(ooff as isize + bi * ost[0] + r * ost[1] + c * ost[2]);
+        let out = (bufs[ob].ptr as *mut T).offset(ooff as isize + bi * ost[0] + r * ost[1] + c * ost[2]);
+        // The block column-major in the scratch, copied into the product below.
+        let (o, ost) = if stage == Stage::ColsOfC { (scratch, [0, 1, rows as isize]) } else { (out, ost) };
         if mm.k == 0 {
             for i in 0..rows as isize {
                 for j in 0..cols as isize {
@@ -1358,6 +1373,10 @@ unsafe fn gemm_block<T: 'static + Copy + num_traits::Zero>(
             false,
             gemm::Parallelism::None,
         );
+        if stage == Stage::ColsOfC {
+            // Rows of the block are contiguous rows of the product (all its columns).
+            transpose_to_rows(scratch as *const T, 1, rows as isize, rows, cols, out);
+        }
     }
 }
 
@@ -1385,6 +1404,18 @@ fn with_scratch<R>(words: usize, f: impl FnOnce(&mut [f64]) -> R) -> R {
 fn transpose_b(mm: &CMatmul, m: usize) -> bool {
     let (_, st, _) = mm.b;
     st[1] == 1 && st[2].unsigned_abs() > 1 && mm.n <= 512 && mm.k >= 32 && m >= 32
+}
+
+/// Whether the product is computed column-major and copied row-major after (each
+/// task its own rows): a column-major right operand and a row-major product with
+/// fewer rows than the inner dim (a linear layer's `x @ w.t()` on a small batch). The
+/// `gemm` crate runs that layout at full speed written column-major (64x512x512 on the
+/// bench machine: 210 GFLOP/s, against 110 written row-major), and the product is
+/// smaller than the right operand, which [`transpose_b`] would copy instead.
+fn transpose_c(mm: &CMatmul, n: usize, m: usize) -> bool {
+    let (_, bst, _) = mm.b;
+    let (_, ost, _) = mm.out;
+    bst[1] == 1 && bst[2].unsigned_abs() > 1 && ost[2] == 1 && ost[1] == m as isize && n < mm.k && m >= 32 && n >= 8
 }
 
 /// Copy the `k x m` matrix at `src` (row stride `rs`, column stride `cs`) row-major
@@ -1510,15 +1541,22 @@ pub(crate) unsafe fn matmul(mm: &CMatmul, bufs: &[Raw], threads: usize) {
     let same_cols = mm.b.1[2] == 0 && mm.m > 1;
     let m_eff = if same_cols { 1 } else { mm.m };
     let n_eff = if same_rows { 1 } else { mm.n };
-    let transpose = transpose_b(mm, m_eff);
+    let cols_of_c = !same_rows && !same_cols && transpose_c(mm, n_eff, m_eff);
+    let transpose = !cols_of_c && transpose_b(mm, m_eff);
     let block = |blk: Block| {
-        let words = if transpose { (mm.k * (blk.c1 - blk.c0) * mm.dtype.size_bytes()).div_ceil(8) } else { 0 };
-        with_scratch(words, |scratch| {
+        let (stage, elems) = if cols_of_c {
+            (Stage::ColsOfC, (blk.r1 - blk.r0) * (blk.c1 - blk.c0))
+        } else if transpose {
+            (Stage::RowsOfB, mm.k * (blk.c1 - blk.c0))
+        } else {
+            (Stage::Plain, 0)
+        };
+        with_scratch((elems * mm.dtype.size_bytes()).div_ceil(8), |scratch| {
             // SAFETY: the caller's guarantees; tasks own disjoint blocks.
             unsafe {
                 match mm.dtype {
-                    DType::F64 => gemm_block::<f64>(mm, bufs, blk, transpose.then_some(scratch.as_mut_ptr())),
-                    _ => gemm_block::<f32>(mm, bufs, blk, transpose.then_some(scratch.as_mut_ptr() as *mut f32)),
+                    DType::F64 => gemm_block::<f64>(mm, bufs, blk, stage, scratch.as_mut_ptr()),
+                    _ => gemm_block::<f32>(mm, bufs, blk, stage, scratch.as_mut_ptr() as *mut f32),
                 }
             }
         });
@@ -1558,7 +1596,9 @@ pub(crate) unsafe fn matmul(mm: &CMatmul, bufs: &[Raw], threads: usize) {
         }
     };
     let whole = |b: usize| Block { batch: b, r0: 0, r1: n_eff, c0: 0, c1: m_eff };
-    let split = split_product(n_eff, m_eff, mm.k, threads, transpose);
+    // A product copied from column-major blocks splits by rows (each block has every
+    // column); one copied from row-major right operand columns, by columns.
+    let split = split_product(n_eff, m_eff, mm.k, threads, transpose, cols_of_c);
     if threads > 1 && mm.batch >= threads {
         // Whole products per task, its epilogue right after.
         par_chunks(mm.batch, threads, 1, |lo, hi| {
@@ -1621,7 +1661,7 @@ pub(crate) const SPLIT_MIN_WORK: usize = 32 * 32 * 64;
 /// at most as many tasks as that dim has tiles, and only as the `gemm` crate sums
 /// every element in the same order for each block as for the whole product (so the
 /// result does not depend on the split, see [`same_sums`]); else one task.
-fn split_product(n: usize, m: usize, k: usize, threads: usize, transpose: bool) -> Split {
+fn split_product(n: usize, m: usize, k: usize, threads: usize, transpose: bool, rows_only: bool) -> Split {
     if threads <= 1 || n.saturating_mul(m).saturating_mul(k) < SPLIT_MIN_WORK {
         return Split::Rows(1);
     }
@@ -1643,8 +1683,15 @@ fn split_product(n: usize, m: usize, k: usize, threads: usize, transpose: bool) 
                 }
             })
     };
-    // A transposed right operand is copied per column block: rows would copy it all.
-    let candidates = if transpose { &order[..1] } else { &order[..] };
+    // A transposed right operand is copied per column block: rows would copy it all;
+    // a product computed column-major is copied per row block.
+    let candidates: &[Split] = if rows_only {
+        &[rows]
+    } else if transpose {
+        &order[..1]
+    } else {
+        &order[..]
+    };
     candidates.iter().copied().find(|&s| fits(s)).unwrap_or(Split::Rows(1))
 }
 

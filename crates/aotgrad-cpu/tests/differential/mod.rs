@@ -293,7 +293,8 @@ pub fn softmax_like_row_and_column_chains(suite: &Suite) {
 }
 
 pub fn matmuls_with_transposed_operands_and_epilogues(suite: &Suite) {
-    for (n, k, mm) in [(5usize, 7usize, 3usize), (64, 33, 70), (1, 4, 1), (3, 0, 2)] {
+    // (16, 64, 40): fewer rows than the inner dim, computed column-major and copied.
+    for (n, k, mm) in [(5usize, 7usize, 3usize), (64, 33, 70), (1, 4, 1), (3, 0, 2), (16, 64, 40), (9, 100, 33)] {
         let mut g = Graph::new();
         let a = input(&mut g, "a", m(&[n, k], DType::F32));
         let bt = input(&mut g, "bt", m(&[mm, k], DType::F32));
