@@ -160,14 +160,17 @@ fn gelu_tanh(e: &Emit, x: &Tensor) -> Result<Tensor> {
     e.binary(&half, BinaryOp::Mul, &e.scalar(&th, BinaryOp::Add, 1.0)?)
 }
 
-/// `exp(x - max) / sum(exp(x - max))` over `dim` (stable for large inputs). The shift
-/// cancels out of the result, so it passes no gradient (as JAX stops it): the backward
-/// is PyTorch's `y * (g - sum(g * y))`, with no pass through `amax`.
+/// `exp(x - max) * (1 / sum(exp(x - max)))` over `dim` (stable for large inputs), as
+/// PyTorch's CPU kernel: one reciprocal per row and a product per element, so neither
+/// the forward nor the backward divides per element (a division costs several
+/// multiplies). The shift cancels out of the result, so it passes no gradient (as JAX
+/// stops it): the backward is `e * (g * r - r^2 * sum(g * e))`, which is PyTorch's
+/// `y * (g - sum(g * y))`, with no pass through `amax`.
 fn softmax(e: &Emit, x: &Tensor, dim: usize) -> Result<Tensor> {
     let max = e.stop_gradient(&e.reduce(x, ReduceOp::Amax, vec![dim], true)?)?;
     let ex = e.unary(&e.binary(x, BinaryOp::Sub, &max)?, UnaryOp::Exp)?;
     let den = e.reduce(&ex, ReduceOp::Sum, vec![dim], true)?;
-    e.binary(&ex, BinaryOp::Div, &den)
+    e.binary(&ex, BinaryOp::Mul, &e.unary(&den, UnaryOp::Reciprocal)?)
 }
 
 /// `(x - max) - log(sum(exp(x - max)))` over `dim`; the shift cancels out and passes
