@@ -14,6 +14,10 @@ torch (and, for the JAX column, jax) and talks to it one JSON line at a time:
     python peers.py memory SYSTEM WORKLOAD THREADS
         -> one line {"peak_rss_delta_bytes"}: how far the first training step raises
            the resident set above the process after setup (a fresh process each time)
+    python peers.py accuracy WORKLOAD EPOCHS LR THREADS SEED
+        -> the main job's run in PyTorch eager (same model, batch, AdamW and schedule),
+           one line {"epoch", "test_accuracy", "samples_per_s"} per epoch: the oracle
+           for `aotgrad train`'s accuracy (run by hand, never by the tests)
 
 THREADS threads: the process pins itself to the first THREADS cores, so "1 thread"
 is one core for every system (JAX sizes its thread pool when it starts, hence one
@@ -67,7 +71,7 @@ def idx_file(path):
     return dims, data[4 + 4 * nd :]
 
 
-def fashion_mnist():
+def fashion_mnist(test=False):
     import numpy as np
 
     d = os.environ.get("AOTGRAD_DATA", "/usr/share/datasets/fashion-mnist")
@@ -79,8 +83,9 @@ def fashion_mnist():
                 return np.frombuffer(raw, dtype=np.uint8).reshape(dims)
         raise FileNotFoundError(os.path.join(d, name))
 
-    x = load("train-images-idx3-ubyte").reshape(-1, 784)
-    y = load("train-labels-idx1-ubyte").astype(np.int64)
+    prefix = "t10k" if test else "train"
+    x = load(prefix + "-images-idx3-ubyte").reshape(-1, 784)
+    y = load(prefix + "-labels-idx1-ubyte").astype(np.int64)
     return x, y
 
 
@@ -470,6 +475,60 @@ def memory(system, workload, threads):
     print(json.dumps({"peak_rss_delta_bytes": rss("VmHWM:") - base}))
 
 
+def accuracy(workload, epochs, lr, threads, seed):
+    """The main job's training run in PyTorch eager: the same model, data order policy
+    (a seeded shuffle per epoch, drop-last), batch, AdamW hyper-parameters and warm-up
+    + cosine schedule as `aotgrad train`; one JSON line per epoch with the test accuracy.
+    """
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    pin(threads)
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    model = torch_models()[workload]()
+    images, labels = fashion_mnist()
+    timages, tlabels = fashion_mnist(test=True)
+    b = BATCH[workload]
+    per_epoch = len(labels) // b
+    total, warmup = per_epoch * epochs, min(200, per_epoch * epochs)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=BETAS, eps=EPS, weight_decay=WD)
+
+    def lr_at(step):  # aotgrad's WarmupCosine, as a factor of the peak
+        if step < warmup:
+            return (step + 1) / warmup
+        if step >= total or total == warmup:
+            return 0.0
+        return 0.5 * (1.0 + math.cos(math.pi * (step - warmup) / (total - warmup)))
+
+    def norm(x):
+        return (torch.from_numpy(np.ascontiguousarray(x)).float() / 255.0 - MEAN) / STD
+
+    tx, ty = norm(timages), torch.from_numpy(tlabels)
+    rng = np.random.default_rng(seed)
+    step = 0
+    for epoch in range(epochs):
+        order = rng.permutation(len(labels))
+        t = time.perf_counter()
+        model.train()
+        for i in range(per_epoch):
+            for g in opt.param_groups:
+                g["lr"] = lr * lr_at(step)
+            idx = order[i * b : (i + 1) * b]
+            loss = F.cross_entropy(model(norm(images[idx])), torch.from_numpy(labels[idx]))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            step += 1
+        secs = time.perf_counter() - t
+        model.eval()
+        with torch.no_grad():
+            pred = torch.cat([model(tx[i : i + 1000]).argmax(1) for i in range(0, len(ty), 1000)])
+        acc = (pred == ty).float().mean().item() * 100
+        print(json.dumps({"epoch": epoch + 1, "test_accuracy": acc, "samples_per_s": per_epoch * b / secs}), flush=True)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "serve":
         os.environ.setdefault("XLA_FLAGS", "")
@@ -480,5 +539,11 @@ if __name__ == "__main__":
         if sys.argv[2] == "jax" and int(sys.argv[4]) == 1:
             os.environ["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
         memory(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    elif sys.argv[1] == "accuracy":
+        workload, epochs, lr, threads, seed = sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+        accuracy(workload, epochs, lr, threads, seed)
     else:
-        sys.exit(f"usage: {sys.argv[0]} serve SYSTEM THREADS | memory SYSTEM WORKLOAD THREADS")
+        sys.exit(
+            f"usage: {sys.argv[0]} serve SYSTEM THREADS | memory SYSTEM WORKLOAD THREADS"
+            " | accuracy WORKLOAD EPOCHS LR THREADS SEED"
+        )
