@@ -80,7 +80,7 @@ def fashion_mnist(test=False):
         for p in (os.path.join(d, name + ".gz"), os.path.join(d, name)):
             if os.path.exists(p):
                 dims, raw = idx_file(p)
-                return np.frombuffer(raw, dtype=np.uint8).reshape(dims)
+                return np.frombuffer(raw, dtype=np.uint8).reshape(dims).copy()
         raise FileNotFoundError(os.path.join(d, name))
 
     prefix = "t10k" if test else "train"
@@ -503,7 +503,7 @@ def accuracy(workload, epochs, lr, threads, seed):
         return 0.5 * (1.0 + math.cos(math.pi * (step - warmup) / (total - warmup)))
 
     def norm(x):
-        return (torch.from_numpy(np.ascontiguousarray(x)).float() / 255.0 - MEAN) / STD
+        return (torch.from_numpy(x).float() / 255.0 - MEAN) / STD
 
     tx, ty = norm(timages), torch.from_numpy(tlabels)
     rng = np.random.default_rng(seed)
