@@ -388,3 +388,59 @@ fn duplicate_inputs_with_mutation() {
     "#]]
     .assert_eq(&c.text);
 }
+
+/// A view of an intermediate returned beside a copy of it: the intermediate is the
+/// view's base, so the plan must fill it even though the clone reads it too.
+/// PyTorch: `m[:, 0:1]` is `[[0.22], [0.49]]` for these inputs.
+#[test]
+fn a_view_of_a_matmul_result_beside_its_clone() {
+    let inputs = || {
+        let x = aotgrad::prelude::Tensor::from_vec(vec![0.1f32, 0.2, 0.3, 0.4, 0.5, 0.6], &[2, 3]).unwrap();
+        vec![x.clone().into(), x.view(&[3, 2]).unwrap().into()]
+    };
+    for view in 0..3 {
+        let c = check(
+            move |a: &[Arg]| {
+                let m = tensor(&a[0])?.matmul(tensor(&a[1])?)?;
+                let v = match view {
+                    0 => m.slice(1, Some(0), Some(1), 1)?,
+                    1 => m.select(1, 0)?,
+                    _ => m.t()?,
+                };
+                Ok(vec![v, m.clone()])
+            },
+            &inputs,
+            AotConfig::default(),
+        );
+        let out = c.compiled.call_args(&inputs()).unwrap();
+        let got = out[0].contiguous().unwrap().to_vec_f64().unwrap();
+        let want: &[f64] = match view {
+            0 | 1 => &[0.22, 0.49],
+            _ => &[0.22, 0.49, 0.28, 0.64],
+        };
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() < 1e-6, "view {view}: {got:?}, PyTorch {want:?}");
+        }
+    }
+}
+
+/// A reduction over a transposed (in place) argument whose sum is then squared in
+/// place: planned without an internal error, with eager's value.
+#[test]
+fn a_sum_over_an_argument_transposed_in_place() {
+    let inputs = || vec![seq(&[2, 3, 4], 0.5).into()];
+    let c = check(
+        |a: &[Arg]| {
+            let x = tensor(&a[0])?;
+            x.transpose_(2, 0)?;
+            let s = x.add(x)?.clone().sum_all()?;
+            s.mul_(&s)?;
+            Ok(vec![s])
+        },
+        &inputs,
+        AotConfig::default(),
+    );
+    // 2 * sum(0.5 + i for i in 0..24) = 576, squared.
+    assert_eq!(c.compiled.call_args(&inputs()).unwrap()[0].item().unwrap(), 576.0 * 576.0);
+}
