@@ -58,8 +58,9 @@ struct MainStep {
 impl MainStep {
     fn new(kind: ModelKind, threads: usize) -> Result<MainStep> {
         let model = Arc::new(kind.build(0)?);
-        let f = aotgrad::aot_module(model.clone(), AotConfig::default().threads(threads).no_cache())?;
-        let opt = AdamW::with(2e-3, (0.9, 0.999), 1e-8, 0.05)?.with_cache(None);
+        let config = AotConfig::default().threads(threads).no_cache();
+        let f = aotgrad::aot_module(model.clone(), config.clone())?;
+        let opt = AdamW::with(2e-3, (0.9, 0.999), 1e-8, 0.05)?.with_cache(None).with_backend(config.backend);
         Ok(MainStep { model, f, opt, one: aotgrad::prelude::Tensor::ones(&[], aotgrad::prelude::DType::F32)? })
     }
     fn step(&mut self, x: &aotgrad::prelude::Tensor, y: &aotgrad::prelude::Tensor) -> Result<f64> {

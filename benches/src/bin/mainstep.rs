@@ -18,8 +18,9 @@ fn main() -> anyhow::Result<()> {
     let steps: usize = std::env::var("STEPS").ok().and_then(|s| s.parse().ok()).unwrap_or(200);
     let data = aotgrad_cli::data::load(&aotgrad_cli::data::find_dir(None)?)?;
     let m = Arc::new(model.build(0)?);
-    let f = aot_module(m.clone(), AotConfig::default().threads(threads).no_cache())?;
-    let mut opt = AdamW::with(2e-3, (0.9, 0.999), 1e-8, 0.05)?.with_cache(None);
+    let config = AotConfig::default().threads(threads).no_cache();
+    let f = aot_module(m.clone(), config.clone())?;
+    let mut opt = AdamW::with(2e-3, (0.9, 0.999), 1e-8, 0.05)?.with_cache(None).with_backend(config.backend);
     let one = Tensor::ones(&[], DType::F32)?;
     let order = epoch_order(data.train.len(), 0, 0);
     let mut t = [0.0f64; 5];

@@ -345,9 +345,10 @@ pub fn train(
         BackendChoice::Wgpu => wgpu_config()?,
     };
     let config = AotConfig { cache: cache.clone(), ..config };
-    if opts.backend == BackendChoice::Wgpu {
-        // The update runs where the gradients are: parameters and moments stay on the
-        // device between steps.
+    if opts.backend != BackendChoice::Reference {
+        // The update runs where the gradients are: on the CPU with the step's thread
+        // count (`--threads 1` is one thread throughout), on the device for wgpu
+        // (parameters and moments stay there between steps).
         opt = opt.with_backend(config.backend.clone());
     }
     let threads = if opts.threads == 0 {
