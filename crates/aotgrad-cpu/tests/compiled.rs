@@ -88,6 +88,21 @@ fn scans_on_every_layout() {
 }
 
 #[test]
+fn independent_chains_of_several_tensors() {
+    differential::independent_chains_of_several_tensors_match(&suite());
+}
+
+/// Consecutive independent pointwise kernels run as one dispatch (a multi-tensor
+/// kernel); the kernel that reads one of their results stays out of it.
+#[test]
+fn independent_pointwise_kernels_are_one_dispatch() {
+    let g = differential::independent_chains_of_several_tensors(DType::F64);
+    let c = CpuBackend::new(2).compile_graph(&g).unwrap();
+    assert_eq!(kinds(&c), vec!["pointwise"; 6]);
+    assert_eq!(c.dispatch_groups(), Some(vec![(0, 5)]));
+}
+
+#[test]
 fn golden_plan_of_a_pointwise_chain_is_one_kernel() {
     let g = pointwise_graph();
     let c = CpuBackend::new(1).compile_graph(&g).unwrap();

@@ -53,6 +53,13 @@ fn softmax_like_row_and_column_chains() {
 }
 
 #[test]
+fn independent_chains_of_several_tensors() {
+    if let Some(s) = suite() {
+        differential::independent_chains_of_several_tensors_match(&s);
+    }
+}
+
+#[test]
 fn matmuls_with_transposed_operands_and_epilogues() {
     if let Some(s) = suite() {
         differential::matmuls_with_transposed_operands_and_epilogues(&s);

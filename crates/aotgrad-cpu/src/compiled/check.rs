@@ -284,6 +284,28 @@ impl Lowered {
                 return Err(bad(format!("output buffer b{b} does not exist")));
             }
         }
+        // Kernels of one dispatch run at the same time: in order, apart, pointwise
+        // and writing nothing another of them touches.
+        let mut after = 0;
+        for &(start, end) in &self.groups {
+            if start < after || end < start + 2 || end > self.kernels.len() {
+                return Err(bad(format!("dispatch group {start}..{end} is out of order or out of range")));
+            }
+            let parts: Option<Vec<&CPointwise>> = self.kernels[start..end]
+                .iter()
+                .map(|k| match k {
+                    CKernel::Pointwise(p) => Some(p),
+                    _ => None,
+                })
+                .collect();
+            let Some(parts) = parts else {
+                return Err(bad(format!("dispatch group {start}..{end} holds a kernel that is not pointwise")));
+            };
+            if !super::lower::independent(parts, &self.loc) {
+                return Err(bad(format!("dispatch group {start}..{end} runs kernels that share a buffer at once")));
+            }
+            after = end;
+        }
         Ok(())
     }
 }

@@ -715,6 +715,41 @@ pub(crate) unsafe fn pointwise(k: &CPointwise, bufs: &[Raw], threads: usize) {
     par_chunks(k.numel, threads, task_elements(min, &k.body, k.stores.len()), f);
 }
 
+/// Run independent pointwise kernels as one dispatch: their elements laid end to end,
+/// split into tasks at once (each task runs the parts of every kernel its range
+/// covers), so small kernels share the threads with large ones.
+///
+/// # Safety
+/// As [`pointwise_range`] for each part, and no part writes what another touches
+/// (checked when the plan is lowered or loaded).
+pub(crate) unsafe fn group(parts: &[&CPointwise], bufs: &[Raw], threads: usize) {
+    let total: usize = parts.iter().map(|p| p.numel).sum();
+    let min = parts
+        .iter()
+        .map(|p| {
+            let compiled = p.jit.as_ref().is_some_and(|s| s.get().is_some());
+            task_elements(if compiled { POINTWISE_TASK_COMPILED } else { POINTWISE_TASK }, &p.body, p.stores.len())
+        })
+        .min()
+        .unwrap_or(POINTWISE_TASK);
+    par_chunks(total, threads, min, |lo, hi| {
+        let mut start = 0;
+        for p in parts {
+            let (a, b) = (lo.max(start), hi.min(start + p.numel));
+            if a < b {
+                // SAFETY: `[a, b)` lies in this part's elements; tasks own disjoint ranges.
+                unsafe {
+                    match p.body.compute {
+                        Compute::F32 => pointwise_range::<f32>(p, bufs, a - start, b - start),
+                        Compute::F64 => pointwise_range::<f64>(p, bufs, a - start, b - start),
+                    }
+                }
+            }
+            start += p.numel;
+        }
+    });
+}
+
 /// Fewest elements per task of a body: `min` for a light one (a few instructions per
 /// element), fewer for a heavier one, so that a task always carries about the same
 /// work (an optimizer update of 15 operations and 3 stores splits at 32K elements,

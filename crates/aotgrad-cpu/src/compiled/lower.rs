@@ -234,6 +234,80 @@ pub(crate) struct Lowered {
     pub dtypes: Vec<DType>,
     /// Elements each plan buffer spans (what an extern kernel's result must hold).
     pub extents: Vec<usize>,
+    /// Runs `start..end` of consecutive, independent pointwise kernels run as one
+    /// dispatch (see [`dispatch_groups`]).
+    pub groups: Vec<(usize, usize)>,
+}
+
+/// Where a buffer's elements are in a call, as far as two kernels running at once can
+/// collide: a graph input (read or updated in place), an arena slot, an output, or one
+/// extern result.
+fn place(loc: &[Loc], b: usize) -> (u8, usize) {
+    match loc.get(b) {
+        Some(Loc::Input(i) | Loc::Updated(i)) => (0, *i),
+        Some(Loc::Slot(s)) => (1, *s),
+        Some(Loc::Output(o)) => (2, *o),
+        Some(Loc::Extern) | None => (3, b),
+    }
+}
+
+/// The places a run of pointwise kernels writes and touches (reads or writes).
+#[derive(Default)]
+struct RunPlaces {
+    written: std::collections::HashSet<(u8, usize)>,
+    touched: std::collections::HashSet<(u8, usize)>,
+}
+
+impl RunPlaces {
+    /// Add `p` when it may run at the same time as the run: it writes no place the
+    /// run touches and touches no place the run writes.
+    fn add(&mut self, p: &CPointwise, loc: &[Loc]) -> bool {
+        let writes: Vec<_> = p.stores.iter().map(|(_, a)| place(loc, a.buf)).collect();
+        let reads: Vec<_> = p.body.loads.iter().map(|a| place(loc, a.buf)).collect();
+        if writes.iter().any(|w| self.touched.contains(w)) || reads.iter().any(|r| self.written.contains(r)) {
+            return false;
+        }
+        self.touched.extend(reads.iter().chain(&writes).copied());
+        self.written.extend(writes);
+        true
+    }
+}
+
+/// Whether pointwise kernels `parts` may run at once: none writes a place another
+/// reads or writes (arena slots are compared, not buffers: two buffers that share a
+/// slot one after the other collide).
+pub(crate) fn independent<'a>(parts: impl IntoIterator<Item = &'a CPointwise>, loc: &[Loc]) -> bool {
+    let mut run = RunPlaces::default();
+    parts.into_iter().all(|p| run.add(p, loc))
+}
+
+/// Runs of two or more consecutive pointwise kernels that are [`independent`]: each
+/// run is one dispatch, a multi-tensor kernel (an optimizer's update of every
+/// parameter, as PyTorch's foreach and fused AdamW): the executor splits the
+/// concatenation of their elements across threads at once, where one kernel after
+/// the other leaves the small ones on one thread and pays a dispatch each.
+pub(crate) fn dispatch_groups(kernels: &[CKernel], loc: &[Loc]) -> Vec<(usize, usize)> {
+    let mut groups = Vec::new();
+    let close = |groups: &mut Vec<(usize, usize)>, start: usize, end: usize| {
+        if end >= start + 2 {
+            groups.push((start, end));
+        }
+    };
+    let (mut start, mut run) = (0, RunPlaces::default());
+    for (i, k) in kernels.iter().enumerate() {
+        if let CKernel::Pointwise(p) = k {
+            if !run.add(p, loc) {
+                close(&mut groups, start, i);
+                (start, run) = (i, RunPlaces::default());
+                run.add(p, loc);
+            }
+        } else {
+            close(&mut groups, start, i);
+            (start, run) = (i + 1, RunPlaces::default());
+        }
+    }
+    close(&mut groups, start, kernels.len());
+    groups
 }
 
 fn int(d: &Dim, what: &str) -> Result<usize> {
@@ -720,7 +794,14 @@ pub(crate) fn lower(plan: &KernelPlan) -> Result<Lowered> {
     let outputs = plan.outputs.iter().map(|o| (o.buf, o.meta.clone())).collect();
     let parallel = kernels.iter().any(splits);
     let dtypes = plan.buffers.iter().map(|b| b.layout.dtype).collect();
-    let low = Lowered { kernels, loc, out_bufs, input_need, outputs, slots, scratch, parallel, dtypes, extents };
+    let groups = dispatch_groups(&kernels, &loc);
+    let parallel = parallel
+        || groups.iter().any(|&(a, b)| {
+            let n: usize = kernels[a..b].iter().map(|k| if let CKernel::Pointwise(p) = k { p.numel } else { 0 }).sum();
+            n >= super::exec::POINTWISE_TASK
+        });
+    let low =
+        Lowered { kernels, loc, out_bufs, input_need, outputs, slots, scratch, parallel, dtypes, extents, groups };
     // Every plan lowered here passes the check a lowered plan read back must pass.
     let inputs: Vec<DType> = plan.inputs.iter().map(|m| m.dtype).collect();
     low.check(&inputs)?;
@@ -790,4 +871,52 @@ fn skip_broadcast_dims(r: &ReduceKernel) -> Result<(std::borrow::Cow<'_, ReduceK
         }
     }
     Ok((std::borrow::Cow::Owned(k), copies))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aotgrad_ir::infer::infer;
+    use aotgrad_ir::{Graph, Scalar, StaticOracle, StorageId};
+
+    fn node(g: &mut Graph, op: Op, args: &[ValueId]) -> ValueId {
+        let metas: Vec<TensorMeta> = args.iter().map(|a| g.meta_of(*a).expect("meta").clone()).collect();
+        let refs: Vec<&TensorMeta> = metas.iter().collect();
+        let meta = infer(&op, &refs, &mut StaticOracle).expect("infers");
+        let fresh = g.next_storage();
+        g.add_node(op, args.to_vec(), meta, fresh, None)
+    }
+
+    /// `x_i * 0.5` for three inputs of different shapes, then `z + out_0`.
+    fn plan() -> KernelPlan {
+        let mut g = Graph::new();
+        let mut outs = Vec::new();
+        for (i, shape) in [vec![3usize, 4], vec![5], vec![2, 2]].into_iter().enumerate() {
+            let x = g.add_input(format!("x{i}"), TensorMeta::from_sizes(&shape, DType::F32), StorageId(i as u32));
+            outs.push(node(&mut g, Op::BinaryScalar(BinaryOp::Mul, Scalar::Float(0.5)), &[x]));
+        }
+        let z = g.add_input("z", TensorMeta::from_sizes(&[2, 3, 4], DType::F32), StorageId(3));
+        outs.push(node(&mut g, Op::Binary(BinaryOp::Add), &[z, outs[0]]));
+        g.outputs = outs;
+        aotgrad_fusion::plan_graph(&g).expect("plannable")
+    }
+
+    #[test]
+    fn dispatch_groups_are_checked() {
+        let low = lower(&plan()).expect("lowers");
+        assert_eq!(low.groups, vec![(0, 3)]);
+        let inputs = [DType::F32; 4];
+        let rejected = |groups: Vec<(usize, usize)>| {
+            let mut l = low.clone();
+            l.groups = groups;
+            l.check(&inputs).is_err()
+        };
+        assert!(!rejected(vec![(0, 3)]));
+        assert!(!rejected(vec![(1, 3)]));
+        // The fourth kernel reads the first one's result: not at the same time.
+        assert!(rejected(vec![(0, 4)]));
+        assert!(rejected(vec![(0, 2), (1, 3)]), "overlapping");
+        assert!(rejected(vec![(2, 3)]), "a group of one");
+        assert!(rejected(vec![(2, 9)]), "out of range");
+    }
 }

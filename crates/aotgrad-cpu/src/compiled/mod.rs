@@ -406,6 +406,14 @@ impl CpuCompiledGraph {
         self.fixed.as_ref().map(|i| (i.lowered.slots.arena_bytes + i.lowered.scratch * 8, i.lowered.slots.output_bytes))
     }
 
+    /// Runs `start..end` of the static plan's kernels that run as one dispatch:
+    /// consecutive pointwise kernels that touch nothing another of them writes (a
+    /// multi-tensor kernel, such as an optimizer's update of every parameter). `None`
+    /// for a dynamic or unplanned graph.
+    pub fn dispatch_groups(&self) -> Option<Vec<(usize, usize)>> {
+        self.fixed.as_ref().map(|i| i.lowered.groups.clone())
+    }
+
     /// The JIT slots of the static plan's kernels with a body (pointwise kernels,
     /// epilogues, reductions, row-group stages), in plan order.
     fn jit_slots(&self) -> Option<Vec<Option<&jit::JitSlot>>> {
@@ -590,7 +598,22 @@ impl CpuCompiledGraph {
         // Per kernel only the input and extern buffers it loads are set and cleared,
         // which keeps a long graph's run linear in its kernels.
         let mut raws_stale = true;
-        for k in &low.kernels {
+        // The next dispatch group, and the kernel the current group ends before.
+        let mut groups = low.groups.iter().peekable();
+        let mut skip_to = 0;
+        for (i, k) in low.kernels.iter().enumerate() {
+            if i < skip_to {
+                continue;
+            }
+            let end = match groups.peek() {
+                Some(&&(start, end)) if start == i => {
+                    groups.next();
+                    end
+                }
+                _ => i + 1,
+            };
+            skip_to = end;
+            let members = &low.kernels[i..end];
             if raws_stale {
                 for (b, loc) in low.loc.iter().enumerate() {
                     bufs[b] = match loc {
@@ -662,8 +685,8 @@ impl CpuCompiledGraph {
             // for the kernel's duration, once each (two inputs may share a storage),
             // for writing when the kernel updates one of its buffers in place.
             let mut touched: Vec<(usize, &Arc<Storage>, bool)> = Vec::new();
-            let stored = k.stored();
-            for b in k.loaded().into_iter().chain(stored.iter().copied()) {
+            let stored: Vec<usize> = members.iter().flat_map(CKernel::stored).collect();
+            for b in members.iter().flat_map(CKernel::loaded).chain(stored.iter().copied()) {
                 let (storage, write) = match low.loc[b] {
                     Loc::Input(i) => (&inputs[i].storage, false),
                     Loc::Updated(i) => (&inputs[i].storage, stored.contains(&b)),
@@ -705,6 +728,16 @@ impl CpuCompiledGraph {
             // against `input_need` above); kernels write only their own outputs.
             unsafe {
                 match k {
+                    CKernel::Pointwise(_) if members.len() > 1 => {
+                        let parts: Vec<&lower::CPointwise> = members
+                            .iter()
+                            .filter_map(|m| match m {
+                                CKernel::Pointwise(p) => Some(p),
+                                _ => None,
+                            })
+                            .collect();
+                        exec::group(&parts, &bufs, threads)
+                    }
                     CKernel::Pointwise(p) => exec::pointwise(p, &bufs, threads),
                     CKernel::Reduce(r) => {
                         exec::reduce(r, &bufs, &mut arena.scratch, threads).map_err(|err| CpuError::Node {
@@ -724,7 +757,11 @@ impl CpuCompiledGraph {
                 bufs[b] = Raw::NONE;
             }
             if let Some(t) = started {
-                times.push(t.elapsed().as_secs_f64());
+                // A group's time goes to its kernels in proportion to their elements.
+                let t = t.elapsed().as_secs_f64();
+                let numel = |m: &CKernel| if let CKernel::Pointwise(p) = m { p.numel.max(1) } else { 1 };
+                let total: usize = members.iter().map(numel).sum();
+                times.extend(members.iter().map(|m| t * numel(m) as f64 / total as f64));
             }
         }
         if let Some(p) = &self.profile {
@@ -782,7 +819,7 @@ fn decode_artifact(bytes: &[u8]) -> Result<CpuArtifact, BackendError> {
 }
 
 /// The format tag of [`CpuArtifact`]s.
-pub const ARTIFACT_FORMAT: &str = "aotgrad-cpu/7";
+pub const ARTIFACT_FORMAT: &str = "aotgrad-cpu/8";
 
 /// The compiled CPU backend's artifact: the graph, its kernel plan and (static plans)
 /// the plan lowered, encoded with [`aotgrad_ir::codec`]. [`Backend::deserialize`]

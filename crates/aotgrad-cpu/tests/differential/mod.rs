@@ -292,6 +292,52 @@ pub fn softmax_like_row_and_column_chains(suite: &Suite) {
     }
 }
 
+/// Independent pointwise chains over spaces of different sizes and dtypes (an
+/// optimizer's update of several parameters), some large enough to split across
+/// threads, with one chain that reads another's result (which must run after it);
+/// `wide` is the dtype of one of them (f64 where the backend has it).
+pub fn independent_chains_of_several_tensors(wide: DType) -> Graph {
+    let mut g = Graph::new();
+    let mut outs = Vec::new();
+    let mut first = None;
+    for (i, (shape, dtype)) in [
+        (vec![37usize, 5], DType::F32),
+        (vec![300, 129], DType::F32),
+        (vec![3], wide),
+        (vec![2, 3, 4], DType::F32),
+        (vec![64, 1024], DType::F32),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let x = input(&mut g, &format!("x{i}"), m(&shape, dtype));
+        let y = input(&mut g, &format!("y{i}"), m(&shape, dtype));
+        let a = node(&mut g, Op::BinaryScalar(BinaryOp::Mul, Scalar::Float(0.9)), &[x]);
+        let b = node(&mut g, Op::Binary(BinaryOp::Mul), &[y, y]);
+        let c = node(&mut g, Op::Unary(UnaryOp::Sqrt), &[b]);
+        let d = node(&mut g, Op::BinaryScalar(BinaryOp::Add, Scalar::Float(1e-3)), &[c]);
+        let e = node(&mut g, Op::Binary(BinaryOp::Div), &[a, d]);
+        let f = node(&mut g, Op::Binary(BinaryOp::Sub), &[x, e]);
+        first.get_or_insert(f);
+        outs.push(f);
+    }
+    // Reads the first chain's result over a larger space: a kernel of its own, which
+    // must run after that chain.
+    let first = first.expect("chains");
+    let z = input(&mut g, "z", m(&[4, 37, 5], DType::F32));
+    let last = node(&mut g, Op::Binary(BinaryOp::Add), &[z, first]);
+    outs.push(last);
+    g.outputs = outs;
+    g
+}
+
+pub fn independent_chains_of_several_tensors_match(suite: &Suite) {
+    let g = independent_chains_of_several_tensors(suite.wide());
+    let ins: Vec<CpuTensor> =
+        g.inputs.iter().enumerate().map(|(i, x)| tensor_for(&x.meta, i as f64 * 0.3, i % 2 == 1)).collect();
+    suite.check(&g, &ins, 1e-6);
+}
+
 pub fn matmuls_with_transposed_operands_and_epilogues(suite: &Suite) {
     // (16, 64, 40): fewer rows than the inner dim, computed column-major and copied.
     for (n, k, mm) in [(5usize, 7usize, 3usize), (64, 33, 70), (1, 4, 1), (3, 0, 2), (16, 64, 40), (9, 100, 33)] {

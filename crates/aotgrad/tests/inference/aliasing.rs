@@ -409,7 +409,7 @@ fn a_view_of_a_matmul_result_beside_its_clone() {
                 };
                 Ok(vec![v, m.clone()])
             },
-            &inputs,
+            inputs,
             AotConfig::default(),
         );
         let out = c.compiled.call_args(&inputs()).unwrap();
@@ -438,7 +438,7 @@ fn a_sum_over_an_argument_transposed_in_place() {
             s.mul_(&s)?;
             Ok(vec![s])
         },
-        &inputs,
+        inputs,
         AotConfig::default(),
     );
     // 2 * sum(0.5 + i for i in 0..24) = 576, squared.
