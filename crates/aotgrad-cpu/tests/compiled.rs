@@ -636,6 +636,9 @@ fn split_products_match_one_thread_bit_for_bit() {
         (64, 512, 512, true),
         (128, 784, 256, true),
         (40, 600, 96, true),
+        // Row-major right operands (a backward's `g @ w`): column-major at 1 thread.
+        (64, 512, 512, false),
+        (128, 256, 128, false),
     ] {
         let mut g = Graph::new();
         let a = input(&mut g, "a", m(&[n, k], DType::F32));
