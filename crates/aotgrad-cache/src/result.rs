@@ -108,6 +108,12 @@ pub struct ResultMeta {
     /// Traced inputs the function made require grad (`requires_grad_()`): after each
     /// call the caller's tensor requires grad, as in eager.
     pub made_requires_grad: Vec<usize>,
+    /// `(traced input, count)` for each input whose storage the function changed in
+    /// place: how many in-place ops (data or metadata, through the input or any view or
+    /// alias of its storage) ran on it. After each call the caller's version counter
+    /// has moved on by as many, as in eager (PyTorch's `_version`); the epilogue's own
+    /// write-back and restride count towards it.
+    pub version_bumps: Vec<(usize, u64)>,
     /// The training path's metadata (`None`: an inference result).
     pub training: Option<TrainingMeta>,
     /// The backend that compiled the artifacts ([`Backend::name`]).

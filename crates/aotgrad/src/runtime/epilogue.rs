@@ -10,10 +10,11 @@
 
 use super::{concrete, graph_inputs, traced_input, Arg, Bindings, Entry};
 use crate::error::{Error, Result};
-use aotgrad_cpu::CpuTensor;
+use aotgrad_cpu::{CpuTensor, Storage};
 use aotgrad_ir::{Op, TensorMeta};
 use aotgrad_meta::OutputKind;
 use aotgrad_trace::{NoGradGuard, Tensor};
+use std::sync::Arc;
 
 /// An aliased output regenerated as a view of `base` (under no-grad; its autograd
 /// flags are set afterwards from the traced outputs').
@@ -55,16 +56,34 @@ fn write_back(dst: &CpuTensor, src: &CpuTensor) -> Result<()> {
     Ok(())
 }
 
+/// The version each storage the call changes in place must reach by the end of the
+/// epilogue: its version before the graph runs (a graph that keeps a mutation counts
+/// it itself) plus the traced in-place ops on it.
+pub(crate) struct Versions(Vec<(u64, Arc<Storage>)>);
+
+/// [`Versions`] for this call, taken before its graph runs.
+pub(crate) fn versions_before(entry: &Entry, args: &[Arg]) -> Result<Versions> {
+    let m = entry.m();
+    let mut v = Vec::with_capacity(m.version_bumps.len());
+    for &(k, n) in &m.version_bumps {
+        let storage = traced_input(entry, args, k)?.to_cpu()?.storage;
+        // Never more than the traced graph had nodes (a stored count is not trusted).
+        v.push((storage.version() + n.min(m.traced_nodes as u64), storage));
+    }
+    Ok(Versions(v))
+}
+
 /// Run the inference graph of `entry` on the call's arguments, then the epilogue.
 pub(crate) fn run(name: &str, entry: &Entry, args: &[Arg], env: &Bindings) -> Result<Vec<Tensor>> {
     let inputs = graph_inputs(name, entry, args)?;
+    let versions = versions_before(entry, args)?;
     let outs = {
         let _span = tracing::trace_span!("run_graph").entered();
         let compiled =
             entry.compiled.as_ref().ok_or_else(|| Error::Internal("entry has no inference artifact".into()))?;
         compiled.run_with_symbols(&inputs, &super::given_symbols(env))?
     };
-    apply(entry, args, env, &inputs, &outs)
+    apply(entry, args, env, &inputs, &outs, versions)
 }
 
 /// The epilogue proper: `inputs` are the graph inputs the graph ran on, `outs` the
@@ -76,6 +95,7 @@ pub(crate) fn apply(
     env: &Bindings,
     inputs: &[CpuTensor],
     outs: &[CpuTensor],
+    versions: Versions,
 ) -> Result<Vec<Tensor>> {
     let meta = &entry.m().meta;
     if outs.len() < meta.num_graph_outputs() {
@@ -106,6 +126,14 @@ pub(crate) fn apply(
     // 2b. `requires_grad_()` inside the function reaches the caller's tensor
     for &k in &entry.m().made_requires_grad {
         traced_input(entry, args, k)?.set_requires_grad(true)?;
+    }
+    // 2c. one version per in-place op, as eager counts them: the write-back and the
+    //     restride above count once each, whatever ran in the function (storages
+    //     that inputs share are counted once: the first of them reaches the target).
+    for (target, storage) in versions.0 {
+        while storage.version() < target {
+            storage.bump_version();
+        }
     }
     // 3. outputs: those that alias another output come second, since the output
     //    they view may come later in the list.

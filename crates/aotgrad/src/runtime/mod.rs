@@ -774,6 +774,7 @@ impl AotFunction {
             made_requires_grad: (0..traced.input_made_requires_grad.len())
                 .filter(|&k| traced.input_made_requires_grad[k])
                 .collect(),
+            version_bumps: version_bumps(&traced.graph, traced.rng.as_ref()),
             training,
             backend: backend.name().to_string(),
             backend_identity: backend.cache_identity().unwrap_or_default(),
@@ -833,6 +834,21 @@ pub(crate) fn concrete(meta: &TensorMeta, env: &Bindings) -> Result<TensorMeta> 
 }
 
 /// The caller's tensor for traced input `k`.
+/// Per traced input (the random generator's excepted): how many in-place ops of the
+/// traced graph ran on its storage, where that is not zero (see
+/// `ResultMeta::version_bumps`).
+fn version_bumps(g: &aotgrad_ir::Graph, rng: Option<&aotgrad_trace::RngInputs>) -> Vec<(usize, u64)> {
+    g.inputs
+        .iter()
+        .enumerate()
+        .filter(|(k, _)| rng.is_none_or(|r| *k != r.seed_input && *k != r.base_input))
+        .filter_map(|(k, inp)| {
+            let n = g.nodes.iter().filter(|n| n.op.is_mutation() && n.storage == inp.storage).count() as u64;
+            (n > 0).then_some((k, n))
+        })
+        .collect()
+}
+
 pub(crate) fn traced_input<'a>(entry: &Entry, args: &'a [Arg], k: usize) -> Result<&'a Tensor> {
     entry
         .m()

@@ -424,3 +424,82 @@ fn view_mutation_kept_in_graph() {
     "#]]
     .assert_eq(&c.text);
 }
+
+/// The caller's version counter moves on once per in-place op on the argument's
+/// storage, data or metadata, through the argument or any view or alias of it, as
+/// PyTorch's `_version` does (values from PyTorch 2.15); the contract check compares
+/// every case with eager too, on the compiled and the cached call.
+#[test]
+fn version_counters_count_every_in_place_op() {
+    type F = fn(&[Arg]) -> aotgrad::Result<Vec<Tensor>>;
+    let cases: [(&str, F, u64); 6] = [
+        (
+            "mul_ add_",
+            |a| {
+                let x = tensor(&a[0])?;
+                x.mul_(2.0)?.add_(1.0)?;
+                Ok(vec![x.mul(1.0)?])
+            },
+            2,
+        ),
+        (
+            "view t_",
+            |a| {
+                let v = tensor(&a[0])?.view(&[3, 2])?;
+                v.t_()?;
+                Ok(vec![v.mul(1.0)?])
+            },
+            1,
+        ),
+        (
+            "t_ t_",
+            |a| {
+                let x = tensor(&a[0])?;
+                x.t_()?;
+                x.t_()?;
+                Ok(vec![x.mul(1.0)?])
+            },
+            2,
+        ),
+        (
+            "view mul_ t_",
+            |a| {
+                let v = tensor(&a[0])?.view(&[3, 2])?;
+                v.mul_(2.0)?;
+                v.t_()?;
+                Ok(vec![v.mul(1.0)?])
+            },
+            2,
+        ),
+        (
+            "t_ mul_",
+            |a| {
+                let x = tensor(&a[0])?;
+                x.t_()?;
+                x.mul_(2.0)?;
+                Ok(vec![x.mul(1.0)?])
+            },
+            2,
+        ),
+        (
+            "unsqueeze_ of a detached alias",
+            |a| {
+                let d = tensor(&a[0])?.detach()?;
+                d.unsqueeze_(0)?;
+                Ok(vec![d.mul(1.0)?])
+            },
+            1,
+        ),
+    ];
+    for (name, f, want) in cases {
+        let inputs = || vec![seq(&[2, 3], 1.0).into()];
+        let c = check(f, inputs, AotConfig::default());
+        for call in 0..2 {
+            let ins = inputs();
+            let x = ins[0].tensor().unwrap();
+            let before = x.version().unwrap();
+            c.compiled.call_args(&ins).unwrap();
+            assert_eq!(x.version().unwrap() - before, want, "{name}, call {call}");
+        }
+    }
+}

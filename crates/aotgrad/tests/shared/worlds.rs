@@ -37,6 +37,16 @@ pub fn compare_worlds(
     for ((k, e), (_, c)) in ei.iter().zip(&ci) {
         same_state(&format!("{ctx}input {k} after the call"), e, c)?;
     }
+    // (b') version counters: one per in-place op on the input's storage, as eager
+    //      (and PyTorch's `_version`) counts them
+    for ((k, e), (_, c)) in ei.iter().zip(&ci) {
+        let (ve, vc) = (e.version(), c.version());
+        if let (Ok(ve), Ok(vc)) = (ve, vc) {
+            if ve != vc {
+                return Err(format!("{ctx}input {k} after the call: version {vc} (compiled) != {ve} (eager)"));
+            }
+        }
+    }
     // (c) aliasing
     let rel = |a: &Tensor, b: &Tensor| (a.shares_storage_with(b), a.same_object(b));
     for j in 0..eager_out.len() {

@@ -171,6 +171,7 @@ pub(crate) fn run_forward(
 ) -> Result<(Vec<Tensor>, PendingBackward)> {
     let parts = entry.training.as_ref().ok_or_else(|| Error::Internal("not a training entry".into()))?;
     let inputs = graph_inputs(name, entry, args)?;
+    let versions = epilogue::versions_before(entry, args)?;
     let input_metas =
         (0..entry.m().convention.args.len()).map(|k| traced_input_meta(entry, args, k)).collect::<Result<_>>()?;
     let outs = {
@@ -199,7 +200,7 @@ pub(crate) fn run_forward(
             saved.push(s.clone());
         }
     }
-    let results = epilogue::apply(entry, args, &env, &inputs, &outs[..n])?;
+    let results = epilogue::apply(entry, args, &env, &inputs, &outs[..n], versions)?;
     mark_grad_flags(entry, args, &results)?;
     // No saved value may change before the backward (PyTorch's "modified by an inplace
     // operation" check): those viewing the caller's storage, or the storage of an
