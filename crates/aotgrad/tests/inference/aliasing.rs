@@ -444,3 +444,29 @@ fn a_sum_over_an_argument_transposed_in_place() {
     // 2 * sum(0.5 + i for i in 0..24) = 576, squared.
     assert_eq!(c.compiled.call_args(&inputs()).unwrap()[0].item().unwrap(), 576.0 * 576.0);
 }
+
+/// Metadata mutations of two arguments viewing one storage: their shared version
+/// counter moves on once per op, as in eager and PyTorch (`a.t_(); b.unsqueeze_(0)`
+/// on two views of one base: +2 for both), on the compiled and the cached call.
+#[test]
+fn metadata_mutations_of_aliasing_arguments_count_on_their_shared_version() {
+    let f = |a: &[Arg]| {
+        let (x, xv) = (tensor(&a[0])?, tensor(&a[1])?);
+        x.t_()?;
+        xv.unsqueeze_(0)?;
+        Ok(vec![x.mul(2.0)?, xv.mul(3.0)?])
+    };
+    let inputs = || {
+        let base = seq(&[2, 3], 1.0);
+        let (x, xv) = (base.view(&[3, 2]).expect("view"), base.view(&[-1]).expect("view"));
+        vec![x.into(), xv.into()]
+    };
+    let c = check(f, inputs, AotConfig::default());
+    for call in 0..2 {
+        let ins = inputs();
+        let (x, xv) = (ins[0].tensor().unwrap(), ins[1].tensor().unwrap());
+        let before = x.version().unwrap();
+        c.compiled.call_args(&ins).unwrap();
+        assert_eq!((x.version().unwrap() - before, xv.version().unwrap() - before), (2, 2), "call {call}");
+    }
+}
