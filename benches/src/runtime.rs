@@ -72,11 +72,63 @@ pub fn node(g: &mut Graph, op: Op, args: &[aotgrad_ir::ValueId]) -> Result<aotgr
     Ok(g.add_node(op, args.to_vec(), meta, s, None))
 }
 
+/// The graph of one op over inputs laid out as `args` (each its own storage).
+pub fn one_op_graph(op: Op, args: &[CpuTensor]) -> Result<Graph> {
+    let mut g = Graph::new();
+    let ins: Vec<_> = args
+        .iter()
+        .enumerate()
+        .map(|(i, a)| g.add_input(format!("a{i}"), a.meta.clone(), StorageId(i as u32)))
+        .collect();
+    let out = node(&mut g, op, &ins)?;
+    g.outputs = vec![out];
+    Ok(g)
+}
+
 /// A contiguous f32 tensor of `shape` filled with `sin(0.37 i + seed)`.
 pub fn filled(shape: &[usize], seed: f64) -> Result<CpuTensor> {
     let n: usize = shape.iter().product();
     let v: Vec<f64> = (0..n).map(|i| ((i as f64) * 0.37 + seed).sin()).collect();
     Ok(CpuTensor::from_f64(&v, shape, DType::F32)?)
+}
+
+/// Median ms of the `gemm` crate called directly on row-major `a` (`m x k`) times `b`
+/// (`k x n`), on a rayon pool of `threads` (the baseline the compiled kernels are
+/// measured against).
+fn direct_gemm_ms((m, k, n): (usize, usize, usize), a: &[f32], b: &[f32], threads: usize, runs: usize) -> Result<f64> {
+    anyhow::ensure!(a.len() >= m * k && b.len() >= k * n, "operands smaller than {m}x{k} and {k}x{n}");
+    let mut z = vec![0f32; m * n];
+    let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads.max(1)).build()?;
+    median_ms(runs, || {
+        pool.install(|| {
+            // SAFETY: row-major m x k, k x n and m x n matrices (lengths checked above).
+            unsafe {
+                gemm::gemm(
+                    m,
+                    n,
+                    k,
+                    z.as_mut_ptr(),
+                    1,
+                    n as isize,
+                    false,
+                    a.as_ptr(),
+                    1,
+                    k as isize,
+                    b.as_ptr(),
+                    1,
+                    n as isize,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    par,
+                )
+            }
+        });
+        Ok(())
+    })
 }
 
 /// GFLOP/s of an `n x n x n` f32 matmul: through the compiled backend on `threads`
@@ -92,38 +144,7 @@ pub fn gemm_gflops(n: usize, threads: usize, runs: usize) -> Result<(f64, f64)> 
     let ours = median_ms(runs, || compiled.run(&ins).map(drop).map_err(Into::into))?;
     let x = ins[0].to_vec_f64().iter().map(|v| *v as f32).collect::<Vec<f32>>();
     let y = ins[1].to_vec_f64().iter().map(|v| *v as f32).collect::<Vec<f32>>();
-    let mut z = vec![0f32; n * n];
-    let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads.max(1)).build()?;
-    let direct = median_ms(runs, || {
-        pool.install(|| {
-            // SAFETY: three n x n row-major matrices.
-            unsafe {
-                gemm::gemm(
-                    n,
-                    n,
-                    n,
-                    z.as_mut_ptr(),
-                    1,
-                    n as isize,
-                    false,
-                    x.as_ptr(),
-                    1,
-                    n as isize,
-                    y.as_ptr(),
-                    1,
-                    n as isize,
-                    0.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    par,
-                )
-            }
-        });
-        Ok(())
-    })?;
+    let direct = direct_gemm_ms((n, n, n), &x, &y, threads, runs)?;
     let flop = 2.0 * (n as f64).powi(3);
     Ok((flop / (ours * 1e6), flop / (direct * 1e6)))
 }
@@ -216,52 +237,13 @@ pub fn conv_gflops(threads: usize, runs: usize) -> Result<([f64; 3], f64)> {
         (Op::Conv2dWeightGrad { conv: p, kernel: [3, 3] }, vec![gy, x]),
     ];
     for (k, (op, args)) in cases.into_iter().enumerate() {
-        let mut g = Graph::new();
-        let ins: Vec<_> = args
-            .iter()
-            .enumerate()
-            .map(|(i, a)| g.add_input(format!("a{i}"), a.meta.clone(), StorageId(i as u32)))
-            .collect();
-        let out = node(&mut g, op, &ins)?;
-        g.outputs = vec![out];
-        let c = CpuBackend::new(threads).compile(&g)?;
+        let c = CpuBackend::new(threads).compile(&one_op_graph(op, &args)?)?;
         let t = median_ms(runs, || c.run(&args).map(drop).map_err(Into::into))?;
         rates[k] = flops / (t * 1e6);
     }
     let (m, kk, n) = (32usize, 144usize, 128 * 196);
     let a: Vec<f32> = (0..m * kk).map(|i| (i as f32).sin()).collect();
     let b: Vec<f32> = (0..kk * n).map(|i| (i as f32).cos()).collect();
-    let mut z = vec![0f32; m * n];
-    let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads.max(1)).build()?;
-    let t = median_ms(runs, || {
-        pool.install(|| {
-            // SAFETY: row-major m x k, k x n and m x n matrices.
-            unsafe {
-                gemm::gemm(
-                    m,
-                    n,
-                    kk,
-                    z.as_mut_ptr(),
-                    1,
-                    n as isize,
-                    false,
-                    a.as_ptr(),
-                    1,
-                    kk as isize,
-                    b.as_ptr(),
-                    1,
-                    n as isize,
-                    0.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    par,
-                )
-            }
-        });
-        Ok(())
-    })?;
+    let t = direct_gemm_ms((m, kk, n), &a, &b, threads, runs)?;
     Ok((rates, flops / (t * 1e6)))
 }

@@ -39,7 +39,7 @@ fn main() -> anyhow::Result<()> {
 
 fn op_check() -> anyhow::Result<()> {
     use aotgrad_cpu::CpuBackend;
-    use aotgrad_ir::{infer::infer, Backend, Conv2dParams, Graph, Op, Pool2dParams, StaticOracle, StorageId};
+    use aotgrad_ir::{Backend, Conv2dParams, Op, Pool2dParams};
     let p = Conv2dParams { stride: [1, 1], padding: [1, 1], dilation: [1, 1], groups: 1 };
     let x = aotgrad_benches::runtime::filled(&[128, 16, 14, 14], 0.3)?;
     let w = aotgrad_benches::runtime::filled(&[32, 16, 3, 3], 0.7)?;
@@ -55,17 +55,7 @@ fn op_check() -> anyhow::Result<()> {
         (Op::MaxPool2dGrad(pp), vec![gp.clone(), x28.clone()]),
     ];
     for (op, args) in cases {
-        let metas: Vec<&aotgrad_ir::TensorMeta> = args.iter().map(|a| &a.meta).collect();
-        let out = infer(&op, &metas, &mut StaticOracle)?;
-        let mut g = Graph::new();
-        let ins: Vec<_> = args
-            .iter()
-            .enumerate()
-            .map(|(i, a)| g.add_input(format!("a{i}"), a.meta.clone(), StorageId(i as u32)))
-            .collect();
-        let s = g.next_storage();
-        let y = g.add_node(op.clone(), ins, out, s, None);
-        g.outputs = vec![y];
+        let g = aotgrad_benches::runtime::one_op_graph(op.clone(), &args)?;
         let r: Vec<Vec<f64>> = [1, 2]
             .iter()
             .map(|&t| CpuBackend::new(t).compile(&g).unwrap().run(&args).unwrap()[0].to_vec_f64())
