@@ -66,6 +66,29 @@ trait Elt: num_traits::Float + Send + Sync + 'static {
     const KIND: Kind;
 }
 
+/// The buffer, value-list and kind conversions of an [`Elt`] impl: `$t` lives in the
+/// `$v` variant of each.
+macro_rules! buffer_conversions {
+    ($t:ty, $v:ident) => {
+        fn slice(b: &Buffer) -> Option<&[$t]> {
+            match b {
+                Buffer::$v(v) => Some(v),
+                _ => None,
+            }
+        }
+        fn from_vals(v: Vals) -> Option<Vec<$t>> {
+            match v {
+                Vals::$v(v) => Some(v),
+                _ => None,
+            }
+        }
+        fn vals(v: Vec<$t>) -> Vals {
+            Vals::$v(v)
+        }
+        const KIND: Kind = Kind::$v;
+    };
+}
+
 impl Elt for f32 {
     fn select(mask: usize, a: f32, b: f32) -> f32 {
         Self::select32(mask as u32, a, b)
@@ -73,22 +96,7 @@ impl Elt for f32 {
     fn select32(m: u32, a: f32, b: f32) -> f32 {
         f32::from_bits((a.to_bits() & m) | (b.to_bits() & !m))
     }
-    fn slice(b: &Buffer) -> Option<&[f32]> {
-        match b {
-            Buffer::F32(v) => Some(v),
-            _ => None,
-        }
-    }
-    fn from_vals(v: Vals) -> Option<Vec<f32>> {
-        match v {
-            Vals::F32(v) => Some(v),
-            _ => None,
-        }
-    }
-    fn vals(v: Vec<f32>) -> Vals {
-        Vals::F32(v)
-    }
-    const KIND: Kind = Kind::F32;
+    buffer_conversions!(f32, F32);
 }
 
 impl Elt for f64 {
@@ -99,22 +107,7 @@ impl Elt for f64 {
     fn select32(m: u32, a: f64, b: f64) -> f64 {
         Self::select((m as i32 as i64) as usize, a, b)
     }
-    fn slice(b: &Buffer) -> Option<&[f64]> {
-        match b {
-            Buffer::F64(v) => Some(v),
-            _ => None,
-        }
-    }
-    fn from_vals(v: Vals) -> Option<Vec<f64>> {
-        match v {
-            Vals::F64(v) => Some(v),
-            _ => None,
-        }
-    }
-    fn vals(v: Vec<f64>) -> Vals {
-        Vals::F64(v)
-    }
-    const KIND: Kind = Kind::F64;
+    buffer_conversions!(f64, F64);
 }
 
 /// A tensor's elements as a dense row-major slice: its own storage when it already is
@@ -319,11 +312,11 @@ multiversion!(im2col, im2col_impl, (geo: &Geo, img: &[T], gi: usize, r0: usize, 
 
 #[inline(always)]
 fn im2col_impl<T: Elt>(geo: &Geo, img: &[T], gi: usize, r0: usize, r1: usize, cols: &mut [T], ld: usize) {
-    let (l, hw) = (geo.l(), geo.h * geo.w);
+    let l = geo.l();
     let p = &geo.p;
     // The channel group's image with its padding as zeros (one small copy), so every
     // tap row below is plain (strided) copies without edge tests.
-    let (hp, wp) = (geo.h + 2 * p.padding[0], geo.w + 2 * p.padding[1]);
+    let (hp, wp) = (geo.hp(), geo.wp());
     let cg = geo.cg();
     // The scratch taken out of its thread-local cell and put back at the end (no
     // closure: its code must be compiled with this function's instruction set).
@@ -336,21 +329,7 @@ fn im2col_impl<T: Elt>(geo: &Geo, img: &[T], gi: usize, r0: usize, r1: usize, co
     // f32 and f64); every bit pattern is a valid float.
     let pad = unsafe { std::slice::from_raw_parts_mut(store.as_mut_ptr() as *mut T, cg * hp * wp) };
     {
-        if p.padding == [0, 0] {
-            pad.copy_from_slice(&img[gi * cg * hw..][..cg * hw]);
-        } else {
-            pad.fill(T::zero());
-            for c in 0..cg {
-                let src = &img[(gi * cg + c) * hw..][..hw];
-                let dst = &mut pad[c * hp * wp..][..hp * wp];
-                for (i, row) in src.chunks_exact(geo.w).enumerate() {
-                    let at = (i + p.padding[0]) * wp + p.padding[1];
-                    for (d, v) in dst[at..at + geo.w].iter_mut().zip(row) {
-                        *d = *v;
-                    }
-                }
-            }
-        }
+        pad_image_impl(geo, img, gi, pad);
         let (sh, sw) = (p.stride[0], p.stride[1]);
         for r in r0..r1 {
             let (c, tap) = (r / geo.taps(), r % geo.taps());
@@ -425,6 +404,15 @@ multiversion!(pad_image, pad_image_impl, (geo: &Geo, img: &[T], gi: usize, pad: 
 fn pad_image_impl<T: Elt>(geo: &Geo, img: &[T], gi: usize, pad: &mut [T]) {
     let (hw, hp, wp, cg) = (geo.h * geo.w, geo.hp(), geo.wp(), geo.cg());
     let p = &geo.p;
+    if p.padding == [0, 0] {
+        // No border: the image itself, then zeros after it.
+        let (image, after) = pad.split_at_mut(cg * hw);
+        image.copy_from_slice(&img[gi * cg * hw..][..cg * hw]);
+        for v in after {
+            *v = T::zero();
+        }
+        return;
+    }
     for v in pad.iter_mut() {
         *v = T::zero();
     }

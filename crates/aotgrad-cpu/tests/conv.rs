@@ -104,6 +104,21 @@ fn terms(c: &Case, mut f: impl FnMut(usize, Option<usize>, usize)) {
     }
 }
 
+/// The convolution of `x` by `w`, and the gradients of input and weight for output
+/// gradient `gy`, straight from the definition in f64 (padding reads zero).
+fn definition(c: &Case, xv: &[f64], wv: &[f64], gv: &[f64], ys: usize) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (mut y, mut dx, mut dw) = (vec![0.0; ys], vec![0.0; xv.len()], vec![0.0; wv.len()]);
+    terms(c, |yi, xi, wi| {
+        let xval = xi.map_or(0.0, |i| xv[i]);
+        y[yi] += xval * wv[wi];
+        if let Some(i) = xi {
+            dx[i] += gv[yi] * wv[wi];
+        }
+        dw[wi] += gv[yi] * xval;
+    });
+    (y, dx, dw)
+}
+
 /// `op(args)` eagerly and compiled at 1 and 2 threads: the three must agree bit for
 /// bit; returns the values.
 fn run(op: Op, args: &[CpuTensor]) -> Vec<f64> {
@@ -151,15 +166,7 @@ proptest! {
         // rounded by the cast): compare with the definition over the cast inputs.
         let (xv, wv, gv) = (x.to_vec_f64(), w.to_vec_f64(), gy.to_vec_f64());
         let tol = if dtype == DType::F64 { 1e-12 } else { 1e-5 };
-        let (mut y, mut dx, mut dw) = (vec![0.0; n(&ys)], vec![0.0; n(&xs)], vec![0.0; n(&ws)]);
-        terms(&c, |yi, xi, wi| {
-            let xval = xi.map_or(0.0, |i| xv[i]);
-            y[yi] += xval * wv[wi];
-            if let Some(i) = xi {
-                dx[i] += gv[yi] * wv[wi];
-            }
-            dw[wi] += gv[yi] * xval;
-        });
+        let (y, dx, dw) = definition(&c, &xv, &wv, &gv, n(&ys));
         close("conv2d", &run(Op::Conv2d(c.p), &[x.clone(), w.clone()]), &y, tol);
         close("input grad", &run(Op::Conv2dInputGrad { conv: c.p, input: [c.h, c.w] }, &[gy.clone(), w]), &dx, tol);
         close("weight grad", &run(Op::Conv2dWeightGrad { conv: c.p, kernel: c.k }, &[gy, x]), &dw, tol);
@@ -242,15 +249,7 @@ fn non_finite_values_stay_where_the_definition_puts_them() {
     wv[0] = f64::NAN;
     gv[7] = f64::NEG_INFINITY;
     let (x, w, gy) = (tensor(&xv, &xs, DType::F32), tensor(&wv, &ws, DType::F32), tensor(&gv, &ys, DType::F32));
-    let (mut y, mut dx, mut dw) = (vec![0.0; n(&ys)], vec![0.0; n(&xs)], vec![0.0; n(&ws)]);
-    terms(&c, |yi, xi, wi| {
-        let xval = xi.map_or(0.0, |i| xv[i]);
-        y[yi] += xval * wv[wi];
-        if let Some(i) = xi {
-            dx[i] += gv[yi] * wv[wi];
-        }
-        dw[wi] += gv[yi] * xval;
-    });
+    let (y, dx, dw) = definition(&c, &xv, &wv, &gv, n(&ys));
     let same = |what: &str, got: &[f64], want: &[f64]| {
         for (i, (g, w)) in got.iter().zip(want).enumerate() {
             let ok = if w.is_finite() {
