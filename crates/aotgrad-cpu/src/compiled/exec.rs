@@ -698,21 +698,29 @@ unsafe fn jit_tiles(
     });
 }
 
+/// Run elements `[lo, hi)` of a pointwise kernel in its compute type.
+///
+/// # Safety
+/// As [`pointwise_range`].
+#[inline]
+pub(crate) unsafe fn pointwise_span(k: &CPointwise, bufs: &[Raw], lo: usize, hi: usize) {
+    // SAFETY: forwarded.
+    unsafe {
+        match k.body.compute {
+            Compute::F32 => pointwise_range::<f32>(k, bufs, lo, hi),
+            Compute::F64 => pointwise_range::<f64>(k, bufs, lo, hi),
+        }
+    }
+}
+
 /// Run a pointwise kernel on `threads` tasks.
 ///
 /// # Safety
 /// As [`pointwise_range`] for the whole space.
 pub(crate) unsafe fn pointwise(k: &CPointwise, bufs: &[Raw], threads: usize) {
-    let f = |lo: usize, hi: usize| match k.body.compute {
-        // SAFETY: chunks are disjoint ranges of the output.
-        Compute::F32 => unsafe { pointwise_range::<f32>(k, bufs, lo, hi) },
-        Compute::F64 => unsafe { pointwise_range::<f64>(k, bufs, lo, hi) },
-    };
-    // Compiled bodies run several times faster than interpreted ones: a task must
-    // cover more elements before splitting pays for handing it to another thread.
     let compiled = k.jit.as_ref().is_some_and(|s| s.get().is_some());
-    let min = if compiled { POINTWISE_TASK_COMPILED } else { POINTWISE_TASK };
-    par_chunks(k.numel, threads, task_elements(min, &k.body, k.stores.len()), f);
+    // SAFETY: chunks are disjoint ranges of the output.
+    par_chunks(k.numel, threads, task_elements(k, compiled), |lo, hi| unsafe { pointwise_span(k, bufs, lo, hi) });
 }
 
 /// Run independent pointwise kernels as one dispatch: their elements laid end to end,
@@ -724,38 +732,30 @@ pub(crate) unsafe fn pointwise(k: &CPointwise, bufs: &[Raw], threads: usize) {
 /// (checked when the plan is lowered or loaded).
 pub(crate) unsafe fn group(parts: &[&CPointwise], bufs: &[Raw], threads: usize) {
     let total: usize = parts.iter().map(|p| p.numel).sum();
-    let min = parts
-        .iter()
-        .map(|p| {
-            let compiled = p.jit.as_ref().is_some_and(|s| s.get().is_some());
-            task_elements(if compiled { POINTWISE_TASK_COMPILED } else { POINTWISE_TASK }, &p.body, p.stores.len())
-        })
-        .min()
-        .unwrap_or(POINTWISE_TASK);
+    let compiled = |p: &CPointwise| p.jit.as_ref().is_some_and(|s| s.get().is_some());
+    let min = parts.iter().map(|p| task_elements(p, compiled(p))).min().unwrap_or(POINTWISE_TASK);
     par_chunks(total, threads, min, |lo, hi| {
         let mut start = 0;
         for p in parts {
             let (a, b) = (lo.max(start), hi.min(start + p.numel));
             if a < b {
                 // SAFETY: `[a, b)` lies in this part's elements; tasks own disjoint ranges.
-                unsafe {
-                    match p.body.compute {
-                        Compute::F32 => pointwise_range::<f32>(p, bufs, a - start, b - start),
-                        Compute::F64 => pointwise_range::<f64>(p, bufs, a - start, b - start),
-                    }
-                }
+                unsafe { pointwise_span(p, bufs, a - start, b - start) }
             }
             start += p.numel;
         }
     });
 }
 
-/// Fewest elements per task of a body: `min` for a light one (a few instructions per
-/// element), fewer for a heavier one, so that a task always carries about the same
-/// work (an optimizer update of 15 operations and 3 stores splits at 32K elements,
-/// where a copy does not).
-fn task_elements(min: usize, body: &CBody, stores: usize) -> usize {
-    let work = body.instrs.len() + body.loads.len() + stores;
+/// Fewest elements per task of a pointwise kernel: [`POINTWISE_TASK_COMPILED`] for a
+/// light compiled body ([`POINTWISE_TASK`] interpreted: compiled bodies run several
+/// times faster, so a task must cover more elements before handing it to another
+/// thread pays), fewer for a heavier one, so that a task always carries about the
+/// same work (an optimizer update of 15 operations and 3 stores splits at 32K
+/// elements, where a copy does not).
+pub(crate) fn task_elements(k: &CPointwise, compiled: bool) -> usize {
+    let min = if compiled { POINTWISE_TASK_COMPILED } else { POINTWISE_TASK };
+    let work = k.body.instrs.len() + k.body.loads.len() + k.stores.len();
     (min * 4 / work.max(4)).max(min / 8)
 }
 
@@ -988,14 +988,8 @@ pub(crate) unsafe fn rows(g: &CRows, bufs: &[Raw], scratch: &mut [f64], threads:
                 // results of its task's rows, and reads what earlier stages wrote there.
                 unsafe {
                     match st {
-                        CStage::Elem(p) => match p.body.compute {
-                            Compute::F32 => pointwise_range::<f32>(p, bufs, lo, hi),
-                            Compute::F64 => pointwise_range::<f64>(p, bufs, lo, hi),
-                        },
-                        CStage::Row(p) => match p.body.compute {
-                            Compute::F32 => pointwise_range::<f32>(p, bufs, b, e),
-                            Compute::F64 => pointwise_range::<f64>(p, bufs, b, e),
-                        },
+                        CStage::Elem(p) => pointwise_span(p, bufs, lo, hi),
+                        CStage::Row(p) => pointwise_span(p, bufs, b, e),
                         CStage::Reduce { k, acc: base, rows, offset } => {
                             let a = acc.as_f64().add(*base);
                             let init = reduce_init(k.op);
@@ -1638,12 +1632,7 @@ pub(crate) unsafe fn matmul(mm: &CMatmul, bufs: &[Raw], threads: usize) {
     let epilogue = |lo: usize, hi: usize| {
         if let Some(e) = &mm.epilogue {
             // SAFETY: the caller's guarantees; tasks own disjoint ranges.
-            unsafe {
-                match e.body.compute {
-                    Compute::F32 => pointwise_range::<f32>(e, bufs, lo, hi),
-                    Compute::F64 => pointwise_range::<f64>(e, bufs, lo, hi),
-                }
-            }
+            unsafe { pointwise_span(e, bufs, lo, hi) }
         }
     };
     let whole = |b: usize| Block { batch: b, r0: 0, r1: n_eff, c0: 0, c1: m_eff };

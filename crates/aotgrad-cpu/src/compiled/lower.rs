@@ -795,10 +795,15 @@ pub(crate) fn lower(plan: &KernelPlan) -> Result<Lowered> {
     let parallel = kernels.iter().any(splits);
     let dtypes = plan.buffers.iter().map(|b| b.layout.dtype).collect();
     let groups = dispatch_groups(&kernels, &loc);
+    // A group splits as the executor splits it: its elements over its heaviest part's
+    // task size.
     let parallel = parallel
         || groups.iter().any(|&(a, b)| {
-            let n: usize = kernels[a..b].iter().map(|k| if let CKernel::Pointwise(p) = k { p.numel } else { 0 }).sum();
-            n >= super::exec::POINTWISE_TASK
+            let parts = kernels[a..b].iter().filter_map(|k| if let CKernel::Pointwise(p) = k { Some(p) } else { None });
+            let (n, min) = parts.fold((0, usize::MAX), |(n, min), p| {
+                (n + p.numel, min.min(super::exec::task_elements(p, p.jit.is_some())))
+            });
+            n >= 2 * min
         });
     let low =
         Lowered { kernels, loc, out_bufs, input_need, outputs, slots, scratch, parallel, dtypes, extents, groups };
@@ -814,9 +819,7 @@ pub(crate) fn lower(plan: &KernelPlan) -> Result<Lowered> {
 fn splits(k: &CKernel) -> bool {
     use super::exec;
     match k {
-        CKernel::Pointwise(p) => {
-            p.numel >= 2 * if p.jit.is_some() { exec::POINTWISE_TASK_COMPILED } else { exec::POINTWISE_TASK }
-        }
+        CKernel::Pointwise(p) => p.numel >= 2 * exec::task_elements(p, p.jit.is_some()),
         CKernel::Reduce(r) => r.shape.iter().product::<usize>() >= 64 * 1024,
         CKernel::Rows(g) => g.rows.saturating_mul(g.row_len) >= 32 * 1024,
         CKernel::Matmul(m) => {

@@ -838,14 +838,15 @@ pub(crate) fn concrete(meta: &TensorMeta, env: &Bindings) -> Result<TensorMeta> 
 /// traced graph ran on its storage, where that is not zero (see
 /// `ResultMeta::version_bumps`).
 fn version_bumps(g: &aotgrad_ir::Graph, rng: Option<&aotgrad_trace::RngInputs>) -> Vec<(usize, u64)> {
+    let mut per_storage: HashMap<aotgrad_ir::StorageId, u64> = HashMap::new();
+    for n in g.nodes.iter().filter(|n| n.op.is_mutation()) {
+        *per_storage.entry(n.storage).or_default() += 1;
+    }
     g.inputs
         .iter()
         .enumerate()
         .filter(|(k, _)| rng.is_none_or(|r| *k != r.seed_input && *k != r.base_input))
-        .filter_map(|(k, inp)| {
-            let n = g.nodes.iter().filter(|n| n.op.is_mutation() && n.storage == inp.storage).count() as u64;
-            (n > 0).then_some((k, n))
-        })
+        .filter_map(|(k, inp)| per_storage.get(&inp.storage).map(|&n| (k, n)))
         .collect()
 }
 
