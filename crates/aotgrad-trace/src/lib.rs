@@ -8,7 +8,8 @@
 //! - [`trace`](mod@trace): the tracing entry point and its configuration;
 //! - [`shape_env`]: shape symbols, duck sizing and guards;
 //! - [`grad_mode`]: `no_grad` scopes;
-//! - [`autograd`]: eager autograd's record (`grad_fn`, `grad`, `retain_grad`);
+//! - [`autograd`]: eager autograd: its record (`grad_fn`, `grad`, `retain_grad`) and
+//!   its backward pass ([`Backward`]), on the derivative rules of `aotgrad-autodiff`;
 //! - [`decomp`]: composite ops (linear, softmax, ...) and their decompositions;
 //! - [`error`]: the crate's [`Error`].
 #![warn(missing_docs)]
@@ -27,6 +28,7 @@ pub mod shape_env;
 pub mod tensor;
 pub mod trace;
 
+pub use autograd::{backward_from_edges, Backward};
 pub use decomp::{CompositeKind, DecompPolicy, DecompTable};
 pub use error::{Error, Result};
 pub use grad_mode::{is_grad_enabled, no_grad, set_grad_enabled, NoGradGuard};

@@ -22,30 +22,29 @@
 //! assert_eq!(out[0].to_vec_f64()?, vec![6.0, 12.0]);
 //! # Ok::<(), aotgrad::Error>(())
 //! ```
+//!
+//! This crate is the facade: it composes the pipeline's crates and re-exports what a
+//! user writes — [`trace`] (tensors, eager mode and its autograd, tracing),
+//! [`functionalize`], [`meta`], [`autodiff`], the partitioner, [`cpu`] (and `wgpu`
+//! with the `wgpu` feature), [`cache`], [`runtime`] (compiled functions and modules,
+//! [`AotConfig`], export) and [`nn`] (layers, optimizers, checkpoints) — plus the
+//! [`prelude`] and the logging set-up ([`init_logging`]).
 #![warn(missing_docs)]
 
-pub mod autograd;
-pub mod config;
-pub mod error;
-pub mod export;
 mod logging;
-pub mod module;
-pub mod nn;
-pub mod runtime;
 
+pub use aotgrad_trace::autograd;
 /// The wgpu backend (with the `wgpu` feature).
 #[cfg(feature = "wgpu")]
 pub use aotgrad_wgpu as wgpu;
 pub use autograd::{backward_from_edges, Backward};
-pub use config::{default_backend, AotConfig, Cache, BACKEND_ENV};
-pub use error::{Error, Result};
-pub use export::{aot_export_joint_simple, aot_export_module};
 pub use logging::init_logging;
-pub use module::{aot_module, aot_module_simplified, AotModule, ModuleBackward, ModuleGrads};
 pub use runtime::{
-    aot_function, aot_function_args, aot_function_outs, AotFunction, Arg, CacheStats, CompileReport, EntrySource,
-    Output,
+    aot_export_joint_simple, aot_export_module, aot_function, aot_function_args, aot_function_outs, aot_module,
+    aot_module_simplified, default_backend, AotConfig, AotFunction, AotModule, Arg, Cache, CacheStats, CompileReport,
+    EntrySource, Error, ModuleBackward, ModuleGrads, Output, Result, BACKEND_ENV,
 };
+pub use runtime::{config, error, export, module};
 
 pub use aotgrad_autodiff as autodiff;
 pub use aotgrad_cache as cache;
@@ -53,6 +52,9 @@ pub use aotgrad_cpu as cpu;
 pub use aotgrad_functionalize as functionalize;
 pub use aotgrad_ir as ir;
 pub use aotgrad_meta as meta;
+pub use aotgrad_nn as nn;
+pub use aotgrad_partition as partition;
+pub use aotgrad_runtime as runtime;
 pub use aotgrad_trace as trace;
 
 /// Everything a typical user needs.

@@ -15,10 +15,12 @@
 //!   metadata (shape, strides, offset, dtype), requires-grad flags or aliasing, or that
 //!   runs under another grad mode, is an error instead of a recompilation.
 
+use crate::backward::PendingBackward;
 use crate::config::AotConfig;
 use crate::error::{Error, Result};
-use crate::nn::{Module, Params};
-use crate::runtime::{aot_function_args, call_sig, AotFunction, Arg, PendingBackward};
+use crate::function::{aot_function_args, AotFunction};
+use crate::params::{Module, Params};
+use crate::signature::{call_sig, Arg};
 use aotgrad_cache::{ArgSig, CallSig, Leafness};
 use aotgrad_ir::TensorMeta;
 use aotgrad_trace::Tensor;

@@ -1,8 +1,8 @@
 //! Attention: [`MultiHeadSelfAttention`] and the pre-LN [`TransformerBlock`].
 
-use super::{child_seed, expect_inputs, GeluMlp, LayerNorm, Linear, Module, ParamStore, Params};
-use crate::error::{Error, Result};
+use crate::{child_seed, expect_inputs, GeluMlp, LayerNorm, Linear, Module, ParamStore, Params};
 use aotgrad_ir::{DType, Dim, SourceLoc};
+use aotgrad_runtime::{Error, Result};
 use aotgrad_trace::Tensor;
 
 /// Multi-head scaled dot-product self-attention over `x` of shape
@@ -61,7 +61,7 @@ impl MultiHeadSelfAttention {
 
     /// Apply to `x` of shape `(batch, seq, d_model)`.
     #[track_caller]
-    pub fn apply(&self, p: &Params, x: &Tensor) -> crate::Result<Tensor> {
+    pub fn apply(&self, p: &Params, x: &Tensor) -> Result<Tensor> {
         let loc = SourceLoc::caller();
         let shape = x.shape();
         if shape.len() != 3 {
@@ -82,7 +82,7 @@ impl MultiHeadSelfAttention {
             (y.select(0, 0)?, y.select(0, 1)?, y.select(0, 2)?)
         } else {
             let [lq, lk, lv] = self.projections.as_slice() else {
-                return Err(crate::Error::Internal("attention without q, k, v projections".into()));
+                return Err(Error::Internal("attention without q, k, v projections".into()));
             };
             let shape = [b.clone(), s.clone(), Dim::from(h), Dim::from(dh)];
             (
@@ -110,7 +110,7 @@ impl Module for MultiHeadSelfAttention {
         &self.store
     }
     #[track_caller]
-    fn forward(&self, p: &Params, inputs: &[Tensor]) -> crate::Result<Vec<Tensor>> {
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         let x = expect_inputs("MultiHeadSelfAttention", inputs, 1)?;
         Ok(vec![self.apply(p, &x[0])?])
     }
@@ -156,7 +156,7 @@ impl TransformerBlock {
 
     /// Apply to `x` of shape `(batch, seq, d_model)`.
     #[track_caller]
-    pub fn apply(&self, p: &Params, x: &Tensor) -> crate::Result<Tensor> {
+    pub fn apply(&self, p: &Params, x: &Tensor) -> Result<Tensor> {
         let a = self.attn.apply(&p.scope("attn"), &self.ln1.apply(&p.scope("ln1"), x)?)?;
         let h = x.add(&a)?;
         let m = self.mlp.apply(&p.scope("mlp"), &self.ln2.apply(&p.scope("ln2"), &h)?)?;
@@ -169,7 +169,7 @@ impl Module for TransformerBlock {
         &self.store
     }
     #[track_caller]
-    fn forward(&self, p: &Params, inputs: &[Tensor]) -> crate::Result<Vec<Tensor>> {
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         let x = expect_inputs("TransformerBlock", inputs, 1)?;
         Ok(vec![self.apply(p, &x[0])?])
     }
@@ -177,7 +177,7 @@ impl Module for TransformerBlock {
 
 /// One projection split into heads: `(B, S, D) -> (B, H, S, Dh)` for `shape = [B, S, H, Dh]`.
 #[track_caller]
-fn heads(p: &Params, l: &Linear, x: &Tensor, shape: &[Dim; 4]) -> crate::Result<Tensor> {
+fn heads(p: &Params, l: &Linear, x: &Tensor, shape: &[Dim; 4]) -> Result<Tensor> {
     let y = l.apply(p, x)?;
     Ok(y.reshape_dims(shape)?.transpose(1, 2)?)
 }

@@ -1,5 +1,5 @@
-//! Running a compiled entry and replaying its side effects, so the call is
-//! indistinguishable from eager execution:
+//! Stage 5 of a call: the epilogue, which replays a compiled graph's side effects so
+//! the call is indistinguishable from eager execution:
 //! 1. data mutations of inputs are copied back into the caller's storage, through the
 //!    graph input's own strides (a synthetic base covers every aliased input at once);
 //! 2. metadata mutations restride the caller's tensor object (`as_strided_`);
@@ -8,8 +8,10 @@
 //!    an output that *is* an input is returned as that very object, and an output
 //!    returned twice is the same object twice.
 
-use super::{concrete, graph_inputs, traced_input, Arg, Bindings, Entry};
+use crate::bind::traced_input;
+use crate::entry::Entry;
 use crate::error::{Error, Result};
+use crate::signature::{concrete, Arg, Bindings};
 use aotgrad_cpu::{CpuTensor, Storage};
 use aotgrad_ir::{Op, TensorMeta};
 use aotgrad_meta::OutputKind;
@@ -71,19 +73,6 @@ pub(crate) fn versions_before(entry: &Entry, args: &[Arg]) -> Result<Versions> {
         v.push((storage.version() + n.min(m.traced_nodes as u64), storage));
     }
     Ok(Versions(v))
-}
-
-/// Run the inference graph of `entry` on the call's arguments, then the epilogue.
-pub(crate) fn run(name: &str, entry: &Entry, args: &[Arg], env: &Bindings) -> Result<Vec<Tensor>> {
-    let inputs = graph_inputs(name, entry, args)?;
-    let versions = versions_before(entry, args)?;
-    let outs = {
-        let _span = tracing::trace_span!("run_graph").entered();
-        let compiled =
-            entry.compiled.as_ref().ok_or_else(|| Error::Internal("entry has no inference artifact".into()))?;
-        compiled.run_with_symbols(&inputs, &super::given_symbols(env))?
-    };
-    apply(entry, args, env, &inputs, &outs, versions)
 }
 
 /// The epilogue proper: `inputs` are the graph inputs the graph ran on, `outs` the

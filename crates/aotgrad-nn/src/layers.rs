@@ -5,9 +5,9 @@
 //! by parent modules (`self.fc1.apply(&p.scope("fc1"), &x)`), and implements
 //! [`Module`] with one input and one output.
 
-use super::{child_seed, expect_inputs, Module, ParamStore, Params};
-use crate::error::{Error, Result};
+use crate::{child_seed, expect_inputs, Module, ParamStore, Params};
 use aotgrad_ir::DType;
+use aotgrad_runtime::{Error, Result};
 use aotgrad_trace::Tensor;
 
 /// Uniform values in `[-bound, bound)`.
@@ -83,7 +83,7 @@ impl Linear {
 
     /// Apply to `x` of shape `(*, in_features)`.
     #[track_caller]
-    pub fn apply(&self, p: &Params, x: &Tensor) -> crate::Result<Tensor> {
+    pub fn apply(&self, p: &Params, x: &Tensor) -> Result<Tensor> {
         let w = p.get("weight")?;
         if self.has_bias {
             Ok(x.linear(w, Some(p.get("bias")?))?)
@@ -98,7 +98,7 @@ impl Module for Linear {
         &self.store
     }
     #[track_caller]
-    fn forward(&self, p: &Params, inputs: &[Tensor]) -> crate::Result<Vec<Tensor>> {
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         let x = expect_inputs("Linear", inputs, 1)?;
         Ok(vec![self.apply(p, &x[0])?])
     }
@@ -129,7 +129,7 @@ impl LayerNorm {
 
     /// Apply to `x` of shape `(*, dim)`.
     #[track_caller]
-    pub fn apply(&self, p: &Params, x: &Tensor) -> crate::Result<Tensor> {
+    pub fn apply(&self, p: &Params, x: &Tensor) -> Result<Tensor> {
         Ok(x.layer_norm(&[self.dim as i64], Some(p.get("weight")?), Some(p.get("bias")?), self.eps)?)
     }
 }
@@ -139,7 +139,7 @@ impl Module for LayerNorm {
         &self.store
     }
     #[track_caller]
-    fn forward(&self, p: &Params, inputs: &[Tensor]) -> crate::Result<Vec<Tensor>> {
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         let x = expect_inputs("LayerNorm", inputs, 1)?;
         Ok(vec![self.apply(p, &x[0])?])
     }
@@ -168,7 +168,7 @@ impl Embedding {
 
     /// Look up `indices` (an integer tensor).
     #[track_caller]
-    pub fn apply(&self, p: &Params, indices: &Tensor) -> crate::Result<Tensor> {
+    pub fn apply(&self, p: &Params, indices: &Tensor) -> Result<Tensor> {
         Ok(Tensor::embedding(indices, p.get("weight")?)?)
     }
 }
@@ -178,7 +178,7 @@ impl Module for Embedding {
         &self.store
     }
     #[track_caller]
-    fn forward(&self, p: &Params, inputs: &[Tensor]) -> crate::Result<Vec<Tensor>> {
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         let x = expect_inputs("Embedding", inputs, 1)?;
         Ok(vec![self.apply(p, &x[0])?])
     }
@@ -207,7 +207,7 @@ impl GeluMlp {
 
     /// Apply to `x` of shape `(*, d_in)`.
     #[track_caller]
-    pub fn apply(&self, p: &Params, x: &Tensor) -> crate::Result<Tensor> {
+    pub fn apply(&self, p: &Params, x: &Tensor) -> Result<Tensor> {
         let h = self.fc1.apply(&p.scope("fc1"), x)?.gelu()?;
         self.fc2.apply(&p.scope("fc2"), &h)
     }
@@ -218,7 +218,7 @@ impl Module for GeluMlp {
         &self.store
     }
     #[track_caller]
-    fn forward(&self, p: &Params, inputs: &[Tensor]) -> crate::Result<Vec<Tensor>> {
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         let x = expect_inputs("GeluMlp", inputs, 1)?;
         Ok(vec![self.apply(p, &x[0])?])
     }
@@ -251,7 +251,7 @@ impl Mlp {
 
     /// Apply to `x` of shape `(*, sizes[0])`.
     #[track_caller]
-    pub fn apply(&self, p: &Params, x: &Tensor) -> crate::Result<Tensor> {
+    pub fn apply(&self, p: &Params, x: &Tensor) -> Result<Tensor> {
         let mut h = x.clone();
         for (i, l) in self.layers.iter().enumerate() {
             h = l.apply(&p.scope(&format!("layers.{i}")), &h)?.gelu()?;
@@ -265,7 +265,7 @@ impl Module for Mlp {
         &self.store
     }
     #[track_caller]
-    fn forward(&self, p: &Params, inputs: &[Tensor]) -> crate::Result<Vec<Tensor>> {
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         let x = expect_inputs("Mlp", inputs, 1)?;
         Ok(vec![self.apply(p, &x[0])?])
     }
@@ -318,7 +318,7 @@ impl Conv2d {
 
     /// Apply to `x` of shape `[N, in, H, W]` (or `[in, H, W]`).
     #[track_caller]
-    pub fn apply(&self, p: &Params, x: &Tensor) -> crate::Result<Tensor> {
+    pub fn apply(&self, p: &Params, x: &Tensor) -> Result<Tensor> {
         let bias = if self.has_bias { Some(p.get("bias")?) } else { None };
         Ok(x.conv2d(p.get("weight")?, bias, self.opts)?)
     }
@@ -329,7 +329,7 @@ impl Module for Conv2d {
         &self.store
     }
     #[track_caller]
-    fn forward(&self, p: &Params, inputs: &[Tensor]) -> crate::Result<Vec<Tensor>> {
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         let x = expect_inputs("Conv2d", inputs, 1)?;
         Ok(vec![self.apply(p, &x[0])?])
     }
@@ -378,7 +378,7 @@ impl BatchNorm2d {
 
     /// Apply to `x` of shape `[N, channels, H, W]`.
     #[track_caller]
-    pub fn apply(&self, p: &Params, x: &Tensor) -> crate::Result<Tensor> {
+    pub fn apply(&self, p: &Params, x: &Tensor) -> Result<Tensor> {
         if x.dim() != 4 {
             return Err(aotgrad_trace::Error::Invalid {
                 op: "BatchNorm2d".into(),
@@ -408,7 +408,7 @@ impl Module for BatchNorm2d {
         &self.store
     }
     #[track_caller]
-    fn forward(&self, p: &Params, inputs: &[Tensor]) -> crate::Result<Vec<Tensor>> {
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         let x = expect_inputs("BatchNorm2d", inputs, 1)?;
         Ok(vec![self.apply(p, &x[0])?])
     }

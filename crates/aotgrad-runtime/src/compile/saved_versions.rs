@@ -9,10 +9,9 @@
 //! order eager's backward visits nodes, that a gradient it is given reaches; the
 //! forward still runs, as in PyTorch.
 
-use crate::autograd::derivative;
 use aotgrad_cache::BackwardError;
 use aotgrad_ir::{Aliasing, Graph, Op, StorageId, TensorMeta, ValueId};
-use aotgrad_trace::autograd::{node_name, saves_result, single_op_graph};
+use aotgrad_trace::autograd::{derivative, node_name, saves_result, single_op_graph};
 use aotgrad_trace::Traced;
 use std::collections::{HashMap, HashSet};
 

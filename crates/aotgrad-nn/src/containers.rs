@@ -2,8 +2,8 @@
 //! [`Dropout`] (train / eval), [`Activation`] (ReLU, GELU, tanh, sigmoid, SiLU),
 //! [`MaxPool2d`], [`Flatten`] and [`Sequential`].
 
-use super::{expect_inputs, Module, ParamStore, Params};
-use crate::error::{Error, Result};
+use crate::{expect_inputs, Module, ParamStore, Params};
+use aotgrad_runtime::{Error, Result};
 use aotgrad_trace::{RngSeed, Tensor};
 use std::sync::Arc;
 
@@ -46,7 +46,7 @@ impl Dropout {
 
     /// Apply to `x`.
     #[track_caller]
-    pub fn apply(&self, x: &Tensor) -> crate::Result<Tensor> {
+    pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
         Ok(x.dropout(self.p, self.training, RngSeed::Global)?)
     }
 }
@@ -56,7 +56,7 @@ impl Module for Dropout {
         &self.store
     }
     #[track_caller]
-    fn forward(&self, _p: &Params, inputs: &[Tensor]) -> crate::Result<Vec<Tensor>> {
+    fn forward(&self, _p: &Params, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         let x = expect_inputs("Dropout", inputs, 1)?;
         Ok(vec![self.apply(&x[0])?])
     }
@@ -94,7 +94,7 @@ impl Activation {
 
     /// Apply to `x`.
     #[track_caller]
-    pub fn apply(&self, x: &Tensor) -> crate::Result<Tensor> {
+    pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
         Ok(match self.kind {
             ActivationKind::Relu => x.relu(),
             ActivationKind::Gelu => x.gelu(),
@@ -110,7 +110,7 @@ impl Module for Activation {
         &self.store
     }
     #[track_caller]
-    fn forward(&self, _p: &Params, inputs: &[Tensor]) -> crate::Result<Vec<Tensor>> {
+    fn forward(&self, _p: &Params, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         let x = expect_inputs("Activation", inputs, 1)?;
         Ok(vec![self.apply(&x[0])?])
     }
@@ -140,7 +140,7 @@ impl Module for MaxPool2d {
         &self.store
     }
     #[track_caller]
-    fn forward(&self, _p: &Params, inputs: &[Tensor]) -> crate::Result<Vec<Tensor>> {
+    fn forward(&self, _p: &Params, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         let x = expect_inputs("MaxPool2d", inputs, 1)?;
         Ok(vec![x[0].max_pool2d(self.kernel, Some(self.stride), self.padding, [1, 1])?])
     }
@@ -165,7 +165,7 @@ impl Module for Flatten {
         &self.store
     }
     #[track_caller]
-    fn forward(&self, _p: &Params, inputs: &[Tensor]) -> crate::Result<Vec<Tensor>> {
+    fn forward(&self, _p: &Params, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         let x = expect_inputs("Flatten", inputs, 1)?;
         let mut shape = vec![x[0].size(0)?];
         let rest: Vec<aotgrad_ir::Dim> = x[0].shape().into_iter().skip(1).collect();
@@ -217,7 +217,7 @@ impl Sequential {
 
     /// Apply to `x`.
     #[track_caller]
-    pub fn apply(&self, p: &Params, x: &Tensor) -> crate::Result<Tensor> {
+    pub fn apply(&self, p: &Params, x: &Tensor) -> Result<Tensor> {
         let mut h = x.clone();
         // The children run through `dyn Module`: what built-in layers trace points at
         // this call's caller, as a direct call of the layer would.
@@ -243,7 +243,7 @@ impl Module for Sequential {
         &self.store
     }
     #[track_caller]
-    fn forward(&self, p: &Params, inputs: &[Tensor]) -> crate::Result<Vec<Tensor>> {
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         let x = expect_inputs("Sequential", inputs, 1)?;
         Ok(vec![self.apply(p, &x[0])?])
     }

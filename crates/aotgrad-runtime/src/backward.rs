@@ -1,4 +1,4 @@
-//! The backward of one compiled forward call: gradients of the user's outputs (and of
+//! Stage 6 of a training call: the pending backward of one compiled forward call: gradients of the user's outputs (and of
 //! the new values of mutated inputs) become the backward graph's tangents; its
 //! gradients of graph inputs are mapped back to the caller's arguments.
 //!
@@ -8,8 +8,9 @@
 //! through storage positions, summing where the view names an element twice
 //! ([`storage_scatter`]).
 
-use super::super::{alias_classes, concrete, Arg, Bindings, Entry};
+use crate::entry::Entry;
 use crate::error::{Error, Result};
+use crate::signature::{alias_classes, concrete, Arg, Bindings};
 use aotgrad_cpu::CpuTensor;
 use aotgrad_ir::TensorMeta;
 use aotgrad_meta::{ArgSlot, Layout, OutputKind};
@@ -242,7 +243,7 @@ impl PendingBackward {
         bw_inputs.extend(tangents);
         let grads = {
             let _span = tracing::trace_span!("run_backward").entered();
-            parts.bw.run_with_symbols(&bw_inputs, &crate::runtime::given_symbols(&self.env))?
+            parts.bw.run_with_symbols(&bw_inputs, &crate::signature::given_symbols(&self.env))?
         };
         // Graph-input gradients back to traced inputs.
         let mut by_graph_input: Vec<Option<Tensor>> = vec![None; entry.m().graph_inputs];

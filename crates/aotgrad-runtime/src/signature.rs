@@ -1,9 +1,10 @@
-//! Arguments of a compiled function, and the call signature that selects a compiled
+//! Stage 1 of a call: the arguments of a compiled function, and the call signature that selects a compiled
 //! entry: argument kinds, dtypes, requires-grad flags (with grad mode on, also
 //! leafness and a view's base's flags), the aliasing pattern between tensor arguments
 //! ([`alias_classes`]), and their metadata (matched against the traced, possibly
 //! symbolic, metadata, binding the symbols).
 
+use crate::error::{Error, Result};
 use aotgrad_cache::{ArgSig, CallSig, Leafness};
 use aotgrad_ir::{Dim, SymId, TensorMeta};
 use aotgrad_trace::Tensor;
@@ -215,6 +216,29 @@ pub(crate) fn bind(traced: &TensorMeta, real: &TensorMeta, env: &mut HashMap<Sym
         }
     }
     true
+}
+
+/// Symbol values of one call.
+pub(crate) type Bindings = HashMap<SymId, i64>;
+
+/// A call's symbol values, as the backends take them: every compiled graph of an
+/// entry runs with the values its call bound, so a graph whose inputs do not carry a
+/// symbol (a backward graph's sizes that only the forward's inputs determined, a size
+/// such as `s0 + s1` that binds neither) still knows it.
+pub(crate) fn given_symbols(env: &Bindings) -> Vec<(SymId, i64)> {
+    let mut v: Vec<(SymId, i64)> = env.iter().map(|(s, x)| (*s, *x)).collect();
+    v.sort_unstable();
+    v
+}
+
+/// Evaluate traced metadata under a call's bindings.
+pub(crate) fn concrete(meta: &TensorMeta, env: &Bindings) -> Result<TensorMeta> {
+    let m = meta.subst(&|s| env.get(&s).copied());
+    if m.is_concrete() {
+        Ok(m)
+    } else {
+        Err(Error::Internal(format!("metadata {m} has unbound symbols")))
+    }
 }
 
 #[cfg(test)]

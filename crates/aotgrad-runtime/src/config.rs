@@ -1,6 +1,5 @@
 //! Configuration of compiled functions.
 
-use crate::runtime::Partitioner;
 pub use aotgrad_cache::Cache;
 use aotgrad_cpu::{CpuBackend, CpuTensor};
 use aotgrad_ir::Backend;
@@ -222,5 +221,23 @@ impl fmt::Debug for AotConfig {
             .field("simplify", &self.simplify)
             .field("cache", &self.cache)
             .finish()
+    }
+}
+
+/// Which partitioner splits the joint graph.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Partitioner {
+    /// Save every forward value the backward needs.
+    Default,
+    /// Min-cut rematerialization with an activation memory budget in `[0, 1]`.
+    MinCut {
+        /// 1 = the min-cut optimum; 0 = save as little as possible.
+        activation_memory_budget: f64,
+    },
+}
+
+impl Default for Partitioner {
+    fn default() -> Self {
+        Partitioner::MinCut { activation_memory_budget: 1.0 }
     }
 }

@@ -1,26 +1,17 @@
-//! The runtime's side of the result cache: computing a traced call's key, loading a
-//! stored result whose guards hold (through the same [`Entry::instantiate`] as a
-//! fresh one), storing fresh results, counting what happened, and precompiled files.
+//! Stage 1a of a call that no entry accepts: the runtime's side of the result cache.
+//! It computes a traced call's key, loads a stored result whose guards hold (through
+//! the same [`Entry::instantiate`] as a fresh one), stores fresh results and counts
+//! what happened. Precompiled files are read and written by [`crate::function`].
 
-use super::{result_bindings, AotFunction, Arg, CallSig, Entry};
 use crate::config::AotConfig;
-use crate::error::{Error, Result};
+use crate::entry::{result_bindings, Entry, EntrySource};
+use crate::error::Result;
+use crate::signature::Arg;
+use aotgrad_cache::CallSig;
 use aotgrad_cache::{AotResult, Cache, CacheKey, KeyBuilder, OutputSlot};
 use aotgrad_cpu::CpuTensor;
 use aotgrad_trace::Traced;
-use std::path::Path;
 use std::sync::{Arc, Mutex};
-
-/// Where a compiled entry came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EntrySource {
-    /// Compiled in this process.
-    Compiled,
-    /// Loaded from the result cache.
-    Cache,
-    /// Loaded from a precompiled file ([`AotFunction::load_precompiled`]).
-    Precompiled,
-}
 
 /// What the cache did for one compiled function.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -300,71 +291,4 @@ pub(crate) fn describe_call(args: &[Arg]) -> String {
         })
         .collect();
     parts.join(", ")
-}
-
-impl AotFunction {
-    /// What the result cache did for this function: hits, misses, guard misses,
-    /// bypasses, rejected entries, and why.
-    pub fn cache_stats(&self) -> CacheStats {
-        self.cache.stats()
-    }
-
-    /// Save every specialization compiled so far as one bundled, checksummed file that
-    /// [`AotFunction::load_precompiled`] turns back into a callable in another
-    /// process, without the user's function (deployment).
-    pub fn save_precompiled(&self, path: impl AsRef<Path>) -> Result<()> {
-        let path = path.as_ref();
-        let entries = self.lock_entries();
-        if entries.is_empty() {
-            return Err(self.call_error("nothing to save: call or `compile_for` the function first".into()));
-        }
-        let results: Vec<&AotResult<CpuTensor>> = entries.iter().map(|e| e.result.as_ref()).collect();
-        if let Some(r) = results.iter().find(|r| r.meta.backend_identity.is_empty()) {
-            return Err(Error::Cache(format!(
-                "backend `{}` declares no cache identity: its compiled artifacts cannot be saved (another process \
-                 could not tell whether it can run them)",
-                r.meta.backend
-            )));
-        }
-        let bytes = aotgrad_cache::encode_precompiled(&results).map_err(Error::Cache)?;
-        let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-        std::fs::write(&tmp, &bytes)
-            .and_then(|()| std::fs::rename(&tmp, path))
-            .map_err(|e| Error::Cache(format!("cannot write {}: {e}", path.display())))
-    }
-
-    /// Load a function saved with [`AotFunction::save_precompiled`]: a callable that
-    /// runs the saved specializations with `config`'s backend, which must match the
-    /// one that compiled them (name, artifact format, target features, version). A
-    /// call that no saved specialization accepts is an error (there is nothing to
-    /// trace).
-    pub fn load_precompiled(path: impl AsRef<Path>, config: AotConfig) -> Result<AotFunction> {
-        let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|e| Error::Cache(format!("cannot read {}: {e}", path.display())))?;
-        let stored = aotgrad_cache::decode_precompiled(&bytes)
-            .map_err(|e| Error::Cache(format!("{} is not a usable precompiled function: {e}", path.display())))?;
-        let mut entries = Vec::with_capacity(stored.len());
-        let mut arity = None;
-        for s in stored {
-            arity = Some(s.meta.slot_of_arg.len());
-            let result = AotResult::from_stored(s, |h, _| {
-                Err(format!("artifact {h} is referenced, but a precompiled file bundles its artifacts"))
-            })
-            .map_err(Error::Cache)?;
-            let entry = Entry::instantiate(Arc::new(result), config.backend.as_ref(), EntrySource::Precompiled)
-                .map_err(|e| Error::Cache(format!("{}: {e}", path.display())))?;
-            entries.push(Arc::new(entry));
-        }
-        let cache = CacheState::new(None);
-        Ok(AotFunction {
-            f: None,
-            config,
-            cache,
-            entries: Mutex::new(entries),
-            arity: Mutex::new(arity),
-            compile_lock: Mutex::new(()),
-            compiling_thread: Mutex::new(None),
-            lifted_args: 0,
-        })
-    }
 }

@@ -157,3 +157,18 @@ impl Params {
         Params { map: self.map.clone(), prefix }
     }
 }
+
+/// A module: named parameters and buffers plus a forward that reads them by name.
+pub trait Module: Send + Sync {
+    /// The module's parameters and buffers.
+    fn store(&self) -> &ParamStore;
+
+    /// Run the forward with the tensors of `p` standing for the parameters and buffers.
+    fn forward(&self, p: &Params, inputs: &[Tensor]) -> crate::Result<Vec<Tensor>>;
+
+    /// Run the forward eagerly with the module's own tensors.
+    #[track_caller]
+    fn forward_eager(&self, inputs: &[Tensor]) -> crate::Result<Vec<Tensor>> {
+        self.forward(&Params::from_store(self.store()), inputs)
+    }
+}

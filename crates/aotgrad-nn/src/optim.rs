@@ -3,21 +3,21 @@
 //!
 //! Every optimizer updates the parameters of a [`ParamStore`] *in place* (the handles
 //! stay the same objects, so a compiled module keeps using them) from the
-//! `(name, gradient)` pairs a compiled backward returns ([`crate::ModuleGrads::params`]).
+//! `(name, gradient)` pairs a compiled backward returns ([`aotgrad_runtime::ModuleGrads::params`]).
 //! Its state (moments, step count) is plain named tensors and numbers
 //! ([`OptimizerState`]), which is what a checkpoint stores
-//! ([`crate::nn::checkpoint`]).
+//! ([`crate::checkpoint`]).
 //!
 //! [`AdamW`]'s update is itself compiled: one `aot_function` over the parameters,
 //! gradients and moments, whose in-place updates become one fused kernel per
 //! parameter (functionalized, then written back by the epilogue like any input
 //! mutation), instead of a dozen eager passes over every tensor.
 
-use super::ParamStore;
-use crate::config::AotConfig;
-use crate::error::{Error, Result};
-use crate::runtime::{aot_function, AotFunction};
+use crate::ParamStore;
 use aotgrad_ir::DType;
+use aotgrad_runtime::AotConfig;
+use aotgrad_runtime::{aot_function, AotFunction};
+use aotgrad_runtime::{Error, Result};
 use aotgrad_trace::{NoGradGuard, Tensor};
 use std::collections::HashMap;
 
@@ -234,7 +234,7 @@ pub struct AdamW {
     /// The compiled update, keyed by the names it updates (in order).
     update: Option<(Vec<String>, AotFunction)>,
     /// The result cache of the compiled update (the environment's by default).
-    cache: Option<std::sync::Arc<crate::Cache>>,
+    cache: Option<std::sync::Arc<aotgrad_runtime::Cache>>,
     /// The backend the update compiles for (`AotConfig::default`'s unless set).
     backend: Option<std::sync::Arc<dyn aotgrad_ir::Backend<aotgrad_cpu::CpuTensor>>>,
 }
@@ -304,7 +304,7 @@ impl AdamW {
 
     /// Keep the compiled update's result in `cache` (`None`: no cache); by default the
     /// environment decides, as for [`AotConfig::default`].
-    pub fn with_cache(mut self, cache: Option<std::sync::Arc<crate::Cache>>) -> AdamW {
+    pub fn with_cache(mut self, cache: Option<std::sync::Arc<aotgrad_runtime::Cache>>) -> AdamW {
         self.cache = cache;
         self.update = None;
         self

@@ -32,7 +32,7 @@
 mod checks;
 
 use crate::error::{Error, Result};
-use crate::nn::{Module, Params};
+use crate::params::{Module, Params};
 use aotgrad_autodiff::{build_joint_with_cuts, GradCuts, JointGraph};
 use aotgrad_functionalize::{eliminate_dead_code, functionalize, Functionalized, Options, TraceFacts};
 use aotgrad_ir::{Graph, Node, Op, Scalar, ValueId};

@@ -1,4 +1,4 @@
-//! Small neural-network building blocks that compile ahead of time.
+//! `aotgrad-nn`: small neural-network building blocks that compile ahead of time.
 //!
 //! A [`Module`] owns its tensors in a [`ParamStore`] but its `forward` reads them
 //! through a [`Params`] view, so the same code runs eagerly (the view holds the real
@@ -13,7 +13,8 @@
 //!   [`AdamW::adam`]), [`clip_grad_norm`] and the
 //!   [`WarmupCosine`] learning-rate schedule;
 //! - [`checkpoint`] saves and loads modules and optimizer state as safetensors;
-//! - [`params`] holds [`ParamStore`], [`Params`].
+//! - [`params`] holds [`ParamStore`], [`Params`] and the [`Module`] trait (from
+//!   `aotgrad-runtime`, which compiles modules).
 //!
 //! Initialization is deterministic (from a seed) and follows PyTorch's default scales:
 //! linear weights and biases uniform in `±1/sqrt(fan_in)`, embeddings standard normal,
@@ -47,52 +48,13 @@ pub mod checkpoint;
 pub mod containers;
 pub mod layers;
 pub mod optim;
-pub mod params;
+mod util;
 
+/// The module interface and its parameter store, defined by the runtime (which
+/// lifts them as graph inputs when it compiles a module).
+pub use aotgrad_runtime::params::{self, Module, ParamStore, Params};
 pub use attention::{MultiHeadSelfAttention, TransformerBlock};
 pub use containers::{Activation, ActivationKind, Dropout, Flatten, MaxPool2d, Sequential};
 pub use layers::{BatchNorm2d, Conv2d, Embedding, GeluMlp, Init, LayerNorm, Linear, Mlp};
 pub use optim::{clip_grad_norm, AdamW, Optimizer, OptimizerState, Sgd, WarmupCosine};
-pub use params::{ParamStore, Params};
-
-use aotgrad_ir::SourceLoc;
-use aotgrad_trace::Tensor;
-
-/// A module: named parameters and buffers plus a forward that reads them by name.
-pub trait Module: Send + Sync {
-    /// The module's parameters and buffers.
-    fn store(&self) -> &ParamStore;
-
-    /// Run the forward with the tensors of `p` standing for the parameters and buffers.
-    fn forward(&self, p: &Params, inputs: &[Tensor]) -> crate::Result<Vec<Tensor>>;
-
-    /// Run the forward eagerly with the module's own tensors.
-    #[track_caller]
-    fn forward_eager(&self, inputs: &[Tensor]) -> crate::Result<Vec<Tensor>> {
-        self.forward(&Params::from_store(self.store()), inputs)
-    }
-}
-
-/// The `n` inputs of a module, or an error naming the module.
-#[track_caller]
-pub fn expect_inputs<'a>(module: &str, inputs: &'a [Tensor], n: usize) -> crate::Result<&'a [Tensor]> {
-    if inputs.len() == n {
-        Ok(inputs)
-    } else {
-        Err(aotgrad_trace::Error::Invalid {
-            op: module.into(),
-            loc: SourceLoc::caller(),
-            msg: format!("expected {n} input(s), got {}", inputs.len()),
-        }
-        .into())
-    }
-}
-
-/// A seed for child `k` of a module built from `seed` (splitmix64), so sibling
-/// layers get independent initializations.
-pub fn child_seed(seed: u64, k: u64) -> u64 {
-    let mut z = seed ^ k.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+pub use util::{child_seed, expect_inputs};

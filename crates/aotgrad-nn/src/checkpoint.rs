@@ -6,10 +6,10 @@
 //! holds `format` (`aotgrad-checkpoint/1`), the optimizer's kind and scalars as JSON
 //! under `optim`, and the caller's own string pairs.
 
-use super::optim::{Optimizer, OptimizerState};
-use super::ParamStore;
-use crate::error::{Error, Result};
+use crate::optim::{Optimizer, OptimizerState};
+use crate::ParamStore;
 use aotgrad_ir::DType;
+use aotgrad_runtime::{Error, Result};
 use aotgrad_trace::{NoGradGuard, Tensor};
 use safetensors::tensor::{Dtype as StDtype, TensorView};
 use safetensors::SafeTensors;

@@ -1,38 +1,15 @@
-//! Eager autograd's backward pass: [`Backward::backward`] on an eager tensor fills the
-//! gradients of the leaves it was computed from, as PyTorch's `loss.backward()` does.
-//!
-//! While grad mode is on, eager ops record their history (`aotgrad_trace::autograd`:
-//! each result's [`GradNode`] is a small functional graph with edges to its inputs'
-//! histories). The backward pass walks the nodes from the root in reverse topological
-//! order and, for each, differentiates the node's graph with `aotgrad-autodiff` — the
-//! derivative rules compiled functions use, so eager and compiled gradients come from
-//! one rule set — keeps only what computes the gradients, and runs it on the reference
-//! kernels with the node's saved inputs and its output gradient. Gradients reaching a
-//! node from several uses are summed; leaves accumulate theirs in
-//! [`Tensor::grad`](aotgrad_trace::Tensor::grad) across backward passes.
-//!
-//! PyTorch's errors: a root that does not require grad, an implicit gradient for a
-//! root with more than one element, a saved input modified in place since it was saved
-//! (checked only for inputs the gradient reads), and a second backward through a
-//! history whose saved values the first one freed (`retain_graph` keeps them).
-//!
-//! ```
-//! use aotgrad::prelude::*;
-//!
-//! let w = Tensor::from_f64(&[1.0, 2.0, 3.0], &[3], DType::F32)?.requires_grad(true)?;
-//! let loss = w.mul(&w)?.sum_all()?; // sum(w²)
-//! loss.backward()?;
-//! assert_eq!(w.grad().unwrap().to_vec_f64()?, vec![2.0, 4.0, 6.0]);
-//! # Ok::<(), aotgrad::Error>(())
-//! ```
+//! The backward pass: [`Backward::backward`] and [`backward_from_edges`] walk the
+//! recorded nodes from the roots in reverse topological order, differentiate each
+//! node's graph with `aotgrad-autodiff` ([`derivative`]) and run it on the reference
+//! kernels.
 
 use crate::error::{Error, Result};
 use aotgrad_autodiff::build_joint;
 use aotgrad_cpu::CpuTensor;
 use aotgrad_ir::infer::infer;
 use aotgrad_ir::{BinaryOp, Graph, Op, SourceLoc, StaticOracle, TensorMeta, ValueId};
-use aotgrad_trace::autograd::{Edge, GradNode};
-use aotgrad_trace::Tensor;
+use super::record::{Edge, GradNode};
+use crate::Tensor;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
@@ -58,7 +35,7 @@ impl Backward for Tensor {
 }
 
 fn autograd_err(loc: &SourceLoc, msg: impl Into<String>) -> Error {
-    Error::Trace(aotgrad_trace::Error::Autograd { op: "backward".into(), loc: loc.clone(), msg: msg.into() })
+    Error::Autograd { op: "backward".into(), loc: loc.clone(), msg: msg.into() }
 }
 
 const UNRECORDED: &str = "the gradient reaches a tensor that requires grad but has no recorded history (a \
@@ -240,15 +217,15 @@ fn add(a: &CpuTensor, b: &CpuTensor, loc: &SourceLoc) -> Result<CpuTensor> {
     aotgrad_cpu::execute(&op, &[a, b], &out).map_err(|e| autograd_err(loc, format!("summing gradients: {e}")))
 }
 
-/// What a node's backward runs, derived once per node.
-pub(crate) struct Prepared {
+/// What a node's backward runs, derived once per node (see [`derivative`]).
+pub struct Prepared {
     /// The differentiated graph, kept to what computes the gradients: inputs are the
     /// node's inputs then the output gradient; outputs the gradients of `grad_inputs`.
     graph: Graph,
     /// Which node inputs get a gradient, in output order.
     grad_inputs: Vec<usize>,
     /// Which node inputs the gradient reads (only those must be unmodified).
-    pub(crate) reads: Vec<bool>,
+    pub reads: Vec<bool>,
 }
 
 fn prepare(node: &GradNode) -> Result<Prepared> {
@@ -260,7 +237,7 @@ fn prepare(node: &GradNode) -> Result<Prepared> {
 
 /// The derivative of a node's graph `g` for the inputs that `requires` marks: the
 /// pruned backward graph, and which of `g`'s inputs it reads (those it saves).
-pub(crate) fn derivative(g: &Graph, requires: &[bool]) -> std::result::Result<Prepared, String> {
+pub fn derivative(g: &Graph, requires: &[bool]) -> std::result::Result<Prepared, String> {
     let outputs = vec![true; g.outputs.len()];
     let joint = build_joint(g, requires, &outputs).map_err(|e| e.to_string())?;
     let mut graph = joint.graph.clone();
@@ -336,7 +313,7 @@ fn sum_to(t: &CpuTensor, want: &TensorMeta) -> Option<Result<CpuTensor>> {
     let run = |x: &CpuTensor, dims: Vec<usize>, keepdim: bool| -> Result<CpuTensor> {
         let op = Op::Reduce { op: aotgrad_ir::ReduceOp::Sum, dims, keepdim };
         let out = infer(&op, &[&x.meta], &mut StaticOracle).map_err(|e| Error::Internal(e.to_string()))?;
-        Ok(aotgrad_cpu::execute(&op, &[x], &out)?)
+        aotgrad_cpu::execute(&op, &[x], &out).map_err(|e| Error::Internal(format!("summing a gradient down: {e}")))
     };
     Some((|| {
         let mut x = t.clone();
@@ -355,14 +332,13 @@ fn sum_to(t: &CpuTensor, want: &TensorMeta) -> Option<Result<CpuTensor>> {
 /// its output's gradient `g`.
 fn vjp(node: &GradNode, g: &CpuTensor) -> Result<Vec<Option<CpuTensor>>> {
     let saved = node.saved()?;
-    if node.cache.get().is_none() {
+    if node.prepared.get().is_none() {
         let p = prepare(node)?;
-        let _ = node.cache.set(Box::new(p));
+        let _ = node.prepared.set(p);
     }
     let prep = node
-        .cache
+        .prepared
         .get()
-        .and_then(|c| c.downcast_ref::<Prepared>())
         .ok_or_else(|| Error::Internal("eager autograd: a node's prepared backward is missing".into()))?;
     for (i, s) in saved.iter().enumerate() {
         let now = s.value.storage.version();

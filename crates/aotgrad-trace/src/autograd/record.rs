@@ -1,24 +1,8 @@
-//! Eager autograd's record: while grad mode is on, every eager op on tensors that
-//! require grad attaches a [`GradNode`] to its result (PyTorch's `grad_fn`), and leaf
-//! tensors that require grad collect gradients in [`Tensor::grad`].
-//!
-//! A node is a small functional [`Graph`] — the op applied to its inputs, or for an
-//! in-place op on a view the whole write-back into its base — plus one [`Edge`] per
-//! graph input saying where that input's gradient goes, and the input values saved for
-//! the backward. The backward pass itself (`aotgrad::Backward`) differentiates each
-//! node's graph with the derivative rules of `aotgrad-autodiff`, the ones compiled
-//! functions use, and runs it on the reference kernels: one rule set for eager and
-//! compiled gradients. This crate only records; it knows nothing of the rules.
-//!
-//! As in PyTorch:
-//! - an in-place op on a tensor moves its history on (`y.mul_(2)` makes `y`'s node the
-//!   multiplication, whose input is `y`'s previous history);
-//! - an in-place op on a view rewrites its base's history (the view is scattered back
-//!   into the base's value, PyTorch's `CopySlices`), and every view of that base then
-//!   derives its history from the base's new one;
-//! - a saved input modified in place afterwards makes the backward fail with PyTorch's
-//!   error, checked through the storage's version counter.
+//! The record: [`GradNode`]s attached to eager results, [`Edge`]s to where each
+//! input's gradient goes, saved inputs with their versions, and the gradient fields
+//! of leaf tensors (`grad`, `retain_grad`).
 
+use super::backward::Prepared;
 use crate::error::{Error, Result};
 use crate::tensor::{Repr, TState, Tensor};
 use aotgrad_cpu::{CpuTensor, Storage};
@@ -64,7 +48,7 @@ pub struct GradNode {
     retained: Mutex<Vec<Weak<crate::tensor::Inner>>>,
     /// What the backward pass derives once (its differentiated graph), kept with the
     /// node; the recording side never reads it.
-    pub cache: OnceLock<Box<dyn std::any::Any + Send + Sync>>,
+    pub(super) prepared: OnceLock<Prepared>,
 }
 
 impl GradNode {
@@ -202,7 +186,7 @@ fn view_of_base(base: &Tensor, b: &TState, v: &TState) -> Result<Arc<GradNode>> 
         result: None,
         loc: v.view_loc.clone(),
         retained: Mutex::new(Vec::new()),
-        cache: OnceLock::new(),
+        prepared: OnceLock::new(),
     }))
 }
 
@@ -323,7 +307,7 @@ pub(crate) fn record(
             result: result.clone(),
             loc: loc.clone(),
             retained: Mutex::new(Vec::new()),
-            cache: OnceLock::new(),
+            prepared: OnceLock::new(),
         })
     };
     if !data_inplace {

@@ -1,0 +1,153 @@
+//! Stage 2 of a call: the compiled entries. An [`Entry`] is one specialization of a
+//! function — an [`AotResult`] and its runnable graphs — made by one function
+//! ([`Entry::instantiate`]) whether the result was just compiled, loaded from the
+//! cache or read from a precompiled file; [`result_bindings`] checks that a call fits
+//! an entry (its symbols bind and its guards hold).
+
+use crate::error::{Error, Result};
+use crate::signature::{bind, Arg, Bindings};
+use aotgrad_cache::{AotResult, ResultMeta, TrainingMeta};
+use aotgrad_cpu::CpuTensor;
+use aotgrad_ir::{CompiledGraph, SymId, TensorMeta};
+use std::sync::Arc;
+
+/// Where a compiled entry came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EntrySource {
+    /// Compiled in this process.
+    Compiled,
+    /// Loaded from the result cache.
+    Cache,
+    /// Loaded from a precompiled file ([`crate::AotFunction::load_precompiled`]).
+    Precompiled,
+}
+
+/// One compiled specialization of the function: an [`AotResult`] and its runnable
+/// graphs.
+pub(crate) struct Entry {
+    pub(crate) result: Arc<AotResult<CpuTensor>>,
+    /// The inference graph (inference entries).
+    pub(crate) compiled: Option<Arc<dyn CompiledGraph<CpuTensor>>>,
+    /// The compiled forward and backward (training entries).
+    pub(crate) training: Option<TrainingParts>,
+    /// Where the result came from.
+    pub(crate) source: EntrySource,
+}
+
+impl Entry {
+    /// Make the runnable entry of `result`: the one path for fresh, cached and
+    /// precompiled results. Loaded artifacts must come from a backend with the same
+    /// cache identity as `backend`.
+    pub(crate) fn instantiate(
+        result: Arc<AotResult<CpuTensor>>,
+        backend: &dyn aotgrad_ir::Backend<CpuTensor>,
+        source: EntrySource,
+    ) -> Result<Entry> {
+        let m = &result.meta;
+        if source != EntrySource::Compiled {
+            // A backend without an identity promises nothing about stored artifacts:
+            // none is loaded into it, and none it wrote is trusted.
+            let Some(here) = backend.cache_identity() else {
+                return Err(Error::Cache(format!(
+                    "backend `{}` declares no cache identity: it cannot load stored results",
+                    backend.name()
+                )));
+            };
+            if m.backend_identity.is_empty() {
+                return Err(Error::Cache(format!(
+                    "the result was compiled by `{}`, which declares no cache identity",
+                    m.backend
+                )));
+            }
+            if m.backend_identity != here {
+                return Err(Error::Cache(format!(
+                    "the result was compiled by `{}` and this function uses `{here}`",
+                    m.backend_identity
+                )));
+            }
+        }
+        let fw = result.forward.load(backend)?;
+        let (compiled, training) = match (&m.training, &result.backward) {
+            (Some(_), Some(bw)) => (None, Some(TrainingParts { fw, bw: bw.load(backend)? })),
+            (None, None) => (Some(fw), None),
+            _ => return Err(Error::Cache("a training result needs exactly one backward artifact".into())),
+        };
+        Ok(Entry { result, compiled, training, source })
+    }
+
+    /// The result's runtime metadata.
+    pub(crate) fn m(&self) -> &ResultMeta {
+        &self.result.meta
+    }
+
+    /// The training metadata of a training entry.
+    pub(crate) fn tm(&self) -> Result<&TrainingMeta> {
+        self.m().training.as_ref().ok_or_else(|| Error::Internal("not a training entry".into()))
+    }
+
+    /// Metadata of functional-graph output `go`.
+    pub(crate) fn graph_output_meta(&self, go: usize) -> Result<&TensorMeta> {
+        self.m().graph_output_metas.get(go).ok_or_else(|| Error::Internal(format!("no graph output {go}")))
+    }
+
+    pub(crate) fn report(&self) -> CompileReport {
+        let m = self.m();
+        CompileReport {
+            training: m.training.is_some(),
+            backend: m.backend.clone(),
+            stages: m.stages.clone(),
+            source: self.source,
+        }
+    }
+}
+
+/// How one specialization was compiled: the path and each stage's wall time.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CompileReport {
+    /// The training path (joint graph, partition, forward and backward graphs), or
+    /// the inference path (one graph).
+    pub training: bool,
+    /// The backend that compiled the graphs ([`aotgrad_ir::Backend::name`]).
+    pub backend: String,
+    /// `(stage, seconds)` in order: `trace`, `functionalize`, then `joint`,
+    /// `simplify`, `partition`, `backend forward`, `backend backward` (training) or
+    /// `backend` (inference). For a loaded result: the times of the compile that made
+    /// it.
+    pub stages: Vec<(String, f64)>,
+    /// Whether this process compiled it or loaded it.
+    pub source: EntrySource,
+}
+
+impl CompileReport {
+    /// The whole compile time in seconds.
+    pub fn total_seconds(&self) -> f64 {
+        self.stages.iter().map(|(_, s)| s).sum()
+    }
+}
+
+/// The runnable training graphs of one entry.
+pub(crate) struct TrainingParts {
+    pub fw: Arc<dyn CompiledGraph<CpuTensor>>,
+    pub bw: Arc<dyn CompiledGraph<CpuTensor>>,
+}
+
+/// Bind the entry's symbols from the call's tensors and check its guards.
+pub(crate) fn entry_bindings(entry: &Entry, args: &[Arg]) -> Option<Bindings> {
+    result_bindings(entry.m(), args)
+}
+
+/// Bind a result's symbols from the call's tensors and check its guards.
+pub(crate) fn result_bindings(m: &ResultMeta, args: &[Arg]) -> Option<Bindings> {
+    if m.slot_of_arg.len() != args.len() {
+        return None;
+    }
+    let mut env = Bindings::new();
+    for (k, &i) in m.traced_args.iter().enumerate() {
+        let t = args.get(i)?.tensor()?;
+        if !bind(m.input_metas.get(k)?, &t.meta(), &mut env) {
+            return None;
+        }
+    }
+    let lookup = |s: SymId| env.get(&s).copied();
+    m.guards.iter().all(|g| g.check(&lookup)).then_some(env)
+}
