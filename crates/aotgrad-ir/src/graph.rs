@@ -128,6 +128,15 @@ impl AttributeCalls {
     pub fn new(file: &'static str, to: &'static std::panic::Location<'static>) -> AttributeCalls {
         AttributeCalls::to(file, SourceLoc { file: interned(to.file()), line: to.line(), col: to.column() })
     }
+    /// Attribute calls made from any file in the directory of `file` (or below it) to
+    /// where the innermost active attribution points; `None` when none is active. For
+    /// library code reached through `dyn` (a built-in module's `forward`, whose caller
+    /// location is its own definition) in another crate than the code that called it on
+    /// the user's behalf: it inherits that caller's target.
+    pub fn inherit(file: &'static str) -> Option<AttributeCalls> {
+        let to = ATTRIBUTIONS.with(|a| a.borrow().last().map(|(_, to)| to.clone()))?;
+        Some(AttributeCalls::to(file, to))
+    }
     /// [`AttributeCalls::new`] with the target as a [`SourceLoc`].
     pub fn to(file: &'static str, to: SourceLoc) -> AttributeCalls {
         let dir = file.rfind(['/', '\\']).map_or("", |i| &file[..i]);

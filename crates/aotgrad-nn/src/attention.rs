@@ -1,5 +1,6 @@
 //! Attention: [`MultiHeadSelfAttention`] and the pre-LN [`TransformerBlock`].
 
+use crate::util::attribute_to_caller;
 use crate::{child_seed, expect_inputs, GeluMlp, LayerNorm, Linear, Module, ParamStore, Params};
 use aotgrad_ir::{DType, Dim, SourceLoc};
 use aotgrad_runtime::{Error, Result};
@@ -111,6 +112,7 @@ impl Module for MultiHeadSelfAttention {
     }
     #[track_caller]
     fn forward(&self, p: &Params, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        let _in_library = attribute_to_caller();
         let x = expect_inputs("MultiHeadSelfAttention", inputs, 1)?;
         Ok(vec![self.apply(p, &x[0])?])
     }
@@ -170,6 +172,7 @@ impl Module for TransformerBlock {
     }
     #[track_caller]
     fn forward(&self, p: &Params, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        let _in_library = attribute_to_caller();
         let x = expect_inputs("TransformerBlock", inputs, 1)?;
         Ok(vec![self.apply(p, &x[0])?])
     }

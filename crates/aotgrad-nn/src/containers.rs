@@ -2,6 +2,7 @@
 //! [`Dropout`] (train / eval), [`Activation`] (ReLU, GELU, tanh, sigmoid, SiLU),
 //! [`MaxPool2d`], [`Flatten`] and [`Sequential`].
 
+use crate::util::attribute_to_caller;
 use crate::{expect_inputs, Module, ParamStore, Params};
 use aotgrad_runtime::{Error, Result};
 use aotgrad_trace::{RngSeed, Tensor};
@@ -57,6 +58,7 @@ impl Module for Dropout {
     }
     #[track_caller]
     fn forward(&self, _p: &Params, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        let _in_library = attribute_to_caller();
         let x = expect_inputs("Dropout", inputs, 1)?;
         Ok(vec![self.apply(&x[0])?])
     }
@@ -111,6 +113,7 @@ impl Module for Activation {
     }
     #[track_caller]
     fn forward(&self, _p: &Params, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        let _in_library = attribute_to_caller();
         let x = expect_inputs("Activation", inputs, 1)?;
         Ok(vec![self.apply(&x[0])?])
     }
@@ -141,6 +144,7 @@ impl Module for MaxPool2d {
     }
     #[track_caller]
     fn forward(&self, _p: &Params, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        let _in_library = attribute_to_caller();
         let x = expect_inputs("MaxPool2d", inputs, 1)?;
         Ok(vec![x[0].max_pool2d(self.kernel, Some(self.stride), self.padding, [1, 1])?])
     }
@@ -166,6 +170,7 @@ impl Module for Flatten {
     }
     #[track_caller]
     fn forward(&self, _p: &Params, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        let _in_library = attribute_to_caller();
         let x = expect_inputs("Flatten", inputs, 1)?;
         let mut shape = vec![x[0].size(0)?];
         let rest: Vec<aotgrad_ir::Dim> = x[0].shape().into_iter().skip(1).collect();
@@ -244,6 +249,7 @@ impl Module for Sequential {
     }
     #[track_caller]
     fn forward(&self, p: &Params, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        let _in_library = attribute_to_caller();
         let x = expect_inputs("Sequential", inputs, 1)?;
         Ok(vec![self.apply(p, &x[0])?])
     }

@@ -5,6 +5,7 @@
 //! by parent modules (`self.fc1.apply(&p.scope("fc1"), &x)`), and implements
 //! [`Module`] with one input and one output.
 
+use crate::util::attribute_to_caller;
 use crate::{child_seed, expect_inputs, Module, ParamStore, Params};
 use aotgrad_ir::DType;
 use aotgrad_runtime::{Error, Result};
@@ -99,6 +100,7 @@ impl Module for Linear {
     }
     #[track_caller]
     fn forward(&self, p: &Params, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        let _in_library = attribute_to_caller();
         let x = expect_inputs("Linear", inputs, 1)?;
         Ok(vec![self.apply(p, &x[0])?])
     }
@@ -140,6 +142,7 @@ impl Module for LayerNorm {
     }
     #[track_caller]
     fn forward(&self, p: &Params, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        let _in_library = attribute_to_caller();
         let x = expect_inputs("LayerNorm", inputs, 1)?;
         Ok(vec![self.apply(p, &x[0])?])
     }
@@ -179,6 +182,7 @@ impl Module for Embedding {
     }
     #[track_caller]
     fn forward(&self, p: &Params, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        let _in_library = attribute_to_caller();
         let x = expect_inputs("Embedding", inputs, 1)?;
         Ok(vec![self.apply(p, &x[0])?])
     }
@@ -219,6 +223,7 @@ impl Module for GeluMlp {
     }
     #[track_caller]
     fn forward(&self, p: &Params, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        let _in_library = attribute_to_caller();
         let x = expect_inputs("GeluMlp", inputs, 1)?;
         Ok(vec![self.apply(p, &x[0])?])
     }
@@ -266,6 +271,7 @@ impl Module for Mlp {
     }
     #[track_caller]
     fn forward(&self, p: &Params, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        let _in_library = attribute_to_caller();
         let x = expect_inputs("Mlp", inputs, 1)?;
         Ok(vec![self.apply(p, &x[0])?])
     }
@@ -330,6 +336,7 @@ impl Module for Conv2d {
     }
     #[track_caller]
     fn forward(&self, p: &Params, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        let _in_library = attribute_to_caller();
         let x = expect_inputs("Conv2d", inputs, 1)?;
         Ok(vec![self.apply(p, &x[0])?])
     }
@@ -409,6 +416,7 @@ impl Module for BatchNorm2d {
     }
     #[track_caller]
     fn forward(&self, p: &Params, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        let _in_library = attribute_to_caller();
         let x = expect_inputs("BatchNorm2d", inputs, 1)?;
         Ok(vec![self.apply(p, &x[0])?])
     }

@@ -1,6 +1,6 @@
 //! Helpers for writing modules: checking a forward's inputs, seeding children.
 
-use aotgrad_ir::SourceLoc;
+use aotgrad_ir::{AttributeCalls, SourceLoc};
 use aotgrad_trace::Tensor;
 
 /// The `n` inputs of a module, or an error naming the module.
@@ -16,6 +16,13 @@ pub fn expect_inputs<'a>(module: &str, inputs: &'a [Tensor], n: usize) -> aotgra
         }
         .into())
     }
+}
+
+/// While the guard lives, ops called from this crate's files point where the code that
+/// called into it on the user's behalf points (`aot_module`'s caller, for a built-in
+/// module's `forward` reached through `dyn Module`), rather than into the library.
+pub(crate) fn attribute_to_caller() -> Option<AttributeCalls> {
+    AttributeCalls::inherit(file!())
 }
 
 /// A seed for child `k` of a module built from `seed` (splitmix64), so sibling
