@@ -2,11 +2,17 @@
 //! fake) from the arguments and the active trace, infer the result metadata with the
 //! shared inference (`StaticOracle` eagerly, the trace's `ShapeEnv` when fake), check
 //! the autograd rules, then run the CPU kernel or record a graph node.
+//!
+//! The dispatch sits above the tensor's state and below the modes: it builds fake
+//! results in the trace's state (`tensor::fake`) directly, and lets eager autograd
+//! record through the [`Record`] trait, which the autograd record implements one
+//! floor up (`crate::ops::dispatch` composes the two for every op).
 
 use crate::error::{Error, Result};
 use crate::grad_mode::is_grad_enabled;
+use crate::tensor::fake::{active_trace, TraceCtx};
+use crate::tensor::history::GradNode;
 use crate::tensor::{Fake, Repr, TState, Tensor};
-use crate::trace::{active_trace, TraceCtx};
 use aotgrad_cpu::CpuTensor;
 use aotgrad_ir::infer::infer;
 use aotgrad_ir::{Aliasing, DimOracle, Op, SourceLoc, StaticOracle, TensorMeta};
@@ -187,8 +193,32 @@ fn check_no_partial_overlap(op: &str, args: &[&Tensor], loc: &SourceLoc) -> Resu
     Ok(())
 }
 
-/// Apply `op` to `args` in the mode they (and the active trace) select.
-pub(crate) fn dispatch(op: Op, args: &[&Tensor], loc: &SourceLoc) -> Result<Tensor> {
+/// A recorded op's node, and for an in-place op on a view, the base and its new node.
+pub(crate) type Recorded = (Arc<GradNode>, Option<(Tensor, Arc<GradNode>)>);
+
+/// What eager autograd does around an op the dispatch runs, implemented above the
+/// dispatch by the autograd record (`crate::autograd::EagerRecord`).
+pub(crate) trait Record {
+    /// What an in-place op must keep before its kernel runs.
+    type Before;
+    /// Before an in-place op on `args[0]` (states `states`) that autograd records.
+    fn before_inplace(args: &[&Tensor], states: &[TState]) -> Result<Self::Before>;
+    /// Record an eager op's result: the node of `op` over `args`, whose result has
+    /// metadata `out` (`result`: the fresh result's data, for ops that save it).
+    fn record(
+        op: &Op,
+        args: &[&Tensor],
+        states: &[TState],
+        out: &TensorMeta,
+        result: Option<&CpuTensor>,
+        before: Option<Self::Before>,
+        loc: &SourceLoc,
+    ) -> Result<Recorded>;
+}
+
+/// Apply `op` to `args` in the mode they (and the active trace) select, eager autograd
+/// recording through `R`.
+pub(crate) fn dispatch_with<R: Record>(op: Op, args: &[&Tensor], loc: &SourceLoc) -> Result<Tensor> {
     let name = op.name();
     let states: Vec<TState> = args.iter().map(|t| t.snapshot()).collect();
     let refs: Vec<&TState> = states.iter().collect();
@@ -211,7 +241,7 @@ pub(crate) fn dispatch(op: Op, args: &[&Tensor], loc: &SourceLoc) -> Result<Tens
         && states.iter().any(TState::requires_grad)
         && (differentiable(&op) || aliasing == Aliasing::MutatesData);
     let before = match (record_eager, aliasing) {
-        (true, Aliasing::MutatesData) => Some(crate::autograd::before_inplace(args, &states)?),
+        (true, Aliasing::MutatesData) => Some(R::before_inplace(args, &states)?),
         _ => None,
     };
     let metas: Vec<&TensorMeta> = states.iter().map(TState::meta).collect();
@@ -289,7 +319,7 @@ pub(crate) fn dispatch(op: Op, args: &[&Tensor], loc: &SourceLoc) -> Result<Tens
                 (Repr::Eager(c), Aliasing::Fresh) => Some(c),
                 _ => None,
             };
-            let (n, b) = crate::autograd::record(&op, args, &states, &out_meta, result, before, loc)?;
+            let (n, b) = R::record(&op, args, &states, &out_meta, result, before, loc)?;
             (Some(n), b)
         }
         None => (None, None),
@@ -380,14 +410,5 @@ pub(crate) fn version_of(repr: &Repr) -> u64 {
     match repr {
         Repr::Eager(t) => t.storage.version(),
         Repr::Fake(_) => 0,
-    }
-}
-
-impl Tensor {
-    /// Apply any core op to tensors (eagerly, or recorded while tracing), with the same
-    /// checks as the named methods. `args[0]` is `self` for views and in-place ops.
-    #[track_caller]
-    pub fn apply(op: Op, args: &[&Tensor]) -> Result<Tensor> {
-        dispatch(op, args, &SourceLoc::caller())
     }
 }

@@ -95,7 +95,7 @@ impl Draw {
 pub(crate) fn draw(seed: RngSeed) -> Draw {
     match seed {
         RngSeed::Fixed(seed) => Draw { seed, offset: 0, state: None },
-        RngSeed::Global => match crate::trace::active_trace() {
+        RngSeed::Global => match crate::tensor::fake::active_trace() {
             Some(ctx) => {
                 let (seed_t, base_t, rel) = ctx.next_rng();
                 Draw { seed: 0, offset: rel, state: Some((seed_t, base_t)) }

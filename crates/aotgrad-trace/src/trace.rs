@@ -6,15 +6,17 @@
 //! tensors. The previous active trace is restored when the function returns, also on
 //! error or panic.
 
-use crate::decomp::DecompTable;
+use crate::decomp::table::DecompTable;
 use crate::error::{Error, Result};
 use crate::shape_env::ShapeEnv;
+use crate::tensor::fake::{ActiveGuard, TraceCtx, TraceState};
 use crate::tensor::{Fake, Repr, TState, Tensor};
 use aotgrad_cpu::Storage;
-use aotgrad_ir::{contiguous_strides, Graph, Input, Node, Op, SourceLoc, StorageId, TensorMeta, ValueId};
-use std::cell::RefCell;
+use aotgrad_ir::{contiguous_strides, Graph, SourceLoc, StorageId, TensorMeta, ValueId};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+
+pub use crate::tensor::fake::is_tracing;
 
 /// How to trace.
 #[derive(Clone, Debug)]
@@ -86,73 +88,6 @@ pub struct RngInputs {
     pub ops: u64,
 }
 
-/// One trace in progress: the graph being built and its shape environment.
-pub(crate) struct TraceCtx {
-    state: Mutex<TraceState>,
-}
-
-/// The mutable part of a trace.
-pub(crate) struct TraceState {
-    pub(crate) graph: Graph,
-    pub(crate) shape_env: ShapeEnv,
-    /// The trace's composite-op policies (from [`TraceConfig::decomps`]).
-    pub(crate) decomps: DecompTable,
-    next_value: u32,
-    next_storage: u32,
-    value_requires_grad: Vec<bool>,
-    /// Element counts of fake storages where they are concrete (static inputs, fresh
-    /// results of concrete shape): view ops are checked against them as eager's are.
-    pub(crate) storage_len: HashMap<StorageId, usize>,
-    /// Values made by `detach` (an `alias` that is not a view for autograd).
-    pub(crate) detach_values: Vec<ValueId>,
-    /// Views made under no-grad of tensors requiring grad (and views of them): they
-    /// require grad but have no history (a leaf to eager autograd).
-    pub(crate) no_grad_views: Vec<ValueId>,
-    /// In-place metadata ops run under no-grad (autograd's history keeps the old shape).
-    pub(crate) hidden_meta: Vec<ValueId>,
-    /// `(input value, node count)`: `requires_grad_()` made an input that did not
-    /// require grad require it once that many nodes were traced.
-    pub(crate) tracked_from: Vec<(ValueId, usize)>,
-    /// `(value, storage)` of the `rng_seed` and `rng_base` inputs, once created.
-    rng: Option<[(ValueId, StorageId); 2]>,
-    rng_ops: u64,
-}
-
-impl TraceState {
-    /// A storage id no value uses yet.
-    pub(crate) fn fresh_storage(&mut self) -> StorageId {
-        let s = StorageId(self.next_storage);
-        self.next_storage += 1;
-        s
-    }
-    fn fresh_value(&mut self, requires_grad: bool) -> ValueId {
-        let v = ValueId(self.next_value);
-        self.next_value += 1;
-        self.value_requires_grad.push(requires_grad);
-        v
-    }
-    fn add_input(&mut self, name: String, meta: TensorMeta, storage: StorageId, requires_grad: bool) -> ValueId {
-        let id = self.fresh_value(requires_grad);
-        self.graph.inputs.push(Input { id, name, meta, storage });
-        id
-    }
-    /// Append a node (ids are allocated here in O(1); `storage` is the caller's choice:
-    /// `args[0]`'s for views and mutations).
-    pub(crate) fn add_node(
-        &mut self,
-        op: Op,
-        args: Vec<ValueId>,
-        meta: TensorMeta,
-        storage: StorageId,
-        loc: SourceLoc,
-        requires_grad: bool,
-    ) -> ValueId {
-        let out = self.fresh_value(requires_grad);
-        self.graph.nodes.push(Node { out, op, args, meta, storage, loc: Some(loc) });
-        out
-    }
-}
-
 impl TraceCtx {
     fn new(config: &TraceConfig) -> TraceCtx {
         TraceCtx {
@@ -171,36 +106,6 @@ impl TraceCtx {
                 rng: None,
                 rng_ops: 0,
             }),
-        }
-    }
-    pub(crate) fn lock(&self) -> MutexGuard<'_, TraceState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-    pub(crate) fn set_value_requires_grad(&self, v: ValueId, requires_grad: bool) {
-        if let Some(slot) = self.lock().value_requires_grad.get_mut(v.0 as usize) {
-            *slot = requires_grad;
-        }
-    }
-
-    /// `requires_grad_()` made the tensor with value `v` (storage `storage`) require
-    /// grad: when it is an input (or the current value of one), note how many nodes
-    /// came before, and that autograd sees the input from here.
-    pub(crate) fn note_tracked_from(&self, v: ValueId, storage: StorageId) {
-        let mut st = self.lock();
-        let input = st
-            .graph
-            .inputs
-            .iter()
-            .find(|i| i.id == v)
-            .or_else(|| st.graph.inputs.iter().find(|i| i.storage == storage));
-        if let Some(id) = input.map(|i| i.id) {
-            let n = st.graph.nodes.len();
-            if !st.tracked_from.iter().any(|(x, _)| *x == id) {
-                st.tracked_from.push((id, n));
-            }
-            if let Some(slot) = st.value_requires_grad.get_mut(id.0 as usize) {
-                *slot = true;
-            }
         }
     }
 }
@@ -234,38 +139,6 @@ impl TraceCtx {
             ))
         };
         (handle(pair[0]), handle(pair[1]), rel)
-    }
-}
-
-thread_local! {
-    static ACTIVE: RefCell<Option<Arc<TraceCtx>>> = const { RefCell::new(None) };
-}
-
-/// The trace active on this thread, if any.
-pub(crate) fn active_trace() -> Option<Arc<TraceCtx>> {
-    ACTIVE.with(|a| a.borrow().clone())
-}
-
-/// Whether a trace is active on this thread (ops then record instead of computing).
-pub fn is_tracing() -> bool {
-    ACTIVE.with(|a| a.borrow().is_some())
-}
-
-/// Makes a trace active; restores the previous one when dropped.
-struct ActiveGuard {
-    prev: Option<Arc<TraceCtx>>,
-}
-
-impl ActiveGuard {
-    fn enter(ctx: Arc<TraceCtx>) -> ActiveGuard {
-        ActiveGuard { prev: ACTIVE.with(|a| a.borrow_mut().replace(ctx)) }
-    }
-}
-
-impl Drop for ActiveGuard {
-    fn drop(&mut self) {
-        let prev = self.prev.take();
-        ACTIVE.with(|a| *a.borrow_mut() = prev);
     }
 }
 

@@ -4,11 +4,11 @@
 //! kernels.
 
 use crate::error::{Error, Result};
-use aotgrad_autodiff::build_joint;
 use aotgrad_cpu::CpuTensor;
 use aotgrad_ir::infer::infer;
-use aotgrad_ir::{BinaryOp, Graph, Op, SourceLoc, StaticOracle, TensorMeta, ValueId};
-use super::record::{Edge, GradNode};
+use aotgrad_ir::{BinaryOp, Op, SourceLoc, StaticOracle, TensorMeta};
+use super::derivative::{derivative, Prepared};
+use crate::tensor::history::{Edge, GradNode};
 use crate::Tensor;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -217,61 +217,11 @@ fn add(a: &CpuTensor, b: &CpuTensor, loc: &SourceLoc) -> Result<CpuTensor> {
     aotgrad_cpu::execute(&op, &[a, b], &out).map_err(|e| autograd_err(loc, format!("summing gradients: {e}")))
 }
 
-/// What a node's backward runs, derived once per node (see [`derivative`]).
-pub struct Prepared {
-    /// The differentiated graph, kept to what computes the gradients: inputs are the
-    /// node's inputs then the output gradient; outputs the gradients of `grad_inputs`.
-    graph: Graph,
-    /// Which node inputs get a gradient, in output order.
-    grad_inputs: Vec<usize>,
-    /// Which node inputs the gradient reads (only those must be unmodified).
-    pub reads: Vec<bool>,
-}
-
 fn prepare(node: &GradNode) -> Result<Prepared> {
     let g = node.graph();
     let requires: Vec<bool> =
         node.edges().iter().zip(&g.inputs).map(|(e, i)| !matches!(e, Edge::None) && i.meta.dtype.is_float()).collect();
     derivative(g, &requires).map_err(|e| autograd_err(node.loc(), format!("{}: no gradient: {e}", node.name())))
-}
-
-/// The derivative of a node's graph `g` for the inputs that `requires` marks: the
-/// pruned backward graph, and which of `g`'s inputs it reads (those it saves).
-pub fn derivative(g: &Graph, requires: &[bool]) -> std::result::Result<Prepared, String> {
-    let outputs = vec![true; g.outputs.len()];
-    let joint = build_joint(g, requires, &outputs).map_err(|e| e.to_string())?;
-    let mut graph = joint.graph.clone();
-    graph.outputs = graph.outputs[joint.num_fw_outputs..].to_vec();
-    prune(&mut graph);
-    let used = used_inputs(&graph);
-    let reads = (0..g.inputs.len()).map(|i| used.contains(&graph.inputs[i].id)).collect();
-    Ok(Prepared { graph, grad_inputs: joint.grad_primals.clone(), reads })
-}
-
-/// Drop the nodes no output needs.
-fn prune(g: &mut Graph) {
-    let mut live: HashSet<ValueId> = g.outputs.iter().copied().collect();
-    let mut keep = vec![false; g.nodes.len()];
-    for (i, n) in g.nodes.iter().enumerate().rev() {
-        if live.contains(&n.out) {
-            keep[i] = true;
-            live.extend(n.args.iter().copied());
-        }
-    }
-    let mut i = 0;
-    g.nodes.retain(|_| {
-        i += 1;
-        keep[i - 1]
-    });
-}
-
-/// The inputs some node or output of `g` reads.
-fn used_inputs(g: &Graph) -> HashSet<ValueId> {
-    let mut used: HashSet<ValueId> = g.outputs.iter().copied().collect();
-    for n in &g.nodes {
-        used.extend(n.args.iter().copied());
-    }
-    used
 }
 
 /// `t` laid out as `want` (same shape and dtype): the graph's inputs are checked

@@ -43,8 +43,11 @@
 //! ```
 
 mod backward;
+pub(crate) mod derivative;
 mod record;
 
-pub use backward::{backward_from_edges, derivative, Backward, Prepared};
-pub(crate) use record::{before_inplace, record};
-pub use record::{node_name, saves_result, single_op_graph, Edge, GradNode, Saved};
+pub use crate::tensor::history::{Edge, GradNode, Saved};
+pub use backward::{backward_from_edges, Backward};
+pub use derivative::{derivative, Prepared};
+pub(crate) use record::EagerRecord;
+pub use record::{node_name, saves_result, single_op_graph};

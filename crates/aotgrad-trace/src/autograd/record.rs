@@ -2,109 +2,13 @@
 //! input's gradient goes, saved inputs with their versions, and the gradient fields
 //! of leaf tensors (`grad`, `retain_grad`).
 
-use super::backward::Prepared;
+use crate::dispatch::{version_of, Record, Recorded};
 use crate::error::{Error, Result};
+use crate::tensor::history::{Edge, GradNode, Saved};
 use crate::tensor::{Repr, TState, Tensor};
 use aotgrad_cpu::{CpuTensor, Storage};
 use aotgrad_ir::{Aliasing, Dim, Graph, Op, Scalar, SourceLoc, StaticOracle, StorageId, TensorMeta, ValueId};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
-
-/// Where the gradient of a node input (or of a tensor) goes.
-#[derive(Clone)]
-pub enum Edge {
-    /// Nowhere: the value does not require grad.
-    None,
-    /// Into this leaf's `grad`.
-    Leaf(Tensor),
-    /// Into the output of this node.
-    Node(Arc<GradNode>),
-    /// Into a tensor that requires grad but whose history eager autograd did not
-    /// record: the output of a compiled function, whose gradients come from the
-    /// backward its `forward` returned. A gradient reaching it is an error.
-    Unrecorded,
-}
-
-/// A value saved for the backward, with its storage version at the time.
-#[derive(Clone)]
-pub struct Saved {
-    /// The value (sharing the storage of the tensor it was, unless copied).
-    pub value: CpuTensor,
-    /// The storage's version when it was saved.
-    pub version: u64,
-}
-
-/// One recorded operation (PyTorch's `grad_fn`). See the [module docs](self).
-pub struct GradNode {
-    name: String,
-    graph: Graph,
-    edges: Vec<Edge>,
-    saved: Mutex<Option<Vec<Saved>>>,
-    /// The result's storage and version, for ops whose PyTorch derivative reads their
-    /// result (`tanh`, `exp`, `softmax`, ...): this node computes from its inputs, but
-    /// an in-place change of the result must still fail the backward as in PyTorch.
-    result: Option<Saved>,
-    loc: SourceLoc,
-    /// Tensors whose gradient is this node's output gradient and that retain it.
-    retained: Mutex<Vec<Weak<crate::tensor::Inner>>>,
-    /// What the backward pass derives once (its differentiated graph), kept with the
-    /// node; the recording side never reads it.
-    pub(super) prepared: OnceLock<Prepared>,
-}
-
-impl GradNode {
-    /// PyTorch's name for the node (`MulBackward0`, `CopySlices`, ...).
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-    /// The functional graph the node stands for: its inputs, then one output.
-    pub fn graph(&self) -> &Graph {
-        &self.graph
-    }
-    /// Where each graph input's gradient goes.
-    pub fn edges(&self) -> &[Edge] {
-        &self.edges
-    }
-    /// The user's source line of the op.
-    pub fn loc(&self) -> &SourceLoc {
-        &self.loc
-    }
-    /// For an op whose PyTorch derivative reads its result: that result as saved
-    /// (compare its storage's version now with the one saved).
-    pub fn saved_result(&self) -> Option<&Saved> {
-        self.result.as_ref()
-    }
-    /// The saved input values; an error once they were freed by a backward pass that
-    /// did not retain the graph.
-    pub fn saved(&self) -> Result<Vec<Saved>> {
-        self.saved.lock().unwrap_or_else(|e| e.into_inner()).clone().ok_or_else(|| {
-            Error::autograd(
-                "backward",
-                &self.loc,
-                format!(
-                    "Trying to backward through the graph a second time (or directly access saved tensors after they \
-                     have already been freed): the values saved by {} were freed by the first backward; pass \
-                     retain_graph = true the first time",
-                    self.name
-                ),
-            )
-        })
-    }
-    /// Free the saved values (a backward pass without `retain_graph`).
-    pub fn free_saved(&self) {
-        *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = None;
-    }
-    /// The live tensors that retain this node's output gradient.
-    pub fn retained(&self) -> Vec<Tensor> {
-        let v = self.retained.lock().unwrap_or_else(|e| e.into_inner());
-        v.iter().filter_map(Weak::upgrade).map(Tensor::from_inner).collect()
-    }
-    fn retain(&self, t: &Tensor) {
-        let mut v = self.retained.lock().unwrap_or_else(|e| e.into_inner());
-        if !v.iter().any(|w| w.upgrade().is_some_and(|i| Arc::ptr_eq(&i, t.inner()))) {
-            v.push(Arc::downgrade(t.inner()));
-        }
-    }
-}
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// PyTorch's backward-node name for an op (`mul` -> `MulBackward0`).
 pub fn node_name(op: &Op) -> String {
@@ -144,7 +48,7 @@ pub(crate) fn edge_of(t: &Tensor, s: &TState) -> Result<Edge> {
                 (Some(_), None) => true,
                 _ => false,
             };
-            let version = crate::dispatch::version_of(&s.repr);
+            let version = version_of(&s.repr);
             let stale = s.grad_fn.is_some() && version != s.grad_fn_version;
             if moved || stale || (s.grad_fn.is_none() && !s.is_leaf()) {
                 let node = view_of_base(base, &b, s)?;
@@ -234,7 +138,7 @@ pub(crate) struct Before {
 
 /// Before an in-place op on `args[0]` that autograd records: the history it replaces
 /// and a copy of the data it overwrites.
-pub(crate) fn before_inplace(args: &[&Tensor], states: &[TState]) -> Result<Before> {
+fn before_inplace(args: &[&Tensor], states: &[TState]) -> Result<Before> {
     let (t, s) = (args[0], &states[0]);
     let target = edge_of(t, s)?;
     let eager = |st: &TState| match &st.repr {
@@ -252,14 +156,12 @@ pub(crate) fn before_inplace(args: &[&Tensor], states: &[TState]) -> Result<Befo
     }
 }
 
-/// A recorded op's node, and for an in-place op on a view, the base and its new node.
-pub(crate) type Recorded = (Arc<GradNode>, Option<(Tensor, Arc<GradNode>)>);
 
 /// Record an op's result: the node of `op` over `args` (states `states`, eager),
 /// whose result has metadata `out`. For an in-place op `before` holds what the op
 /// replaced. Returns the node, and for an in-place op on a view the base and its new
 /// node (the view's own history is derived from it on use).
-pub(crate) fn record(
+fn record(
     op: &Op,
     args: &[&Tensor],
     states: &[TState],
@@ -547,5 +449,26 @@ impl Tensor {
     pub fn grad_edge(&self) -> Result<Edge> {
         let s = self.snapshot();
         edge_of(self, &s)
+    }
+}
+
+/// Eager autograd's side of the dispatch (see [`Record`]).
+pub(crate) struct EagerRecord;
+
+impl Record for EagerRecord {
+    type Before = Before;
+    fn before_inplace(args: &[&Tensor], states: &[TState]) -> Result<Before> {
+        before_inplace(args, states)
+    }
+    fn record(
+        op: &Op,
+        args: &[&Tensor],
+        states: &[TState],
+        out: &TensorMeta,
+        result: Option<&CpuTensor>,
+        before: Option<Before>,
+        loc: &SourceLoc,
+    ) -> Result<Recorded> {
+        record(op, args, states, out, result, before, loc)
     }
 }

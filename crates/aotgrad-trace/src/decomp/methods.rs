@@ -4,7 +4,7 @@
 //! [`apply_composite`](super::apply_composite).
 
 use super::apply_composite;
-use crate::dispatch::dispatch;
+use crate::ops::dispatch;
 use crate::error::{Error, Result};
 use crate::ops::wrap;
 use crate::rng::RngSeed;

@@ -14,7 +14,7 @@
 //!   dilation is larger) adds one matmul's per-tap contributions into strided windows
 //!   of the output.
 
-use crate::dispatch::dispatch;
+use crate::ops::dispatch;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use aotgrad_ir::Dims;

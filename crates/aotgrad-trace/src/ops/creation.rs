@@ -2,25 +2,11 @@
 //! they produce fake tensors (recorded as graph nodes), otherwise eager ones.
 //! (Tensors from Rust data are in [`crate::tensor`]: `from_vec`, `from_f64`, ...)
 
-use crate::dispatch::dispatch;
+use crate::ops::dispatch;
 use crate::error::Result;
 use crate::rng::RngSeed;
-use crate::tensor::Tensor;
-use aotgrad_ir::Dims;
+use crate::tensor::{dims_at, Tensor};
 use aotgrad_ir::{BinaryOp, DType, Dim, Op, Scalar, SourceLoc};
-
-/// The sizes of a `&[usize]` shape as dims, or an error naming a size too large for a
-/// tensor dimension (at most `i64::MAX`, as in PyTorch).
-pub(crate) fn dims_at(op: &str, shape: &[usize], loc: &SourceLoc) -> Result<Dims> {
-    match shape.iter().find(|&&s| s > i64::MAX as usize) {
-        Some(s) => Err(crate::error::Error::invalid(
-            op,
-            loc,
-            format!("size {s} in shape {shape:?} is larger than the largest tensor dimension ({})", i64::MAX),
-        )),
-        None => Ok(shape.iter().map(|&s| Dim::from(s)).collect()),
-    }
-}
 
 /// **Creation**: filled, ranged and random tensors (`zeros`, `ones`, `full`, `arange`,
 /// `rand`, `randn`, the `*_like` forms, `bernoulli`). Tensors from Rust data are

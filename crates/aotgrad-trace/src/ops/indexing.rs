@@ -2,7 +2,7 @@
 //! scatters that write a view's worth of values into a copy of a base tensor.
 
 use super::wrap;
-use crate::dispatch::dispatch;
+use crate::ops::dispatch;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use aotgrad_ir::{Dim, Op, SourceLoc};

@@ -3,7 +3,7 @@
 //! storage see the new data.
 
 use super::{IntoRhs, Rhs};
-use crate::dispatch::dispatch;
+use crate::ops::dispatch;
 use crate::error::Result;
 use crate::tensor::Tensor;
 use aotgrad_ir::{BinaryOp, Op, Scalar, SourceLoc, UnaryOp};

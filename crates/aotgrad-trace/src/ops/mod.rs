@@ -20,10 +20,28 @@ pub mod pointwise;
 pub mod reduce;
 pub mod views;
 
+use crate::autograd::EagerRecord;
+use crate::dispatch::dispatch_with;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use aotgrad_ir::infer::wrap_dim;
-use aotgrad_ir::{Scalar, SourceLoc};
+use aotgrad_ir::{Op, Scalar, SourceLoc};
+
+/// Apply `op` to `args` in the mode they (and the active trace) select, with eager
+/// autograd recording: the dispatch and the autograd record composed, the one path
+/// every op method takes.
+pub(crate) fn dispatch(op: Op, args: &[&Tensor], loc: &SourceLoc) -> Result<Tensor> {
+    dispatch_with::<EagerRecord>(op, args, loc)
+}
+
+impl Tensor {
+    /// Apply any core op to tensors (eagerly, or recorded while tracing), with the same
+    /// checks as the named methods. `args[0]` is `self` for views and in-place ops.
+    #[track_caller]
+    pub fn apply(op: Op, args: &[&Tensor]) -> Result<Tensor> {
+        dispatch(op, args, &SourceLoc::caller())
+    }
+}
 
 /// The second operand of a binary op: a tensor, or a scalar (a weakly typed
 /// "wrapped number", as in PyTorch's `x * 2`).

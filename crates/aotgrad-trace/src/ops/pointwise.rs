@@ -2,7 +2,7 @@
 //! operand, broadcasting, PyTorch type promotion), `where_`, `clamp`, `to`.
 
 use super::{IntoRhs, Rhs};
-use crate::dispatch::dispatch;
+use crate::ops::dispatch;
 use crate::error::Result;
 use crate::tensor::Tensor;
 use aotgrad_ir::{BinaryOp, CmpOp, DType, Op, Scalar, SourceLoc, UnaryOp};

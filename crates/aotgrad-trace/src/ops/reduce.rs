@@ -1,7 +1,7 @@
 //! Reductions (`sum`, `mean`, `amax`, `amin`, `argmax`, `argmin`) and matrix products.
 
 use super::wrap;
-use crate::dispatch::dispatch;
+use crate::ops::dispatch;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use aotgrad_ir::{Op, ReduceOp, ShapeError, SourceLoc};

@@ -3,7 +3,7 @@
 //! change this tensor object's shape/strides in place.
 
 use super::wrap;
-use crate::dispatch::dispatch;
+use crate::ops::dispatch;
 use crate::error::{Error, Result};
 use crate::grad_mode::NoGradGuard;
 use crate::tensor::{Repr, Tensor};

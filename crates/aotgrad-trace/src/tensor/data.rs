@@ -3,7 +3,7 @@
 use super::{Repr, Tensor};
 use crate::error::{Error, Result};
 use aotgrad_cpu::{Buffer, CpuTensor};
-use aotgrad_ir::{DType, SourceLoc};
+use aotgrad_ir::{DType, Dim, Dims, SourceLoc};
 use half::{bf16, f16};
 
 /// A Rust element type a tensor can be built from.
@@ -44,9 +44,22 @@ element!(f64, F64);
 /// assert!(Tensor::from_vec(vec![1.0f32, 2.0], &[3]).is_err()); // 2 values for 3 elements
 /// # Ok::<(), aotgrad_trace::Error>(())
 /// ```
+/// The sizes of a `&[usize]` shape as dims, or an error naming a size too large for a
+/// tensor dimension (at most `i64::MAX`, as in PyTorch).
+pub(crate) fn dims_at(op: &str, shape: &[usize], loc: &SourceLoc) -> Result<Dims> {
+    match shape.iter().find(|&&s| s > i64::MAX as usize) {
+        Some(s) => Err(Error::invalid(
+            op,
+            loc,
+            format!("size {s} in shape {shape:?} is larger than the largest tensor dimension ({})", i64::MAX),
+        )),
+        None => Ok(shape.iter().map(|&s| Dim::from(s)).collect()),
+    }
+}
+
 impl Tensor {
     fn from_data_at(data: usize, shape: &[usize], op: &str, loc: &SourceLoc) -> Result<()> {
-        crate::ops::creation::dims_at(op, shape, loc)?;
+        dims_at(op, shape, loc)?;
         // Sizes count as at least 1 here, as contiguous strides do (an empty tensor's
         // strides must fit too).
         let fits = shape.iter().try_fold(1i64, |a, &s| a.checked_mul((s as i64).max(1))).is_some();

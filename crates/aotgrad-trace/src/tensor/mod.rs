@@ -7,9 +7,14 @@
 
 mod data;
 mod display;
+pub(crate) mod fake;
+pub(crate) mod history;
+
+pub(crate) use data::dims_at;
 
 use crate::error::{Error, Result};
-use crate::trace::TraceCtx;
+use fake::TraceCtx;
+use history::GradNode;
 use aotgrad_cpu::CpuTensor;
 use aotgrad_ir::{DType, Dim, DimList, SourceLoc, StorageId, TensorMeta, ValueId};
 use std::fmt;
@@ -64,10 +69,10 @@ pub(crate) struct TState {
     /// own op. Such a view may not be modified in place while autograd tracks it.
     pub(crate) multi_output_view: Option<(String, usize)>,
     /// Eager autograd: the node that computed this tensor (PyTorch's `grad_fn`).
-    pub(crate) grad_fn: Option<Arc<crate::autograd::GradNode>>,
+    pub(crate) grad_fn: Option<Arc<GradNode>>,
     /// For a view: its base's node when this view's node was made (a base whose
     /// history moved on since gives the view a new one).
-    pub(crate) grad_fn_base: Option<Arc<crate::autograd::GradNode>>,
+    pub(crate) grad_fn_base: Option<Arc<GradNode>>,
     /// The storage version when `grad_fn` was set: a view whose storage changed since
     /// (an in-place op on it or on what it views, even under no-grad or on metadata
     /// only) makes its history again from its base's, as PyTorch does.
