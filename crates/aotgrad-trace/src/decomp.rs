@@ -29,8 +29,8 @@ pub(crate) mod table;
 pub use table::{CompositeKind, DecompFn, DecompPolicy, DecompTable};
 
 use crate::dispatch::{mode_of, Mode};
-use crate::ops::dispatch;
 use crate::error::{Error, Result};
+use crate::ops::dispatch;
 use crate::tensor::{TState, Tensor};
 use aotgrad_cpu::CpuError;
 use aotgrad_ir::infer::infer;

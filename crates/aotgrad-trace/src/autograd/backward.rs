@@ -3,13 +3,13 @@
 //! node's graph with `aotgrad-autodiff` ([`derivative`]) and run it on the reference
 //! kernels.
 
+use super::derivative::{derivative, Prepared};
 use crate::error::{Error, Result};
+use crate::tensor::history::{Edge, GradNode};
+use crate::Tensor;
 use aotgrad_cpu::CpuTensor;
 use aotgrad_ir::infer::infer;
 use aotgrad_ir::{BinaryOp, Op, SourceLoc, StaticOracle, TensorMeta};
-use super::derivative::{derivative, Prepared};
-use crate::tensor::history::{Edge, GradNode};
-use crate::Tensor;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 

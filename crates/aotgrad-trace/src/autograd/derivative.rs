@@ -56,4 +56,3 @@ fn used_inputs(g: &Graph) -> HashSet<ValueId> {
     }
     used
 }
-

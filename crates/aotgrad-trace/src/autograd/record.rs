@@ -156,7 +156,6 @@ fn before_inplace(args: &[&Tensor], states: &[TState]) -> Result<Before> {
     }
 }
 
-
 /// Record an op's result: the node of `op` over `args` (states `states`, eager),
 /// whose result has metadata `out`. For an in-place op `before` holds what the op
 /// replaced. Returns the node, and for an in-place op on a view the base and its new

@@ -4,8 +4,8 @@
 //! [`apply_composite`](super::apply_composite).
 
 use super::apply_composite;
-use crate::ops::dispatch;
 use crate::error::{Error, Result};
+use crate::ops::dispatch;
 use crate::ops::wrap;
 use crate::rng::RngSeed;
 use crate::tensor::Tensor;

@@ -3,8 +3,8 @@
 //! decomposition records (or runs) carries the line of the user's composite call —
 //! no `#[track_caller]` chain or closure can lose it.
 
-use crate::ops::dispatch;
 use crate::error::{Error, Result};
+use crate::ops::dispatch;
 use crate::tensor::Tensor;
 use aotgrad_ir::infer::broadcast_shapes;
 use aotgrad_ir::Dims;

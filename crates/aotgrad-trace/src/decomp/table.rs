@@ -214,4 +214,3 @@ impl fmt::Debug for DecompTable {
         m.finish()
     }
 }
-

@@ -14,8 +14,8 @@
 //!   dilation is larger) adds one matmul's per-tap contributions into strided windows
 //!   of the output.
 
-use crate::ops::dispatch;
 use crate::error::{Error, Result};
+use crate::ops::dispatch;
 use crate::tensor::Tensor;
 use aotgrad_ir::Dims;
 use aotgrad_ir::{Conv2dParams, Dim, Op, Pool2dParams, SourceLoc};

@@ -2,8 +2,8 @@
 //! they produce fake tensors (recorded as graph nodes), otherwise eager ones.
 //! (Tensors from Rust data are in [`crate::tensor`]: `from_vec`, `from_f64`, ...)
 
-use crate::ops::dispatch;
 use crate::error::Result;
+use crate::ops::dispatch;
 use crate::rng::RngSeed;
 use crate::tensor::{dims_at, Tensor};
 use aotgrad_ir::{BinaryOp, DType, Dim, Op, Scalar, SourceLoc};

@@ -2,8 +2,8 @@
 //! scatters that write a view's worth of values into a copy of a base tensor.
 
 use super::wrap;
-use crate::ops::dispatch;
 use crate::error::{Error, Result};
+use crate::ops::dispatch;
 use crate::tensor::Tensor;
 use aotgrad_ir::{Dim, Op, SourceLoc};
 

@@ -3,8 +3,8 @@
 //! storage see the new data.
 
 use super::{IntoRhs, Rhs};
-use crate::ops::dispatch;
 use crate::error::Result;
+use crate::ops::dispatch;
 use crate::tensor::Tensor;
 use aotgrad_ir::{BinaryOp, Op, Scalar, SourceLoc, UnaryOp};
 

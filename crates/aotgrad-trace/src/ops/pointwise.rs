@@ -2,8 +2,8 @@
 //! operand, broadcasting, PyTorch type promotion), `where_`, `clamp`, `to`.
 
 use super::{IntoRhs, Rhs};
-use crate::ops::dispatch;
 use crate::error::Result;
+use crate::ops::dispatch;
 use crate::tensor::Tensor;
 use aotgrad_ir::{BinaryOp, CmpOp, DType, Op, Scalar, SourceLoc, UnaryOp};
 

@@ -1,8 +1,8 @@
 //! Reductions (`sum`, `mean`, `amax`, `amin`, `argmax`, `argmin`) and matrix products.
 
 use super::wrap;
-use crate::ops::dispatch;
 use crate::error::{Error, Result};
+use crate::ops::dispatch;
 use crate::tensor::Tensor;
 use aotgrad_ir::{Op, ReduceOp, ShapeError, SourceLoc};
 

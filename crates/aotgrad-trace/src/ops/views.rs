@@ -3,9 +3,9 @@
 //! change this tensor object's shape/strides in place.
 
 use super::wrap;
-use crate::ops::dispatch;
 use crate::error::{Error, Result};
 use crate::grad_mode::NoGradGuard;
+use crate::ops::dispatch;
 use crate::tensor::{Repr, Tensor};
 use aotgrad_ir::infer::{normalize_slice, resolve_expand_shape, resolve_view_shape, squeeze_dims, view_strides};
 use aotgrad_ir::Dims;

@@ -56,7 +56,13 @@ impl TraceState {
         self.value_requires_grad.push(requires_grad);
         v
     }
-    pub(crate) fn add_input(&mut self, name: String, meta: TensorMeta, storage: StorageId, requires_grad: bool) -> ValueId {
+    pub(crate) fn add_input(
+        &mut self,
+        name: String,
+        meta: TensorMeta,
+        storage: StorageId,
+        requires_grad: bool,
+    ) -> ValueId {
         let id = self.fresh_value(requires_grad);
         self.graph.inputs.push(Input { id, name, meta, storage });
         id

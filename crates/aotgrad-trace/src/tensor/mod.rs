@@ -13,10 +13,10 @@ pub(crate) mod history;
 pub(crate) use data::dims_at;
 
 use crate::error::{Error, Result};
-use fake::TraceCtx;
-use history::GradNode;
 use aotgrad_cpu::CpuTensor;
 use aotgrad_ir::{DType, Dim, DimList, SourceLoc, StorageId, TensorMeta, ValueId};
+use fake::TraceCtx;
+use history::GradNode;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
