@@ -1,7 +1,7 @@
-//! Stage 2 of a call: the compiled entries. An [`Entry`] is one specialization of a
+//! Stage 2 of a call: the compiled entries. An `Entry` is one specialization of a
 //! function — an [`AotResult`] and its runnable graphs — made by one function
-//! ([`Entry::instantiate`]) whether the result was just compiled, loaded from the
-//! cache or read from a precompiled file; [`result_bindings`] checks that a call fits
+//! (`Entry::instantiate`) whether the result was just compiled, loaded from the
+//! cache or read from a precompiled file; `result_bindings` checks that a call fits
 //! an entry (its symbols bind and its guards hold).
 
 use crate::error::{Error, Result};

@@ -10,7 +10,7 @@
 //!    and whose guards hold — or, when none does, `cache` (1a: the key of the trace
 //!    and a stored result) and `compile` (1b: trace, functionalize, compile, or the
 //!    training path: joint graph, partition, forward and backward), whose result
-//!    becomes an entry through the one [`entry::Entry::instantiate`];
+//!    becomes an entry through the one `Entry::instantiate`;
 //! 3. `bind`: the graph inputs built from the caller's tensors;
 //! 4. `run`: the compiled graph (inference) or compiled forward (training);
 //! 5. `epilogue`: mutations written back, metadata mutations replayed, aliased

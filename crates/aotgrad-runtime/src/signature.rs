@@ -1,7 +1,7 @@
 //! Stage 1 of a call: the arguments of a compiled function, and the call signature that selects a compiled
 //! entry: argument kinds, dtypes, requires-grad flags (with grad mode on, also
 //! leafness and a view's base's flags), the aliasing pattern between tensor arguments
-//! ([`alias_classes`]), and their metadata (matched against the traced, possibly
+//! (`alias_classes`), and their metadata (matched against the traced, possibly
 //! symbolic, metadata, binding the symbols).
 
 use crate::error::{Error, Result};

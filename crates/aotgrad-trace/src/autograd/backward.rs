@@ -13,7 +13,7 @@ use aotgrad_ir::{BinaryOp, Op, SourceLoc, StaticOracle, TensorMeta};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-/// The backward pass on eager tensors (see the [module docs](self)).
+/// The backward pass on eager tensors (see the [module docs](crate::autograd)).
 pub trait Backward {
     /// PyTorch's `t.backward()`: `t` must hold one element; its gradient is 1.
     fn backward(&self) -> Result<()>;
@@ -82,7 +82,7 @@ fn backward_at(root: &Tensor, grad: Option<&Tensor>, retain_graph: bool, loc: &S
 
 /// PyTorch's `torch.autograd.backward(tensors, grad_tensors)` from recorded edges: one
 /// backward pass that sends each gradient into its [`Edge`] (what
-/// [`Tensor::grad_edge`](aotgrad_trace::Tensor::grad_edge) returned, possibly before
+/// [`Tensor::grad_edge`](crate::Tensor::grad_edge) returned, possibly before
 /// the tensor was modified in place) and on to the leaves, summing where paths meet.
 /// Edges to nowhere take nothing; a gradient must have its edge's tensor's shape.
 ///
