@@ -140,18 +140,17 @@ pub(crate) fn trace_call(
     Ok(TracedCall { traced, traced_args, slot_of_arg, layout })
 }
 
-/// Functionalize and compile a traced call into a fresh [`AotResult`].
-pub(crate) fn compile_traced(
-    config: &AotConfig,
-    sig: CallSig,
-    call: TracedCall,
-    mut timer: StageTimer,
-) -> Result<AotResult<CpuTensor>> {
-    let _span = tracing::debug_span!("aot_compile", name = %config.name).entered();
-    let TracedCall { traced, traced_args, slot_of_arg, layout } = call;
-    let value_rg = traced.value_requires_grad.clone();
-    // Autograd sees nothing of a trace run under no-grad (inputs included).
-    let grad_on = sig.grad_enabled;
+/// Functionalize a trace with what it recorded for autograd: the inputs' and outputs'
+/// requires-grad flags, no-grad views, detached values, and which mutations autograd
+/// does not see (all of them when the trace ran with `grad_on` false, inputs included).
+/// The one set-up of [`TraceFacts`] for compiling and exporting.
+pub(crate) fn functionalize_traced(
+    traced: &Traced,
+    grad_on: bool,
+    options: &Options,
+    env: &mut ShapeEnv,
+) -> Result<aotgrad_functionalize::Functionalized> {
+    let value_rg = &traced.value_requires_grad;
     let hidden = move |v: ValueId| !grad_on || !value_rg.get(v.0 as usize).copied().unwrap_or(false);
     let facts = TraceFacts {
         input_requires_grad: &traced.input_requires_grad,
@@ -161,12 +160,24 @@ pub(crate) fn compile_traced(
         input_tracked_from: &traced.input_tracked_from,
         hidden_mutation: &hidden,
     };
+    Ok(functionalize(&traced.graph, &facts, options, env)?)
+}
+
+/// Functionalize and compile a traced call into a fresh [`AotResult`].
+pub(crate) fn compile_traced(
+    config: &AotConfig,
+    sig: CallSig,
+    call: TracedCall,
+    mut timer: StageTimer,
+) -> Result<AotResult<CpuTensor>> {
+    let _span = tracing::debug_span!("aot_compile", name = %config.name).entered();
+    let TracedCall { traced, traced_args, slot_of_arg, layout } = call;
     // The training path returns every new input value (it gets a gradient): keeping
     // mutations inside the graph is for inference graphs only.
     let training_path = sig.grad_enabled && traced.input_requires_grad.iter().any(|&r| r);
     let options = Options { keep_input_mutations: config.keep_inference_input_mutations && !training_path };
     let mut env: ShapeEnv = traced.shape_env.clone();
-    let fz = functionalize(&traced.graph, &facts, &options, &mut env)?;
+    let fz = functionalize_traced(&traced, sig.grad_enabled, &options, &mut env)?;
     timer.stage("functionalize");
     let backend = config.backend.as_ref();
     let (forward, backward, training, joint_graphs) = if training_path {

@@ -31,10 +31,11 @@
 
 mod checks;
 
+use crate::compile::functionalize_traced;
 use crate::error::{Error, Result};
 use crate::params::{Module, Params};
 use aotgrad_autodiff::{build_joint_with_cuts, GradCuts, JointGraph};
-use aotgrad_functionalize::{eliminate_dead_code, functionalize, Functionalized, Options, TraceFacts};
+use aotgrad_functionalize::{eliminate_dead_code, Functionalized, Options};
 use aotgrad_ir::{Graph, Node, Op, Scalar, ValueId};
 use aotgrad_meta::{GraphSignature, InputSpec, InputSpecKind, OutputSpec, OutputSpecKind};
 use aotgrad_trace::{trace, NoGradGuard, ShapeEnv, Tensor, TraceConfig, Traced};
@@ -195,19 +196,9 @@ where
              give those ops a fixed seed",
         ));
     }
-    let value_rg = traced.value_requires_grad.clone();
-    // Without grad the whole trace is invisible to autograd.
-    let hidden = move |v: ValueId| !grad || !value_rg.get(v.0 as usize).copied().unwrap_or(false);
-    let facts = TraceFacts {
-        input_requires_grad: &traced.input_requires_grad,
-        output_requires_grad: &traced.output_requires_grad,
-        output_no_grad_view: &traced.output_no_grad_view,
-        detach_values: &traced.detach_values,
-        input_tracked_from: &traced.input_tracked_from,
-        hidden_mutation: &hidden,
-    };
     let mut env = traced.shape_env.clone();
-    let fz = functionalize(&traced.graph, &facts, &Options { keep_input_mutations: false }, &mut env)?;
+    // Without grad the whole trace is invisible to autograd.
+    let fz = functionalize_traced(&traced, grad, &Options { keep_input_mutations: false }, &mut env)?;
     Ok(Exported { traced, fz, env })
 }
 

@@ -136,203 +136,11 @@ pub(crate) struct Before {
     versions: Vec<u64>,
 }
 
-/// Before an in-place op on `args[0]` that autograd records: the history it replaces
-/// and a copy of the data it overwrites.
-fn before_inplace(args: &[&Tensor], states: &[TState]) -> Result<Before> {
-    let (t, s) = (args[0], &states[0]);
-    let target = edge_of(t, s)?;
-    let eager = |st: &TState| match &st.repr {
+/// The eager value of an argument's state (eager autograd never sees a fake tensor).
+fn eager_value(st: &TState) -> Result<CpuTensor> {
+    match &st.repr {
         Repr::Eager(c) => Ok(c.clone()),
         Repr::Fake(_) => Err(Error::Internal("eager autograd over a fake tensor".into())),
-    };
-    let versions = states.iter().map(|st| eager(st).map(|c| c.storage.version())).collect::<Result<Vec<u64>>>()?;
-    match &s.base {
-        Some(base) => {
-            let bs = base.snapshot();
-            let bedge = edge_of(base, &bs)?;
-            Ok(Before { target, base: Some((base.clone(), bedge, copy_storage(&eager(&bs)?))), old: None, versions })
-        }
-        None => Ok(Before { target, base: None, old: Some(copy_storage(&eager(s)?)), versions }),
-    }
-}
-
-/// Record an op's result: the node of `op` over `args` (states `states`, eager),
-/// whose result has metadata `out`. For an in-place op `before` holds what the op
-/// replaced. Returns the node, and for an in-place op on a view the base and its new
-/// node (the view's own history is derived from it on use).
-fn record(
-    op: &Op,
-    args: &[&Tensor],
-    states: &[TState],
-    out: &TensorMeta,
-    result: Option<&CpuTensor>,
-    before: Option<Before>,
-    loc: &SourceLoc,
-) -> Result<Recorded> {
-    let eager = |st: &TState| match &st.repr {
-        Repr::Eager(c) => Ok(c.clone()),
-        Repr::Fake(_) => Err(Error::Internal("eager autograd over a fake tensor".into())),
-    };
-    let saved_of = |c: CpuTensor| Saved { version: c.storage.version(), value: c };
-    let inner = match op {
-        Op::InPlace(inner) | Op::MetaInPlace(inner) => (**inner).clone(),
-        other => other.clone(),
-    };
-    let mut edges = Vec::with_capacity(args.len());
-    let mut saved = Vec::with_capacity(args.len());
-    let mut ins: Vec<TensorMeta> = Vec::with_capacity(args.len());
-    let data_inplace = op.aliasing() == Aliasing::MutatesData;
-    for (i, (t, s)) in args.iter().zip(states).enumerate() {
-        if i == 0 && data_inplace {
-            continue;
-        }
-        let c = eager(s)?;
-        ins.push(c.meta.clone());
-        edges.push(edge_of(t, s)?);
-        match before.as_ref().and_then(|b| b.versions.get(i)) {
-            Some(&version) => saved.push(Saved { version, value: c }),
-            // PyTorch saves the result of these ops, not the input, so changing the
-            // input in place later is no error: this node keeps a private copy of the
-            // input (its derivative reads it), and checks the result's version.
-            None if !data_inplace && saves_result(&inner) => saved.push(saved_of(copy_storage(&c))),
-            None => saved.push(saved_of(c)),
-        }
-    }
-    let result = result.filter(|_| saves_result(&inner)).map(|c| saved_of(c.clone()));
-    let node = |name: String, graph: Graph, edges: Vec<Edge>, saved: Vec<Saved>| {
-        Arc::new(GradNode {
-            name,
-            graph,
-            edges,
-            saved: Mutex::new(Some(saved)),
-            result: result.clone(),
-            loc: loc.clone(),
-            retained: Mutex::new(Vec::new()),
-            prepared: OnceLock::new(),
-        })
-    };
-    if !data_inplace {
-        // Out-of-place ops, views and in-place metadata ops (a view of the old value).
-        let refs: Vec<&TensorMeta> = ins.iter().collect();
-        let graph = single_op_graph(inner, &refs, out);
-        return Ok((node(node_name(op), graph, edges, saved), None));
-    }
-    let before = before.ok_or_else(|| Error::Internal("an in-place op recorded without its old value".into()))?;
-    let others: Vec<TensorMeta> = ins;
-    match before.base {
-        None => {
-            // `t_new = op(t_old, others)`.
-            let old = before.old.ok_or_else(|| Error::Internal("in-place op without a copy".into()))?;
-            let mut metas = vec![old.meta.clone()];
-            metas.extend(others);
-            let refs: Vec<&TensorMeta> = metas.iter().collect();
-            let graph = single_op_graph(inner, &refs, out);
-            let mut all_edges = vec![before.target];
-            all_edges.extend(edges);
-            let mut all_saved = vec![saved_of(old)];
-            all_saved.extend(saved);
-            Ok((node(node_name(op), graph, all_edges, all_saved), None))
-        }
-        Some((base, bedge, bold)) => {
-            // PyTorch's `CopySlices`: the base's new value is its old one with the view
-            // replaced by `op(view_old, others)`.
-            let vm = states[0].meta().clone();
-            let size = vm.shape.clone();
-            let stride = vm.strides.clone();
-            let offset = vm.offset.clone();
-            let mut g = Graph::new();
-            let b0 = g.add_input("base", bold.meta.clone(), StorageId(0));
-            let rest: Vec<ValueId> = others
-                .iter()
-                .enumerate()
-                .map(|(i, m)| g.add_input(format!("in{}", i + 1), m.clone(), StorageId(i as u32 + 1)))
-                .collect();
-            let mut next = others.len() as u32 + 1;
-            let mut add = |g: &mut Graph, op: Op, args: Vec<ValueId>| -> Result<ValueId> {
-                let metas: Vec<TensorMeta> = args
-                    .iter()
-                    .map(|a| {
-                        g.meta_of(*a)
-                            .cloned()
-                            .ok_or_else(|| Error::Internal("eager autograd: a value without metadata".into()))
-                    })
-                    .collect::<Result<_>>()?;
-                let refs: Vec<&TensorMeta> = metas.iter().collect();
-                let m = aotgrad_ir::infer::infer(&op, &refs, &mut StaticOracle)
-                    .map_err(|e| Error::Internal(format!("eager autograd: {e}")))?;
-                next += 1;
-                Ok(g.add_node(op, args, m, StorageId(next), None))
-            };
-            // The view's geometry is in storage coordinates. A base laid out row-major
-            // from offset 0 is its storage's frame; any other base (a `detach`ed
-            // strided view) is first placed in a flat buffer of its storage's extent
-            // (PyTorch's `empty_strided` of the base), so that gradients, which are
-            // dense, index it the same way.
-            let bm = &bold.meta;
-            let framed = !(bm.is_contiguous() && bm.offset == Dim::Const(0));
-            let (frame, offset) = if framed {
-                let base_off = bm.offset.clone();
-                let rel = offset.sub(&base_off);
-                let ext = |m: &TensorMeta, off: &Dim| {
-                    let m = TensorMeta { offset: off.clone(), ..m.clone() };
-                    m.storage_extent()
-                };
-                let len = match (ext(bm, &Dim::Const(0)), ext(&vm, &rel), rel.as_const()) {
-                    (Some(a), Some(b), Some(r)) if r >= 0 => a.max(b),
-                    _ => {
-                        return Err(Error::autograd(
-                            node_name(op).as_str(),
-                            loc,
-                            format!(
-                                "an in-place op on a view ({vm}) reaching outside its base ({bm}) is not supported"
-                            ),
-                        ))
-                    }
-                };
-                let z = add(
-                    &mut g,
-                    Op::Full {
-                        shape: aotgrad_ir::dims![Dim::Const(len as i64)],
-                        value: Scalar::Float(0.0),
-                        dtype: bm.dtype,
-                    },
-                    vec![],
-                )?;
-                let put = Op::AsStridedScatter {
-                    size: bm.shape.to_vec(),
-                    stride: bm.strides.to_vec(),
-                    offset: Dim::Const(0),
-                };
-                (add(&mut g, put, vec![z, b0])?, rel)
-            } else {
-                (b0, offset)
-            };
-            let v_old = add(
-                &mut g,
-                Op::AsStrided { size: size.to_vec(), stride: stride.to_vec(), offset: offset.clone() },
-                vec![frame],
-            )?;
-            let mut op_args = vec![v_old];
-            op_args.extend(rest);
-            let v_new = add(&mut g, inner, op_args)?;
-            let mut b_new = add(
-                &mut g,
-                Op::AsStridedScatter { size: size.to_vec(), stride: stride.to_vec(), offset },
-                vec![frame, v_new],
-            )?;
-            if framed {
-                let take =
-                    Op::AsStrided { size: bm.shape.to_vec(), stride: bm.strides.to_vec(), offset: Dim::Const(0) };
-                b_new = add(&mut g, take, vec![b_new])?;
-            }
-            g.outputs = vec![b_new];
-            let mut all_edges = vec![bedge];
-            all_edges.extend(edges);
-            let mut all_saved = vec![saved_of(bold)];
-            all_saved.extend(saved);
-            let n = node("CopySlices".into(), g, all_edges, all_saved);
-            Ok((n.clone(), Some((base, n))))
-        }
     }
 }
 
@@ -456,9 +264,33 @@ pub(crate) struct EagerRecord;
 
 impl Record for EagerRecord {
     type Before = Before;
+
+    /// Before an in-place op on `args[0]` that autograd records: the history it replaces
+    /// and a copy of the data it overwrites.
     fn before_inplace(args: &[&Tensor], states: &[TState]) -> Result<Before> {
-        before_inplace(args, states)
+        let (t, s) = (args[0], &states[0]);
+        let target = edge_of(t, s)?;
+        let versions =
+            states.iter().map(|st| eager_value(st).map(|c| c.storage.version())).collect::<Result<Vec<u64>>>()?;
+        match &s.base {
+            Some(base) => {
+                let bs = base.snapshot();
+                let bedge = edge_of(base, &bs)?;
+                Ok(Before {
+                    target,
+                    base: Some((base.clone(), bedge, copy_storage(&eager_value(&bs)?))),
+                    old: None,
+                    versions,
+                })
+            }
+            None => Ok(Before { target, base: None, old: Some(copy_storage(&eager_value(s)?)), versions }),
+        }
     }
+
+    /// Record an op's result: the node of `op` over `args` (states `states`, eager),
+    /// whose result has metadata `out`. For an in-place op `before` holds what the op
+    /// replaced. Returns the node, and for an in-place op on a view the base and its new
+    /// node (the view's own history is derived from it on use).
     fn record(
         op: &Op,
         args: &[&Tensor],
@@ -468,6 +300,166 @@ impl Record for EagerRecord {
         before: Option<Before>,
         loc: &SourceLoc,
     ) -> Result<Recorded> {
-        record(op, args, states, out, result, before, loc)
+        let saved_of = |c: CpuTensor| Saved { version: c.storage.version(), value: c };
+        let inner = match op {
+            Op::InPlace(inner) | Op::MetaInPlace(inner) => (**inner).clone(),
+            other => other.clone(),
+        };
+        let mut edges = Vec::with_capacity(args.len());
+        let mut saved = Vec::with_capacity(args.len());
+        let mut ins: Vec<TensorMeta> = Vec::with_capacity(args.len());
+        let data_inplace = op.aliasing() == Aliasing::MutatesData;
+        for (i, (t, s)) in args.iter().zip(states).enumerate() {
+            if i == 0 && data_inplace {
+                continue;
+            }
+            let c = eager_value(s)?;
+            ins.push(c.meta.clone());
+            edges.push(edge_of(t, s)?);
+            match before.as_ref().and_then(|b| b.versions.get(i)) {
+                Some(&version) => saved.push(Saved { version, value: c }),
+                // PyTorch saves the result of these ops, not the input, so changing the
+                // input in place later is no error: this node keeps a private copy of the
+                // input (its derivative reads it), and checks the result's version.
+                None if !data_inplace && saves_result(&inner) => saved.push(saved_of(copy_storage(&c))),
+                None => saved.push(saved_of(c)),
+            }
+        }
+        let result = result.filter(|_| saves_result(&inner)).map(|c| saved_of(c.clone()));
+        let node = |name: String, graph: Graph, edges: Vec<Edge>, saved: Vec<Saved>| {
+            Arc::new(GradNode {
+                name,
+                graph,
+                edges,
+                saved: Mutex::new(Some(saved)),
+                result: result.clone(),
+                loc: loc.clone(),
+                retained: Mutex::new(Vec::new()),
+                prepared: OnceLock::new(),
+            })
+        };
+        if !data_inplace {
+            // Out-of-place ops, views and in-place metadata ops (a view of the old value).
+            let refs: Vec<&TensorMeta> = ins.iter().collect();
+            let graph = single_op_graph(inner, &refs, out);
+            return Ok((node(node_name(op), graph, edges, saved), None));
+        }
+        let before = before.ok_or_else(|| Error::Internal("an in-place op recorded without its old value".into()))?;
+        let others: Vec<TensorMeta> = ins;
+        match before.base {
+            None => {
+                // `t_new = op(t_old, others)`.
+                let old = before.old.ok_or_else(|| Error::Internal("in-place op without a copy".into()))?;
+                let mut metas = vec![old.meta.clone()];
+                metas.extend(others);
+                let refs: Vec<&TensorMeta> = metas.iter().collect();
+                let graph = single_op_graph(inner, &refs, out);
+                let mut all_edges = vec![before.target];
+                all_edges.extend(edges);
+                let mut all_saved = vec![saved_of(old)];
+                all_saved.extend(saved);
+                Ok((node(node_name(op), graph, all_edges, all_saved), None))
+            }
+            Some((base, bedge, bold)) => {
+                // PyTorch's `CopySlices`: the base's new value is its old one with the view
+                // replaced by `op(view_old, others)`.
+                let vm = states[0].meta().clone();
+                let size = vm.shape.clone();
+                let stride = vm.strides.clone();
+                let offset = vm.offset.clone();
+                let mut g = Graph::new();
+                let b0 = g.add_input("base", bold.meta.clone(), StorageId(0));
+                let rest: Vec<ValueId> = others
+                    .iter()
+                    .enumerate()
+                    .map(|(i, m)| g.add_input(format!("in{}", i + 1), m.clone(), StorageId(i as u32 + 1)))
+                    .collect();
+                let mut next = others.len() as u32 + 1;
+                let mut add = |g: &mut Graph, op: Op, args: Vec<ValueId>| -> Result<ValueId> {
+                    let metas: Vec<TensorMeta> = args
+                        .iter()
+                        .map(|a| {
+                            g.meta_of(*a)
+                                .cloned()
+                                .ok_or_else(|| Error::Internal("eager autograd: a value without metadata".into()))
+                        })
+                        .collect::<Result<_>>()?;
+                    let refs: Vec<&TensorMeta> = metas.iter().collect();
+                    let m = aotgrad_ir::infer::infer(&op, &refs, &mut StaticOracle)
+                        .map_err(|e| Error::Internal(format!("eager autograd: {e}")))?;
+                    next += 1;
+                    Ok(g.add_node(op, args, m, StorageId(next), None))
+                };
+                // The view's geometry is in storage coordinates. A base laid out row-major
+                // from offset 0 is its storage's frame; any other base (a `detach`ed
+                // strided view) is first placed in a flat buffer of its storage's extent
+                // (PyTorch's `empty_strided` of the base), so that gradients, which are
+                // dense, index it the same way.
+                let bm = &bold.meta;
+                let framed = !(bm.is_contiguous() && bm.offset == Dim::Const(0));
+                let (frame, offset) = if framed {
+                    let base_off = bm.offset.clone();
+                    let rel = offset.sub(&base_off);
+                    let ext = |m: &TensorMeta, off: &Dim| {
+                        let m = TensorMeta { offset: off.clone(), ..m.clone() };
+                        m.storage_extent()
+                    };
+                    let len = match (ext(bm, &Dim::Const(0)), ext(&vm, &rel), rel.as_const()) {
+                        (Some(a), Some(b), Some(r)) if r >= 0 => a.max(b),
+                        _ => {
+                            return Err(Error::autograd(
+                                node_name(op).as_str(),
+                                loc,
+                                format!(
+                                    "an in-place op on a view ({vm}) reaching outside its base ({bm}) is not supported"
+                                ),
+                            ))
+                        }
+                    };
+                    let z = add(
+                        &mut g,
+                        Op::Full {
+                            shape: aotgrad_ir::dims![Dim::Const(len as i64)],
+                            value: Scalar::Float(0.0),
+                            dtype: bm.dtype,
+                        },
+                        vec![],
+                    )?;
+                    let put = Op::AsStridedScatter {
+                        size: bm.shape.to_vec(),
+                        stride: bm.strides.to_vec(),
+                        offset: Dim::Const(0),
+                    };
+                    (add(&mut g, put, vec![z, b0])?, rel)
+                } else {
+                    (b0, offset)
+                };
+                let v_old = add(
+                    &mut g,
+                    Op::AsStrided { size: size.to_vec(), stride: stride.to_vec(), offset: offset.clone() },
+                    vec![frame],
+                )?;
+                let mut op_args = vec![v_old];
+                op_args.extend(rest);
+                let v_new = add(&mut g, inner, op_args)?;
+                let mut b_new = add(
+                    &mut g,
+                    Op::AsStridedScatter { size: size.to_vec(), stride: stride.to_vec(), offset },
+                    vec![frame, v_new],
+                )?;
+                if framed {
+                    let take =
+                        Op::AsStrided { size: bm.shape.to_vec(), stride: bm.strides.to_vec(), offset: Dim::Const(0) };
+                    b_new = add(&mut g, take, vec![b_new])?;
+                }
+                g.outputs = vec![b_new];
+                let mut all_edges = vec![bedge];
+                all_edges.extend(edges);
+                let mut all_saved = vec![saved_of(bold)];
+                all_saved.extend(saved);
+                let n = node("CopySlices".into(), g, all_edges, all_saved);
+                Ok((n.clone(), Some((base, n))))
+            }
+        }
     }
 }
