@@ -19,40 +19,12 @@
 //! bf16 compute in f32 and round once.
 
 use crate::compiled::pool;
+use crate::compiled::target::multiversion;
 use crate::convert::{gather_own, Kind, Vals};
 use crate::storage::{Buffer, CpuTensor};
 use crate::{CpuError, Result};
 use aotgrad_ir::{Conv2dParams, DType, Op, Pool2dParams, TensorMeta};
 use std::sync::RwLockReadGuard;
-
-/// Defines `$name`, which runs `$imp` compiled for the best instruction set present
-/// (AVX-512, AVX2 or the baseline): for loops the compiler vectorizes.
-macro_rules! multiversion {
-    ($name:ident, $imp:ident, ($($arg:ident: $ty:ty),*)) => {
-        fn $name<T: Elt>($($arg: $ty),*) {
-            #[cfg(target_arch = "x86_64")]
-            {
-                use crate::compiled::exec::{isa, Isa};
-                #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma")]
-                unsafe fn v4<T: Elt>($($arg: $ty),*) {
-                    $imp::<T>($($arg),*)
-                }
-                #[target_feature(enable = "avx2,fma")]
-                unsafe fn v3<T: Elt>($($arg: $ty),*) {
-                    $imp::<T>($($arg),*)
-                }
-                match isa() {
-                    // SAFETY: the features were detected.
-                    Isa::Avx512 => return unsafe { v4::<T>($($arg),*) },
-                    // SAFETY: the features were detected.
-                    Isa::Avx2 => return unsafe { v3::<T>($($arg),*) },
-                    Isa::Base => {}
-                }
-            }
-            $imp::<T>($($arg),*)
-        }
-    };
-}
 
 /// The two element types kernels compute in.
 trait Elt: num_traits::Float + Send + Sync + 'static {
@@ -308,7 +280,7 @@ fn valid(outs: usize, stride: usize, off: isize, size: usize) -> (usize, usize) 
 // Fill `cols` (`(r1 - r0) x l`, rows `ld >= l` apart) with rows `r0..r1` of the column matrix of
 // channel-group `gi` of image `img` (`c x h x w`): row `(c, kh, kw)` holds what tap
 // `(kh, kw)` of channel `c` sees at each output position, zero in the padding.
-multiversion!(im2col, im2col_impl, (geo: &Geo, img: &[T], gi: usize, r0: usize, r1: usize, cols: &mut [T], ld: usize));
+multiversion!(fn im2col<T: Elt> = im2col_impl(geo: &Geo, img: &[T], gi: usize, r0: usize, r1: usize, cols: &mut [T], ld: usize));
 
 #[inline(always)]
 fn im2col_impl<T: Elt>(geo: &Geo, img: &[T], gi: usize, r0: usize, r1: usize, cols: &mut [T], ld: usize) {
@@ -361,7 +333,7 @@ fn im2col_impl<T: Elt>(geo: &Geo, img: &[T], gi: usize, r0: usize, r1: usize, co
 // Add the column matrix `cols` (`ckk x l`, channel-group `gi`) back into the image
 // gradient `dx` (`c x h x w`): each entry at the pixel it was read from, row by row of
 // the column matrix (a fixed order).
-multiversion!(col2im, col2im_impl, (geo: &Geo, cols: &[T], gi: usize, dx: &mut [T]));
+multiversion!(fn col2im<T: Elt> = col2im_impl(geo: &Geo, cols: &[T], gi: usize, dx: &mut [T]));
 
 #[inline(always)]
 fn col2im_impl<T: Elt>(geo: &Geo, cols: &[T], gi: usize, dx: &mut [T]) {
@@ -398,7 +370,7 @@ fn col2im_impl<T: Elt>(geo: &Geo, cols: &[T], gi: usize, dx: &mut [T]) {
 
 // The padded channel group `gi` of image `img` into `pad` (`geo.padded_len()`
 // elements: zeros around the image and after it).
-multiversion!(pad_image, pad_image_impl, (geo: &Geo, img: &[T], gi: usize, pad: &mut [T]));
+multiversion!(fn pad_image<T: Elt> = pad_image_impl(geo: &Geo, img: &[T], gi: usize, pad: &mut [T]));
 
 #[inline(always)]
 fn pad_image_impl<T: Elt>(geo: &Geo, img: &[T], gi: usize, pad: &mut [T]) {
@@ -438,7 +410,7 @@ fn ext_start(geo: &Geo, r: usize) -> usize {
 // The extended column matrix (`ckk x ld`, `ld >= le`) of a padded channel group: row
 // `r` the padded image's run from `ext_start(r)`, zeros past `le`. The positions past a
 // row's `ow` real ones hold whatever the run reads: only discarded outputs see them.
-multiversion!(im2col_ext, im2col_ext_impl, (geo: &Geo, pad: &[T], cols: &mut [T], ld: usize));
+multiversion!(fn im2col_ext<T: Elt> = im2col_ext_impl(geo: &Geo, pad: &[T], cols: &mut [T], ld: usize));
 
 #[inline(always)]
 fn im2col_ext_impl<T: Elt>(geo: &Geo, pad: &[T], cols: &mut [T], ld: usize) {
@@ -458,7 +430,7 @@ fn im2col_ext_impl<T: Elt>(geo: &Geo, pad: &[T], cols: &mut [T], ld: usize) {
 // The extended column matrix `cols` (`ckk x ld`) added back into the padded channel
 // group `pad` (run by run, in row order), whose interior then goes into channel group
 // `gi` of the image gradient `dx` (`c x h x w`).
-multiversion!(col2im_ext, col2im_ext_impl, (geo: &Geo, cols: &[T], ld: usize, gi: usize, pad: &mut [T], dx: &mut [T]));
+multiversion!(fn col2im_ext<T: Elt> = col2im_ext_impl(geo: &Geo, cols: &[T], ld: usize, gi: usize, pad: &mut [T], dx: &mut [T]));
 
 #[inline(always)]
 fn col2im_ext_impl<T: Elt>(geo: &Geo, cols: &[T], ld: usize, gi: usize, pad: &mut [T], dx: &mut [T]) {
@@ -904,7 +876,7 @@ fn table_plane<T: Elt>(table: &[u32], reach: usize, plane: &[T], max: &mut [T], 
 }
 
 // [`table_plane`] compiled for the best instruction set present.
-multiversion!(table_plane_best, table_plane, (table: &[u32], reach: usize, plane: &[T], max: &mut [T], at: Option<&mut [u32]>));
+multiversion!(fn table_plane_best<T: Elt> = table_plane(table: &[u32], reach: usize, plane: &[T], max: &mut [T], at: Option<&mut [u32]>));
 
 /// Planes per pooling task.
 const POOL_PLANES: usize = 16;

@@ -12,7 +12,7 @@
 //! groups' stages cover exactly their rows, products read and write within their
 //! operands, and each buffer's element type is the one its location holds.
 
-use super::lower::{CAccess, CBody, CKernel, CPointwise, CReduce, CStage, LInstr, Loc, Lowered, Src};
+use super::kernels::{CAccess, CBody, CKernel, CPointwise, CReduce, CStage, LInstr, Loc, Lowered, Src};
 use crate::{CpuError, Result};
 use aotgrad_ir::DType;
 

@@ -1,21 +1,11 @@
 //! The JIT on targets other than x86-64: it covers nothing, so every pointwise kernel
 //! runs on the block interpreter.
 
-use super::lower::CKernel;
+use super::kernels::CKernel;
 use aotgrad_ir::DType;
 
-/// Never constructed on this target.
-#[allow(dead_code)]
-#[derive(Clone, Debug)]
-pub(crate) struct JitKernel {
-    pub(crate) entry: unsafe extern "C" fn(*const *mut u8, *const isize, usize, usize),
-}
-
-/// Never filled on this target.
-pub(crate) type JitSlot = std::sync::Arc<std::sync::OnceLock<JitKernel>>;
-
 /// Elements per tile (unused here).
-pub(crate) const BLOCK: usize = super::exec::CPU_JIT_BLOCK;
+pub(crate) const BLOCK: usize = super::target::CPU_JIT_BLOCK;
 
 /// No compiled kernels on this target.
 pub(crate) fn available() -> bool {
