@@ -33,6 +33,8 @@
 #![allow(clippy::result_large_err)]
 
 mod device;
+mod launch;
+mod resident;
 mod run;
 mod wgsl;
 

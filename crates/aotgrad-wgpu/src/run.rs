@@ -1,398 +1,25 @@
-//! Compiled graphs: pipelines per lowered plan, reused device buffers, one command
-//! buffer per call between host-run ops.
+//! Compiled graphs: the entry points of a call and what drives it.
+//!
+//! A [`WgpuCompiledGraph`] holds the plan, the instance of a static graph (lowered at
+//! compile) or the instances of a dynamic one (per binding of its symbols), and its
+//! artifact. A call binds the inputs, picks the instance, takes the call's buffers,
+//! and walks the steps in order: a GPU step binds its buffers (a resident input as it
+//! is, a host value uploaded) and is recorded into the open command buffer; a host
+//! step first reads its device operands back (submitting what was recorded) and runs
+//! the reference kernel. The outputs stay on the device; the last command buffer is
+//! submitted without waiting. Buffers and transfers are in `resident`, pipelines,
+//! bind groups and passes in `launch`.
 
 use crate::device::{gpu, Gpu};
-use crate::wgsl::{access_extent, elem_type, lower_plan, Step};
+use crate::launch::{bind_group, dispatch, time_kernels, Instance, Loc};
+use crate::resident::{bytes_of, create_buffer, read_back, resident_buffer, upload, Arena, GpuBuffer, STORAGE};
+use crate::wgsl::Step;
 use crate::{backend_err, WgpuError};
-use aotgrad_cpu::{Buffer as HostBuffer, CpuTensor, Storage};
-use aotgrad_fusion::{extent, plan_graph, plan_slots, print_plan, BufferKind, KernelPlan, PlanError, SlotPlan};
+use aotgrad_cpu::{CpuTensor, Storage};
+use aotgrad_fusion::{extent, plan_graph, print_plan, KernelPlan, PlanError, SlotPlan};
 use aotgrad_ir::{BackendError, CompiledGraph, DType, Dim, Graph, SymId, TensorMeta};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-
-/// Where a buffer of the plan lives during a call.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Loc {
-    Input(usize),
-    Slot(usize),
-    Output(usize),
-    Extern,
-}
-
-/// Device buffers one call uses: the slots (kept for the next call of the same
-/// instance) and the outputs (new every call: they become the results' storages).
-struct Arena {
-    slots: Vec<wgpu::Buffer>,
-    outs: Vec<wgpu::Buffer>,
-}
-
-/// A result's elements in a device buffer: the storage of a tensor the backend
-/// returns, read back only when the host needs it, and bound directly when a later
-/// call reads it.
-#[derive(Debug)]
-pub(crate) struct GpuBuffer {
-    buf: wgpu::Buffer,
-    dtype: DType,
-    len: usize,
-}
-
-impl aotgrad_cpu::DeviceBuffer for GpuBuffer {
-    fn dtype(&self) -> DType {
-        self.dtype
-    }
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn read_back(&self) -> Result<HostBuffer, String> {
-        let gpu = gpu().map_err(|e| e.to_string())?;
-        gpu.check_health().map_err(|e| e.to_string())?;
-        let encoder = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("readback") });
-        let mut v = read_back(gpu, encoder, &[(&self.buf, self.dtype, self.len as u64)]).map_err(|e| e.to_string())?;
-        v.pop().ok_or_else(|| "no buffer came back".to_string())
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-}
-
-/// The device buffer holding `t`'s storage, when it is one of ours of the right
-/// dtype and at least `need` elements.
-fn resident(t: &CpuTensor, need: u64) -> Option<wgpu::Buffer> {
-    let dev = t.storage.device_copy()?;
-    let g = dev.as_any().downcast_ref::<GpuBuffer>()?;
-    (g.dtype == t.meta.dtype && g.len as u64 >= need).then(|| g.buf.clone())
-}
-
-/// A plan lowered for one binding of its symbols.
-struct Instance {
-    plan: KernelPlan,
-    steps: Vec<Step>,
-    pipelines: Vec<Option<wgpu::ComputePipeline>>,
-    slots: SlotPlan,
-    loc: Vec<Loc>,
-    /// Per output buffer: (plan buffer, dtype, elements).
-    out_bufs: Vec<(usize, DType, u64)>,
-    /// Per graph input: elements the kernels read.
-    input_need: Vec<u64>,
-    /// Slot buffers of earlier calls, for reuse.
-    pool: Mutex<Vec<Vec<wgpu::Buffer>>>,
-}
-
-/// Bytes of a device element: f16 is 2, every other device type 4 (bool as u32).
-fn elem_bytes(dtype: DType) -> u64 {
-    if dtype == DType::F16 {
-        2
-    } else {
-        4
-    }
-}
-
-/// Bytes of a device buffer of `elems` elements: a multiple of 4 (what copies and
-/// writes need), never empty (bindings must not be).
-fn bytes_of(dtype: DType, elems: u64) -> u64 {
-    (elems * elem_bytes(dtype)).next_multiple_of(4).max(4)
-}
-
-fn create_buffer(gpu: &Gpu, label: &str, bytes: u64, usage: wgpu::BufferUsages) -> Result<wgpu::Buffer, WgpuError> {
-    let s = &gpu.summary;
-    if bytes > s.max_buffer_bytes || (usage.contains(wgpu::BufferUsages::STORAGE) && bytes > s.max_binding_bytes) {
-        return Err(WgpuError::Limit {
-            what: label.to_string(),
-            reason: format!(
-                "a buffer of {bytes} bytes exceeds the adapter's largest buffer ({} bytes) or storage binding ({} bytes)",
-                s.max_buffer_bytes, s.max_binding_bytes
-            ),
-        });
-    }
-    let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-    let buf = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some(label),
-        size: bytes,
-        usage,
-        mapped_at_creation: false,
-    });
-    if let Some(e) = pollster::block_on(scope.pop()) {
-        return Err(WgpuError::Device(format!("out of device memory allocating {bytes} bytes for {label}: {e}")));
-    }
-    Ok(buf)
-}
-
-const STORAGE: wgpu::BufferUsages =
-    wgpu::BufferUsages::STORAGE.union(wgpu::BufferUsages::COPY_SRC).union(wgpu::BufferUsages::COPY_DST);
-
-impl Instance {
-    fn new(gpu: &Gpu, plan: KernelPlan) -> Result<Instance, WgpuError> {
-        let steps = lower_plan(&plan)?;
-        Instance::from_lowered(gpu, plan, steps, None)
-    }
-
-    /// An instance of a plan lowered already (`steps`), with its slot plan when one
-    /// is given (checked: every intermediate fits its slot), else planned here.
-    fn from_lowered(
-        gpu: &Gpu,
-        plan: KernelPlan,
-        steps: Vec<Step>,
-        slots: Option<SlotPlan>,
-    ) -> Result<Instance, WgpuError> {
-        let mut extents = Vec::with_capacity(plan.buffers.len());
-        for (b, buf) in plan.buffers.iter().enumerate() {
-            extents.push(
-                extent(&buf.layout).ok_or_else(|| WgpuError::Internal(format!("buffer b{b} has no concrete size")))?,
-            );
-        }
-        // Every access stays inside its buffer (inputs are checked per call).
-        let mut touched: Vec<&aotgrad_fusion::Access> = Vec::new();
-        for k in &plan.kernels {
-            touched.extend(k.reads());
-            touched.extend(stores_of(k));
-        }
-        for a in touched {
-            if !matches!(plan.buffers[a.buf].kind, BufferKind::Input(_)) && access_extent(a)? > extents[a.buf] as u64 {
-                return Err(WgpuError::Internal(format!("an access reads past the end of buffer b{}", a.buf)));
-            }
-        }
-        let slots = match slots {
-            Some(s) => {
-                let fits = s.slot_of.len() == plan.buffers.len()
-                    && s.slot_of.iter().enumerate().all(|(b, slot)| {
-                        slot.is_none_or(|i| {
-                            s.slots.get(i).is_some_and(|sl| {
-                                sl.dtype == plan.buffers[b].layout.dtype
-                                    && sl.elems >= extents[b]
-                                    && plan.buffers[b].kind == BufferKind::Intermediate
-                            })
-                        })
-                    });
-                if !fits {
-                    return Err(WgpuError::Internal("a stored buffer plan does not fit its kernel plan".into()));
-                }
-                s
-            }
-            None => plan_slots(&plan, &extents),
-        };
-        // Every buffer a step names exists (stored steps are checked like fresh ones).
-        let n = plan.buffers.len();
-        let in_range = steps.iter().all(|st| match st {
-            Step::Gpu(k) => k.bindings.iter().all(|(b, _)| *b < n),
-            Step::Host(e) => e.out < n && e.args.iter().all(|a| a.buf < n),
-        });
-        if !in_range || plan.outputs.iter().any(|o| o.buf >= n) {
-            return Err(WgpuError::Internal("a step names a buffer its kernel plan does not have".into()));
-        }
-        let mut loc = Vec::with_capacity(plan.buffers.len());
-        let mut out_bufs = Vec::new();
-        for (b, buf) in plan.buffers.iter().enumerate() {
-            loc.push(match buf.kind {
-                BufferKind::Input(i) => Loc::Input(i),
-                // This backend plans without input updates (its inputs are uploads).
-                BufferKind::Updated(_) => {
-                    return Err(WgpuError::Internal("a kernel plan that updates an input in place".into()))
-                }
-                // An intermediate no kernel writes has no slot (and no reader).
-                BufferKind::Intermediate => slots.slot_of[b].map_or(Loc::Extern, Loc::Slot),
-                BufferKind::Output => {
-                    let n = extent(&buf.layout).ok_or_else(|| WgpuError::Internal("a symbolic output".into()))?;
-                    out_bufs.push((b, buf.layout.dtype, n as u64));
-                    Loc::Output(out_bufs.len() - 1)
-                }
-                BufferKind::Extern => Loc::Extern,
-            });
-        }
-        let mut input_need = vec![0u64; plan.inputs.len()];
-        for k in &plan.kernels {
-            for a in k.reads() {
-                if let Loc::Input(i) = loc[a.buf] {
-                    input_need[i] = input_need[i].max(access_extent(a)?);
-                }
-            }
-        }
-        for o in &plan.outputs {
-            if let Loc::Input(i) = loc[o.buf] {
-                input_need[i] = input_need[i].max(extent(&o.meta).unwrap_or(0) as u64);
-            }
-        }
-        let mut pipelines = Vec::with_capacity(steps.len());
-        for s in &steps {
-            pipelines.push(match s {
-                Step::Gpu(k) => {
-                    if k.bindings.len() as u64 > gpu.summary.max_storage_buffers as u64 {
-                        return Err(WgpuError::Limit {
-                            what: k.what.clone(),
-                            reason: format!(
-                                "the kernel binds {} buffers; the adapter allows {} per kernel",
-                                k.bindings.len(),
-                                gpu.summary.max_storage_buffers
-                            ),
-                        });
-                    }
-                    Some(pipeline(gpu, &k.entry, &k.wgsl)?)
-                }
-                Step::Host(_) => None,
-            });
-        }
-        Ok(Instance { plan, steps, pipelines, slots, loc, out_bufs, input_need, pool: Mutex::new(Vec::new()) })
-    }
-
-    fn arena(&self, gpu: &Gpu) -> Result<Arena, WgpuError> {
-        let pooled = self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        let slots = match pooled {
-            Some(s) => s,
-            None => self
-                .slots
-                .slots
-                .iter()
-                .enumerate()
-                .map(|(i, s)| create_buffer(gpu, &format!("slot {i}"), bytes_of(s.dtype, s.elems as u64), STORAGE))
-                .collect::<Result<Vec<_>, _>>()?,
-        };
-        let outs = self
-            .out_bufs
-            .iter()
-            .map(|(b, d, n)| create_buffer(gpu, &format!("output b{b}"), bytes_of(*d, *n), STORAGE))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Arena { slots, outs })
-    }
-}
-
-/// The accesses a kernel writes through.
-fn stores_of(k: &aotgrad_fusion::Kernel) -> Vec<&aotgrad_fusion::Access> {
-    use aotgrad_fusion::Kernel;
-    match k {
-        Kernel::Pointwise(p) => p.stores.iter().map(|s| &s.dst).collect(),
-        Kernel::Reduce(r) => vec![&r.dst],
-        Kernel::Matmul(m) => {
-            let mut v = vec![&m.out];
-            if let Some(e) = &m.epilogue {
-                v.extend(e.stores.iter().map(|s| &s.dst));
-            }
-            v
-        }
-        Kernel::Extern(_) => Vec::new(),
-        Kernel::Rows(r) => r.stages.iter().flat_map(stores_of).collect(),
-    }
-}
-
-fn pipeline(gpu: &Gpu, entry: &str, wgsl: &str) -> Result<wgpu::ComputePipeline, WgpuError> {
-    let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let module = gpu.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-        label: Some(entry),
-        source: wgpu::ShaderSource::Wgsl(wgsl.into()),
-    });
-    let p = gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-        label: Some(entry),
-        layout: None,
-        module: &module,
-        entry_point: Some(entry),
-        compilation_options: Default::default(),
-        cache: None,
-    });
-    if let Some(e) = pollster::block_on(scope.pop()) {
-        return Err(WgpuError::Internal(format!("the shader of {entry} did not compile: {e}\n{wgsl}")));
-    }
-    Ok(p)
-}
-
-/// Host buffer → device bytes (4 per element, 2 for f16; padded to a multiple of 4).
-fn to_device_bytes(buf: &HostBuffer, elems: usize, what: &str) -> Result<Vec<u8>, WgpuError> {
-    elem_type(buf.dtype(), what)?;
-    let mut out = Vec::with_capacity(bytes_of(buf.dtype(), elems as u64) as usize);
-    match buf {
-        HostBuffer::F16(v) => {
-            v[..elems].iter().for_each(|x| out.extend_from_slice(&x.to_bits().to_le_bytes()));
-            out.resize(out.len().next_multiple_of(4), 0);
-        }
-        HostBuffer::F32(v) => v[..elems].iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-        HostBuffer::Bool(v) => v[..elems].iter().for_each(|x| out.extend_from_slice(&(*x as u32).to_le_bytes())),
-        HostBuffer::I32(v) => v[..elems].iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-        // i64 lives on the device as i32: every value must fit.
-        HostBuffer::I64(v) => {
-            for (k, x) in v[..elems].iter().enumerate() {
-                let w = i32::try_from(*x).map_err(|_| WgpuError::Unsupported {
-                    what: what.to_string(),
-                    reason: format!(
-                        "the i64 value {x} (element {k} of an operand) is beyond i32: the wgpu backend holds i64 \
-                         values as i32 on the device (use the CPU backend for larger integers)"
-                    ),
-                })?;
-                out.extend_from_slice(&w.to_le_bytes());
-            }
-        }
-        other => return Err(WgpuError::Internal(format!("upload of {}", other.dtype()))),
-    }
-    Ok(out)
-}
-
-fn from_device_bytes(dtype: DType, bytes: &[u8], elems: usize) -> Result<HostBuffer, WgpuError> {
-    if dtype == DType::F16 {
-        let halves = bytes.chunks_exact(2).take(elems).map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])));
-        return Ok(HostBuffer::F16(halves.collect()));
-    }
-    let words = bytes.chunks_exact(4).take(elems).map(|c| [c[0], c[1], c[2], c[3]]);
-    Ok(match dtype {
-        DType::F32 => HostBuffer::F32(words.map(f32::from_le_bytes).collect()),
-        DType::Bool => HostBuffer::Bool(words.map(|w| u32::from_le_bytes(w) != 0).collect()),
-        DType::I32 => HostBuffer::I32(words.map(i32::from_le_bytes).collect()),
-        DType::I64 => HostBuffer::I64(words.map(|w| i32::from_le_bytes(w) as i64).collect()),
-        d => return Err(WgpuError::Internal(format!("readback of {d}"))),
-    })
-}
-
-/// Read device buffers back (one submission for all of them): the encoder so far,
-/// copies into staging buffers, then one wait.
-fn read_back(
-    gpu: &Gpu,
-    mut encoder: wgpu::CommandEncoder,
-    bufs: &[(&wgpu::Buffer, DType, u64)],
-) -> Result<Vec<HostBuffer>, WgpuError> {
-    let mut staging = Vec::with_capacity(bufs.len());
-    for (i, (b, dtype, n)) in bufs.iter().enumerate() {
-        if *n == 0 {
-            staging.push(None);
-            continue;
-        }
-        let bytes = bytes_of(*dtype, *n);
-        let s = create_buffer(
-            gpu,
-            &format!("readback {i}"),
-            bytes,
-            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        )?;
-        encoder.copy_buffer_to_buffer(b, 0, &s, 0, bytes);
-        staging.push(Some(s));
-    }
-    gpu.queue.submit([encoder.finish()]);
-    gpu.counters.submit();
-    let (tx, rx) = std::sync::mpsc::channel();
-    for (i, s) in staging.iter().enumerate() {
-        if let Some(s) = s {
-            let tx = tx.clone();
-            s.map_async(wgpu::MapMode::Read, .., move |r| {
-                let _ = tx.send((i, r));
-            });
-        }
-    }
-    drop(tx);
-    gpu.wait()?;
-    for (i, r) in rx.try_iter() {
-        r.map_err(|e| WgpuError::Device(format!("reading back buffer {i} failed: {e}")))?;
-    }
-    let mut out = Vec::with_capacity(bufs.len());
-    for ((_, dtype, n), s) in bufs.iter().zip(&staging) {
-        match s {
-            None => out.push(from_device_bytes(*dtype, &[], 0)?),
-            Some(s) => {
-                let view = s
-                    .get_mapped_range(..)
-                    .map_err(|e| WgpuError::Device(format!("a readback buffer did not map: {e}")))?;
-                out.push(from_device_bytes(*dtype, &view, *n as usize)?);
-                drop(view);
-                s.unmap();
-                gpu.counters.readback(n * elem_bytes(*dtype));
-            }
-        }
-    }
-    Ok(out)
-}
 
 fn meta_of(a: &aotgrad_fusion::Access) -> TensorMeta {
     TensorMeta { shape: a.shape.clone(), strides: a.strides.clone(), offset: a.offset.clone(), dtype: a.dtype }
@@ -637,7 +264,7 @@ impl WgpuCompiledGraph {
         }
         let arena = inst.arena(gpu)?;
         let result = run_steps(gpu, &inst, &arena, inputs);
-        inst.pool.lock().unwrap_or_else(|e| e.into_inner()).push(arena.slots);
+        arena.recycle(&inst.pool);
         result
     }
 }
@@ -666,75 +293,7 @@ impl WgpuCompiledGraph {
         if inst.steps.iter().any(|s| matches!(s, Step::Host(_))) {
             return Err(unsupported("the graph has host-run steps"));
         }
-        let arena = inst.arena(gpu)?;
-        let mut uploaded: Vec<Option<wgpu::Buffer>> = vec![None; inst.loc.len()];
-        let mut passes = Vec::new();
-        for (si, step) in inst.steps.iter().enumerate() {
-            let Step::Gpu(k) = step else { continue };
-            let mut entries = Vec::with_capacity(k.bindings.len());
-            for (b, _) in &k.bindings {
-                let buf = match inst.loc[*b] {
-                    Loc::Slot(s) => arena.slots[s].clone(),
-                    Loc::Output(o) => arena.outs[o].clone(),
-                    Loc::Input(i) => match uploaded[*b].clone().or_else(|| resident(&inputs[i], inst.input_need[i])) {
-                        Some(u) => {
-                            uploaded[*b] = Some(u.clone());
-                            u
-                        }
-                        None => {
-                            inputs[i].storage.sync_host().map_err(aotgrad_cpu::CpuError::Device)?;
-                            let guard = inputs[i].storage.read();
-                            let bytes = to_device_bytes(&guard, inst.input_need[i] as usize, &k.what)?;
-                            let u = create_buffer(gpu, &format!("upload b{b}"), (bytes.len() as u64).max(4), STORAGE)?;
-                            gpu.queue.write_buffer(&u, 0, &bytes);
-                            gpu.counters.upload(bytes.len() as u64);
-                            uploaded[*b] = Some(u.clone());
-                            u
-                        }
-                    },
-                    Loc::Extern => {
-                        return Err(WgpuError::Internal(format!("kernel {} reads an extern buffer", k.entry)))
-                    }
-                };
-                entries.push(buf);
-            }
-            if k.groups.contains(&0) {
-                continue;
-            }
-            let pipe = inst.pipelines[si].as_ref().ok_or_else(|| WgpuError::Internal("no pipeline".into()))?;
-            let bind: Vec<wgpu::BindGroupEntry> = entries
-                .iter()
-                .enumerate()
-                .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
-                .collect();
-            let group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some(&k.entry),
-                layout: &pipe.get_bind_group_layout(0),
-                entries: &bind,
-            });
-            passes.push((pipe, group, k.groups));
-        }
-        let run = |n: usize| -> Result<f64, WgpuError> {
-            let mut encoder =
-                gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("aotgrad timing") });
-            for _ in 0..n {
-                for (pipe, group, groups) in &passes {
-                    let mut pass = encoder
-                        .begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
-                    pass.set_pipeline(pipe);
-                    pass.set_bind_group(0, group, &[]);
-                    pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
-                }
-            }
-            let t = std::time::Instant::now();
-            gpu.queue.submit([encoder.finish()]);
-            gpu.counters.submit();
-            gpu.wait()?;
-            Ok(t.elapsed().as_secs_f64())
-        };
-        let result = run(1).and_then(|_| run(reps)).map(|s| s / reps as f64);
-        inst.pool.lock().unwrap_or_else(|e| e.into_inner()).push(arena.slots);
-        result
+        time_kernels(gpu, &inst, inputs, reps)
     }
 }
 
@@ -777,7 +336,7 @@ fn run_steps(gpu: &Gpu, inst: &Instance, arena: &Arena, inputs: &[CpuTensor]) ->
                     if device_buf(*b, &uploaded).is_none() {
                         if let Loc::Input(i) = inst.loc[*b] {
                             // A tensor already on the device is bound as it is.
-                            if let Some(d) = resident(&inputs[i], inst.input_need[i]) {
+                            if let Some(d) = resident_buffer(&inputs[i], inst.input_need[i]) {
                                 uploaded[*b] = Some(d);
                             }
                         }
@@ -796,14 +355,11 @@ fn run_steps(gpu: &Gpu, inst: &Instance, arena: &Arena, inputs: &[CpuTensor]) ->
                             Loc::Input(i) => inst.input_need[i] as usize,
                             _ => guard.len(),
                         };
-                        let bytes = to_device_bytes(&guard, elems, &k.what)?;
-                        let buf = create_buffer(gpu, &format!("upload b{b}"), (bytes.len() as u64).max(4), STORAGE)?;
-                        gpu.queue.write_buffer(&buf, 0, &bytes);
-                        gpu.counters.upload(bytes.len() as u64);
+                        let buf = upload(gpu, *b, &guard, elems, &k.what)?;
                         // A whole input uploaded stays with its storage: the next
                         // call binds it until the host writes the storage.
                         if matches!(inst.loc[*b], Loc::Input(_)) && elems == guard.len() {
-                            let copy = GpuBuffer { buf: buf.clone(), dtype: guard.dtype(), len: elems };
+                            let copy = GpuBuffer::new(buf.clone(), guard.dtype(), elems);
                             storage.attach_device_copy(Arc::new(copy));
                         }
                         drop(guard);
@@ -816,26 +372,8 @@ fn run_steps(gpu: &Gpu, inst: &Instance, arena: &Arena, inputs: &[CpuTensor]) ->
                     continue;
                 }
                 let pipe = inst.pipelines[si].as_ref().ok_or_else(|| WgpuError::Internal("no pipeline".into()))?;
-                let layout = pipe.get_bind_group_layout(0);
-                let bind: Vec<wgpu::BindGroupEntry> = entries
-                    .iter()
-                    .enumerate()
-                    .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
-                    .collect();
-                let group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: Some(&k.entry),
-                    layout: &layout,
-                    entries: &bind,
-                });
-                {
-                    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                        label: Some(&k.entry),
-                        timestamp_writes: None,
-                    });
-                    pass.set_pipeline(pipe);
-                    pass.set_bind_group(0, &group, &[]);
-                    pass.dispatch_workgroups(k.groups[0], k.groups[1], k.groups[2]);
-                }
+                let group = bind_group(gpu, &k.entry, pipe, &entries);
+                dispatch(&mut encoder, Some(&k.entry), pipe, &group, k.groups);
                 recorded = true;
             }
             Step::Host(e) => {
@@ -916,7 +454,7 @@ fn run_steps(gpu: &Gpu, inst: &Instance, arena: &Arena, inputs: &[CpuTensor]) ->
                 return Err(WgpuError::Internal(format!("output b{} was never computed", o.buf)));
             }
         };
-        let dev = GpuBuffer { buf, dtype: layout.dtype, len: elems as usize };
+        let dev = GpuBuffer::new(buf, layout.dtype, elems as usize);
         results.insert(o.buf, Storage::on_device(Arc::new(dev)));
     }
     if recorded {
