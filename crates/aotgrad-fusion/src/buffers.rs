@@ -7,8 +7,13 @@
 //! outputs (handed to the caller) and extern results (allocated by their op) take no
 //! slot. The arena is the sum of the slots; a call allocates the arena (once, then
 //! reused) plus its outputs.
+//!
+//! The planner's buffer bookkeeping lives here too: `recompute_liveness` sets every
+//! buffer's first writer and last use from the kernel list, and
+//! `update_inputs_in_place` stores a mutated input's new value into the input's own
+//! buffer where that is safe, dropping the output buffer it replaces.
 
-use crate::plan::{BufferKind, KernelPlan};
+use crate::plan::{Access, BufferKind, Kernel, KernelPlan};
 use aotgrad_ir::{DType, TensorMeta};
 use serde::{Deserialize, Serialize};
 
@@ -139,4 +144,97 @@ pub fn plan_slots(plan: &KernelPlan, extents: &[usize]) -> SlotPlan {
     }
     let arena_bytes = slots.iter().map(|s| s.elems * s.dtype.size_bytes()).sum();
     SlotPlan { slot_of, slots, arena_bytes, output_bytes, unshared_bytes: unshared }
+}
+
+/// Set every buffer's `def` and `last_use` from the kernel list.
+pub(crate) fn recompute_liveness(plan: &mut KernelPlan) {
+    for b in &mut plan.buffers {
+        if !matches!(b.kind, BufferKind::Input(_)) {
+            b.def = None;
+        }
+        b.last_use = None;
+    }
+    for (i, k) in plan.kernels.iter().enumerate() {
+        for a in k.reads() {
+            plan.buffers[a.buf].last_use = Some(i);
+        }
+        for w in k.writes() {
+            let b = &mut plan.buffers[w];
+            // A later write (a scatter into the buffer) keeps it alive too.
+            if b.def.is_some() {
+                b.last_use = Some(i);
+            }
+            b.def.get_or_insert(i);
+        }
+    }
+}
+
+/// Store each mutated input's new value into the input's own buffer where that is
+/// safe (see [`crate::PlanOptions::input_updates`]); the fresh output buffers that
+/// held them are dropped.
+pub(crate) fn update_inputs_in_place(plan: &mut KernelPlan, updates: &[(usize, usize)]) {
+    let mut dropped = vec![false; plan.buffers.len()];
+    for &(o, i) in updates {
+        let (Some(out), Some(input)) = (plan.outputs.get(o), plan.inputs.get(i)) else { continue };
+        let b = out.buf;
+        let buf = &plan.buffers[b];
+        if buf.kind != BufferKind::Output
+            || plan.buffers.get(i).map(|x| &x.kind) != Some(&BufferKind::Input(i))
+            || buf.layout != *input
+            || out.meta != *input
+            || plan.outputs.iter().enumerate().any(|(k, x)| (k != o && x.buf == b) || x.buf == i)
+        {
+            continue;
+        }
+        let Some(def) = buf.def else { continue };
+        if plan.kernels.iter().filter(|k| k.writes().contains(&b)).count() != 1 {
+            continue;
+        }
+        let Some(Kernel::Pointwise(pk)) = plan.kernels.get(def) else { continue };
+        let [store] = pk.stores.iter().filter(|s| s.dst.buf == b).collect::<Vec<_>>()[..] else { continue };
+        let same_index =
+            |a: &Access| a.shape == store.dst.shape && a.strides == store.dst.strides && a.offset == store.dst.offset;
+        let safe = plan.kernels.iter().enumerate().all(|(k, kern)| match k.cmp(&def) {
+            std::cmp::Ordering::Less => true,
+            std::cmp::Ordering::Equal => pk.body.loads.iter().filter(|l| l.buf == i).all(same_index),
+            std::cmp::Ordering::Greater => kern.reads().iter().all(|a| a.buf != i),
+        });
+        if !safe {
+            continue;
+        }
+        for k in &mut plan.kernels {
+            k.for_each_buf_mut(&mut |x| {
+                if *x == b {
+                    *x = i;
+                }
+            });
+        }
+        plan.outputs[o].buf = i;
+        plan.buffers[i].kind = BufferKind::Updated(i);
+        dropped[b] = true;
+    }
+    if !dropped.contains(&true) {
+        return;
+    }
+    // Renumber the buffers that stay.
+    let mut new_id = vec![usize::MAX; plan.buffers.len()];
+    let mut next = 0;
+    for (b, d) in dropped.iter().enumerate() {
+        if !d {
+            new_id[b] = next;
+            next += 1;
+        }
+    }
+    let mut b = 0;
+    plan.buffers.retain(|_| {
+        b += 1;
+        !dropped[b - 1]
+    });
+    for k in &mut plan.kernels {
+        k.for_each_buf_mut(&mut |x| *x = new_id[*x]);
+    }
+    for o in &mut plan.outputs {
+        o.buf = new_id[o.buf];
+    }
+    recompute_liveness(plan);
 }

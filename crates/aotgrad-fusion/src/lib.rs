@@ -9,13 +9,20 @@
 //! slot by liveness and reports the plan's peak bytes. The plan is plain serializable
 //! data: the CPU backend executes it, and a GPU backend lowers the same plan.
 //!
-//! Module map: `plan` (the data types), `build` (the planner), `buffers` (liveness slot
-//! assignment), `print` (the text form used by golden tests and `RUST_LOG` dumps),
-//! `wire` (the plan's flat binary form).
+//! Module map: `plan` (the data types), `build` (the planner's entry points and
+//! driver), `classify` (what each node is: liveness, readers, pointwise / reduction /
+//! matmul classes and compute types), `group` (which nodes fuse into one kernel,
+//! matmul epilogues, row groups), `body` (fused kernel bodies and operand accesses),
+//! `buffers` (buffer liveness, in-place input updates and liveness slot assignment),
+//! `print` (the text form used by golden tests and `RUST_LOG` dumps), `wire` (the
+//! plan's flat binary form).
 #![warn(missing_docs)]
 
+mod body;
 mod buffers;
 mod build;
+mod classify;
+mod group;
 mod plan;
 mod print;
 mod wire;
