@@ -58,6 +58,16 @@ fn matmuls_with_transposed_operands_and_epilogues() {
 }
 
 #[test]
+fn reductions_over_copies_of_transposed_values() {
+    differential::reductions_over_copies_of_transposed_values(&suite());
+}
+
+#[test]
+fn views_of_a_value_beside_its_copy() {
+    differential::views_of_a_value_beside_its_copy(&suite());
+}
+
+#[test]
 fn extern_ops_views_and_aliasing_outputs() {
     differential::extern_ops_views_and_aliasing_outputs(&suite());
 }

@@ -161,7 +161,61 @@ impl BodyBuilder {
         };
         Ok(if needs_round { self.push(Instr::Round(out.dtype, v)) } else { v })
     }
-    pub(crate) fn finish(self) -> Body {
-        Body { compute: self.compute, loads: self.loads, instrs: self.instrs }
+    /// The body computing the registers `live` (its stores, a reduction's value):
+    /// instructions nothing live reads are dropped (the fill of a `full_like` that a
+    /// `copy` overwrites whole, as `clone` decomposes), and loads only they read, so a
+    /// live register's dependencies all come before it and the last live register is
+    /// the last instruction. Returns the body and each old register's new number.
+    pub(crate) fn finish_live(self, live: &[usize]) -> (Body, Vec<Option<usize>>) {
+        let n = self.instrs.len();
+        let mut needed = vec![false; n];
+        for &r in live {
+            if r < n {
+                needed[r] = true;
+            }
+        }
+        for i in (0..n).rev() {
+            if needed[i] {
+                for a in operands(&self.instrs[i]) {
+                    needed[a] = true;
+                }
+            }
+        }
+        let mut reg = vec![None; n];
+        let mut load_map: Vec<Option<usize>> = vec![None; self.loads.len()];
+        let mut loads = Vec::new();
+        let mut instrs = Vec::with_capacity(n);
+        for (i, ins) in self.instrs.into_iter().enumerate() {
+            if !needed[i] {
+                continue;
+            }
+            let r = |x: usize| reg[x].unwrap_or(x);
+            let ins = match ins {
+                Instr::Load(l) => Instr::Load(*load_map[l].get_or_insert_with(|| {
+                    loads.push(self.loads[l].clone());
+                    loads.len() - 1
+                })),
+                Instr::Const(c) => Instr::Const(c),
+                Instr::Unary(u, a) => Instr::Unary(u, r(a)),
+                Instr::Binary(b, a, c) => Instr::Binary(b, r(a), r(c)),
+                Instr::Compare(c, a, b) => Instr::Compare(c, r(a), r(b)),
+                Instr::Where(c, a, b) => Instr::Where(r(c), r(a), r(b)),
+                Instr::Clamp { x, min, max } => Instr::Clamp { x: r(x), min, max },
+                Instr::Round(d, a) => Instr::Round(d, r(a)),
+            };
+            reg[i] = Some(instrs.len());
+            instrs.push(ins);
+        }
+        (Body { compute: self.compute, loads, instrs }, reg)
+    }
+}
+
+/// The registers an instruction reads.
+fn operands(i: &Instr) -> Vec<usize> {
+    match *i {
+        Instr::Load(_) | Instr::Const(_) => vec![],
+        Instr::Unary(_, a) | Instr::Clamp { x: a, .. } | Instr::Round(_, a) => vec![a],
+        Instr::Binary(_, a, b) | Instr::Compare(_, a, b) => vec![a, b],
+        Instr::Where(c, a, b) => vec![c, a, b],
     }
 }

@@ -255,7 +255,12 @@ fn plan_kernels(g: &Graph) -> Result<KernelPlan, PlanError> {
             let out = new_buf(&mut plan, BufferKind::Intermediate);
             let reg = body.reg_of[&j];
             stores.push(Store { reg, dst: broadcast_access(out, &node.meta, &shape)? });
-            Kernel::Pointwise(PointwiseKernel { shape, body: body.finish(), stores, nodes: order.len() })
+            let live: Vec<usize> = stores.iter().map(|s| s.reg).collect();
+            let (body, reg) = body.finish_live(&live);
+            for s in &mut stores {
+                s.reg = reg[s.reg].ok_or_else(|| PlanError::Internal("a stored register was dropped".into()))?;
+            }
+            Kernel::Pointwise(PointwiseKernel { shape, body, stores, nodes: order.len() })
         } else if let (Some(t), Op::Reduce { op, dims, .. }) = (red[j], &node.op) {
             let out = new_buf(&mut plan, BufferKind::Intermediate);
             let x = node.args[0];
@@ -266,20 +271,23 @@ fn plan_kernels(g: &Graph) -> Result<KernelPlan, PlanError> {
             let mut b = BodyBuilder::new(t);
             let order = members.remove(&j).unwrap_or_default();
             let count = order.len() + 1;
-            if order.is_empty() {
+            let value = if order.is_empty() {
                 let buf = buf_of(&node_buf, &root, &ctx, x)?;
-                b.load(x, access(buf, in_meta));
+                b.load(x, access(buf, in_meta))
             } else {
                 let load_buf = |v: ValueId| buf_of(&node_buf, &root, &ctx, v);
                 b.emit(&order, &shape, &ctx, &load_buf)?;
-                // The reduced value must be the last register.
                 let xk = ctx
                     .node_of(x)
                     .ok_or_else(|| PlanError::Internal("inlined reduction input is not a node".into()))?;
-                if b.reg_of.get(&xk).copied() != Some(b.instrs.len() - 1) {
-                    return Err(PlanError::Internal("reduction prologue does not end in its input".into()));
-                }
-            }
+                b.reg_of
+                    .get(&xk)
+                    .copied()
+                    .ok_or_else(|| PlanError::Internal("inlined reduction input has no register".into()))?
+            };
+            // The reduced value is the body's last register: what it does not need is
+            // dropped, and everything it needs comes before it.
+            let (body, _) = b.finish_live(&[value]);
             // Result indexed by the input space: kept dims map to the output's dims.
             let mut strides = Vec::with_capacity(rank);
             let keepdim = node.meta.rank() == rank;
@@ -306,7 +314,7 @@ fn plan_kernels(g: &Graph) -> Result<KernelPlan, PlanError> {
                 op: *op,
                 shape,
                 reduced,
-                body: b.finish(),
+                body,
                 dst,
                 nodes: count,
                 value: node.out,

@@ -157,9 +157,14 @@ pub(crate) fn attach_epilogues(plan: &mut KernelPlan) {
         if pk.stores.iter().any(|st| writers[st.dst.buf] != 1) {
             continue;
         }
-        if let Some(out) = fold_layout_copy(pk, &plan.buffers[b].layout) {
-            // The reader only copies the product into another layout (a transpose made
-            // contiguous): the matmul writes that layout directly.
+        // The reader only copies the product into another layout (a transpose made
+        // contiguous): the matmul writes that layout directly — unless the product's
+        // own buffer is needed too (an output, or viewed by one: `m[:, 0:1]` returned
+        // beside `m.clone()`), which only an intermediate is not.
+        let folded = (plan.buffers[b].kind == BufferKind::Intermediate)
+            .then(|| fold_layout_copy(pk, &plan.buffers[b].layout))
+            .flatten();
+        if let Some(out) = folded {
             if let Kernel::Matmul(mk) = &mut plan.kernels[m] {
                 mk.out = out;
             }

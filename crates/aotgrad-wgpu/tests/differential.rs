@@ -67,6 +67,20 @@ fn matmuls_with_transposed_operands_and_epilogues() {
 }
 
 #[test]
+fn reductions_over_copies_of_transposed_values() {
+    if let Some(s) = suite() {
+        differential::reductions_over_copies_of_transposed_values(&s);
+    }
+}
+
+#[test]
+fn views_of_a_value_beside_its_copy() {
+    if let Some(s) = suite() {
+        differential::views_of_a_value_beside_its_copy(&s);
+    }
+}
+
+#[test]
 fn extern_ops_views_and_aliasing_outputs() {
     if let Some(s) = suite() {
         differential::extern_ops_views_and_aliasing_outputs(&s);

@@ -440,6 +440,77 @@ pub fn extern_ops_views_and_aliasing_outputs(suite: &Suite) {
     assert!(err.to_string().contains("index_select"), "{err}");
 }
 
+/// Reductions over a copy of a pointwise value over a transposed input (the copy
+/// and the value inlined into the reduction's prologue), the sum then squared:
+/// `a.transpose_(2, 0); s = (a + a).clone().sum(); s * s`.
+pub fn reductions_over_copies_of_transposed_values(suite: &Suite) {
+    for (dims, keepdim) in [(vec![], false), (vec![0usize], false), (vec![2], true), (vec![0, 1], false)] {
+        let mut g = Graph::new();
+        let a = input(&mut g, "a", m(&[2, 3, 4], DType::F32));
+        let t = node(&mut g, Op::Transpose(2, 0), &[a]);
+        let s2 = node(&mut g, Op::Binary(BinaryOp::Add), &[t, t]);
+        let c = node(&mut g, Op::Clone, &[s2]);
+        let r = node(&mut g, Op::Reduce { op: ReduceOp::Sum, dims: dims.clone(), keepdim }, &[c]);
+        let sq = node(&mut g, Op::Binary(BinaryOp::Mul), &[r, r]);
+        g.outputs = vec![sq];
+        let xs = tensor_for(&m(&[2, 3, 4], DType::F32), 0.5, false);
+        suite.check(&g, &[xs], 1e-5);
+    }
+}
+
+/// Views of a computed value returned beside a copy of it (`m[:, 0:1]` and
+/// `m.clone()`): the value must be materialized where its views read it, whether it
+/// comes from a matmul (whose epilogue the copy could become), a pointwise kernel or
+/// a reduction, and whichever view (`slice`, `select`, `t`, `expand`) is returned.
+pub fn views_of_a_value_beside_its_copy(suite: &Suite) {
+    let views: [fn(&mut Graph, ValueId) -> ValueId; 3] = [
+        |g, v| node(g, Op::Slice { dim: 1, start: Dim::from(0usize), end: Dim::from(1usize), step: 1 }, &[v]),
+        |g, v| node(g, Op::Select { dim: 0, index: Dim::from(1usize) }, &[v]),
+        |g, v| node(g, Op::T, &[v]),
+    ];
+    for view in views {
+        for source in ["matmul", "pointwise", "matmul+relu", "sum"] {
+            let mut g = Graph::new();
+            let x = input(&mut g, "x", m(&[2, 3], DType::F32));
+            let w = node(&mut g, Op::View(aotgrad_ir::dims![Dim::from(3usize), Dim::from(2usize)]), &[x]);
+            let v = match source {
+                "matmul" => node(&mut g, Op::Mm, &[x, w]),
+                "pointwise" => node(&mut g, Op::Unary(UnaryOp::Exp), &[x]),
+                "matmul+relu" => {
+                    let p = node(&mut g, Op::Mm, &[x, w]);
+                    node(&mut g, Op::Unary(UnaryOp::Relu), &[p])
+                }
+                _ => {
+                    let e = node(&mut g, Op::Unary(UnaryOp::Exp), &[x]);
+                    let x3 =
+                        node(&mut g, Op::Expand(aotgrad_ir::dims![4usize.into(), 2usize.into(), 3usize.into()]), &[e]);
+                    node(&mut g, Op::Reduce { op: ReduceOp::Sum, dims: vec![0], keepdim: false }, &[x3])
+                }
+            };
+            let out_view = view(&mut g, v);
+            let copy = node(&mut g, Op::Clone, &[v]);
+            g.outputs = vec![out_view, copy];
+            let xs = tensor_for(&m(&[2, 3], DType::F32), 0.25, false);
+            suite.check(&g, &[xs], 1e-5);
+        }
+    }
+    // PyTorch's values for the matmul case: x = [[.1, .2, .3], [.4, .5, .6]], w = x
+    // viewed [3, 2]: m = [[.22, .28], [.49, .64]], m[:, 0:1] = [[.22], [.49]].
+    let mut g = Graph::new();
+    let x = input(&mut g, "x", m(&[2, 3], DType::F32));
+    let w = node(&mut g, Op::View(aotgrad_ir::dims![Dim::from(3usize), Dim::from(2usize)]), &[x]);
+    let p = node(&mut g, Op::Mm, &[x, w]);
+    let s = node(&mut g, Op::Slice { dim: 1, start: Dim::from(0usize), end: Dim::from(1usize), step: 1 }, &[p]);
+    let c = node(&mut g, Op::Clone, &[p]);
+    g.outputs = vec![s, c];
+    let xs = tf(&[0.1, 0.2, 0.3, 0.4, 0.5, 0.6], &[2, 3], DType::F32);
+    let outs = suite.compile(&g).run(&[xs]).unwrap();
+    let got: Vec<f64> = outs[0].to_vec_f64();
+    for (g, want) in got.iter().zip([0.22, 0.49]) {
+        assert!((g - want).abs() < 1e-6, "m[:, 0:1] = {got:?}, PyTorch: [0.22, 0.49]");
+    }
+}
+
 pub fn scatters_in_place_and_copying(suite: &Suite) {
     // zeros -> select_scatter x3 (in place into one buffer), and a scatter whose base
     // is still read afterwards (copied first), and one into a graph input (copied).

@@ -3,6 +3,7 @@
 //! reaching past an input's own elements, writes through a non-repeating expand.
 
 use crate::contract::{check, seq, tensor};
+use aotgrad::prelude::{DType, Tensor};
 use aotgrad::{AotConfig, Arg};
 use expect_test::expect;
 
@@ -203,4 +204,52 @@ fn write_through_a_row_of_an_expanded_input() {
         synthetic base: graph input 0 = storage[2..5] for traced inputs [0]
     "#]]
     .assert_eq(&c.text);
+}
+
+/// A reduction over a copy of a sum of an argument transposed in place, its result
+/// then squared in place (PyTorch: `a = arange(24.).view(2, 3, 4); a.transpose_(2, 0);
+/// s = (a + a).clone().sum(); s.mul_(s)` gives 304704.0 = (2 * 276)^2).
+#[test]
+fn sum_of_a_copy_of_an_argument_transposed_in_place() {
+    let inputs = || vec![seq(&[2, 3, 4], 0.0).into()];
+    let c = check(
+        |a: &[Arg]| {
+            let x = tensor(&a[0])?;
+            x.transpose_(2, 0)?;
+            let s = x.add(x)?.clone_tensor()?.sum_all()?;
+            s.mul_(&s)?;
+            Ok(vec![s])
+        },
+        inputs,
+        AotConfig::default(),
+    );
+    assert_eq!(c.compiled.call_args(&inputs()).unwrap()[0].item().unwrap(), 304704.0);
+}
+
+/// A view of a matmul result returned beside a copy of it (PyTorch, `x = [[.1, .2, .3],
+/// [.4, .5, .6]]`, `w = x.view(3, 2)`: `m[:, 0:1] = [[.22], [.49]]`); the view must read
+/// the product, which the copy must not take over.
+#[test]
+fn a_view_of_a_product_beside_its_copy() {
+    let inputs = || vec![Tensor::from_f64(&[0.1, 0.2, 0.3, 0.4, 0.5, 0.6], &[2, 3], DType::F32).unwrap().into()];
+    let c = check(
+        |a: &[Arg]| {
+            let x = tensor(&a[0])?;
+            let m = x.matmul(&x.view(&[3, 2])?)?;
+            Ok(vec![m.slice(1, Some(0), Some(1), 1)?, m.clone_tensor()?, m.select(0, 1)?, m.t()?])
+        },
+        inputs,
+        AotConfig::default(),
+    );
+    let outs = c.compiled.call_args(&inputs()).unwrap();
+    let close = |got: Vec<f64>, want: &[f64]| {
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() < 1e-6, "{got:?} vs PyTorch {want:?}");
+        }
+    };
+    close(outs[0].to_vec_f64().unwrap(), &[0.22, 0.49]);
+    close(outs[1].to_vec_f64().unwrap(), &[0.22, 0.28, 0.49, 0.64]);
+    close(outs[2].to_vec_f64().unwrap(), &[0.49, 0.64]);
+    close(outs[3].to_vec_f64().unwrap(), &[0.22, 0.49, 0.28, 0.64]);
 }
