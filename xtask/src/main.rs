@@ -123,6 +123,61 @@ fn ensure_vulkan() -> Result<()> {
     ensure_package("vulkan", "mesa-vulkan-drivers", "no Vulkan driver is installed")
 }
 
+/// `aotgrad-dist` builds its MPI bindings against Open MPI's `mpi.h` with libclang
+/// (bindgen), and its tests launch `mpirun`: install Debian's `openmpi-bin`,
+/// `libopenmpi-dev` and `libclang-dev` when they are missing.
+fn ensure_mpi() -> Result<()> {
+    let ok = |cmd: &str, arg: &str| {
+        Command::new(cmd).arg(arg).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+    };
+    let libclang = std::fs::read_dir("/usr/lib").is_ok_and(|dirs| {
+        dirs.flatten().any(|d| {
+            d.file_name().to_string_lossy().starts_with("llvm-")
+                && std::fs::read_dir(d.path().join("lib"))
+                    .is_ok_and(|l| l.flatten().any(|f| f.file_name().to_string_lossy().starts_with("libclang.so")))
+        })
+    });
+    if !ok("mpirun", "--version") {
+        ensure_package("mpi", "openmpi-bin", "mpirun is missing")?;
+    }
+    if !ok("mpicc", "-showme:version") {
+        ensure_package("mpi", "libopenmpi-dev", "Open MPI's headers (mpicc) are missing")?;
+    }
+    if !libclang {
+        ensure_package("mpi", "libclang-dev", "libclang (for the MPI bindings) is missing")?;
+    }
+    Ok(())
+}
+
+/// `mpirun -np N` with the options this project's machines need: as root (CI's
+/// user) Open MPI must be told it may run; more ranks than cores; shared memory
+/// without the single-copy mechanism, which containers often forbid.
+fn mpirun_args(np: usize) -> Vec<String> {
+    let root = Command::new("id").arg("-u").output().map(|o| o.stdout.trim_ascii() == b"0").unwrap_or(false);
+    let mut a: Vec<String> = Vec::new();
+    if root {
+        a.push("--allow-run-as-root".into());
+    }
+    for s in ["--oversubscribe", "--mca", "btl", "self,vader", "--mca", "btl_vader_single_copy_mechanism", "none"] {
+        a.push(s.into());
+    }
+    a.push("-np".into());
+    a.push(np.to_string());
+    a
+}
+
+/// Run `mpirun ARGS` (a step of this task).
+fn run_mpirun(step: &str, args: &[String]) -> Result<()> {
+    eprintln!("==> {step}: mpirun {}", args.join(" "));
+    let start = Instant::now();
+    let status = Command::new("mpirun").args(args).status().context("could not start mpirun")?;
+    if !status.success() {
+        bail!("{step} failed ({status})");
+    }
+    eprintln!("==> {step}: ok in {:.1}s", start.elapsed().as_secs_f64());
+    Ok(())
+}
+
 /// Install Debian package `package` when this process may (root, apt-get present);
 /// otherwise say how to.
 fn ensure_package(step: &str, package: &str, why: &str) -> Result<()> {
@@ -147,9 +202,28 @@ fn ensure_package(step: &str, package: &str, why: &str) -> Result<()> {
     Ok(())
 }
 
-/// The main job: `aotgrad train ARGS` from a release build.
+/// The main job: `aotgrad train ARGS` from a release build; `--np N` (before any
+/// `--`) trains on N processes under `mpirun` (the CLI built with its `mpi` feature).
 fn train(args: &[String]) -> Result<()> {
     ensure_dataset()?;
+    let split = args.iter().position(|a| a == "--").unwrap_or(args.len());
+    if let Some(i) = args[..split].iter().position(|a| a == "--np") {
+        let np: usize = args
+            .get(i + 1)
+            .and_then(|n| n.parse().ok())
+            .filter(|&n| n > 0)
+            .context("--np takes a number of processes")?;
+        let rest: Vec<String> =
+            args.iter().enumerate().filter(|(j, _)| *j != i && *j != i + 1).map(|(_, a)| a.clone()).collect();
+        let rest = rest.strip_prefix(&["--".to_string()]).unwrap_or(&rest);
+        ensure_mpi()?;
+        run("build", &["build", "--release", "-q", "-p", "aotgrad-cli", "--features", "mpi", "--bin", "aotgrad"])?;
+        let mut m = mpirun_args(np);
+        m.push(target_dir().join("release/aotgrad").to_string_lossy().into_owned());
+        m.push("train".into());
+        m.extend(rest.iter().cloned());
+        return run_mpirun("train", &m);
+    }
     let mut cargo_args = vec!["run", "--release", "-q", "-p", "aotgrad-cli", "--bin", "aotgrad", "--", "train"];
     // `cargo xtask train -- --help` and `cargo xtask train --help` both reach aotgrad.
     let args = args.strip_prefix(&["--".to_string()]).unwrap_or(args);
@@ -157,8 +231,15 @@ fn train(args: &[String]) -> Result<()> {
     run("train", &cargo_args)
 }
 
+/// The workspace's target directory (`CARGO_TARGET_DIR`, else `target/`).
+fn target_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| std::path::PathBuf::from("target"), std::path::PathBuf::from)
+}
+
 fn ci() -> Result<()> {
     run("fmt", &["fmt", "--all", "--", "--check"])?;
+    // aotgrad-dist (a workspace member) needs Open MPI to build and to test.
+    ensure_mpi()?;
     run("clippy", &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
     // Every public item documented, every intra-doc link resolving.
     run_with("doc", &["doc", "--workspace", "--no-deps"], &[("RUSTDOCFLAGS", "-D warnings")])?;
@@ -197,6 +278,13 @@ fn ci() -> Result<()> {
     let mut rerun = short.clone();
     rerun.push("--require-cache-hits");
     run("main job (short, rerun from the cache)", &rerun)?;
+    // The same short run data-parallel on 2 processes (the CLI with its `mpi`
+    // feature), from the cache the runs above filled: rank 0 loads, then the others.
+    run("build (mpi)", &["build", "-q", "-p", "aotgrad-cli", "--features", "mpi", "--bin", "aotgrad"])?;
+    let mut m = mpirun_args(2);
+    m.push(target_dir().join("debug/aotgrad").to_string_lossy().into_owned());
+    m.extend(short[7..].iter().map(|s| s.to_string()));
+    run_mpirun("main job (short) on 2 processes", &m)?;
     let _ = std::fs::remove_dir_all(&cache_dir);
     ensure_redis()?;
     ensure_vulkan()?;

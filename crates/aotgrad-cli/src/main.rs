@@ -177,9 +177,24 @@ struct TrainArgs {
     /// rerun's check that nothing compiled).
     #[arg(long, conflicts_with = "no_cache")]
     require_cache_hits: bool,
+    /// With several processes (`mpirun -np N aotgrad train`, a build with the `mpi`
+    /// feature): shard AdamW's state across them (ZeRO stage 1).
+    #[arg(long)]
+    zero: bool,
+    /// With several processes: sum gradients in rank order, so every rank holds
+    /// bit-identical parameters and a rerun repeats the run bit for bit.
+    #[arg(long)]
+    deterministic: bool,
 }
 
-fn run_train(a: TrainArgs) -> Result<(), String> {
+fn run_train(a: TrainArgs, fleet: &mut train::Fleet) -> Result<(), String> {
+    fleet.zero = a.zero;
+    fleet.deterministic = a.deterministic;
+    // Rank 0 alone prints and writes files; the others train in silence.
+    let root = fleet.is_root();
+    macro_rules! say {
+        ($($t:tt)*) => { if root { println!($($t)*); } };
+    }
     let mut opts = TrainOptions::defaults(a.model);
     opts.batch_size = a.batch_size;
     opts.warmup_steps = a.warmup_steps;
@@ -224,7 +239,7 @@ fn run_train(a: TrainArgs) -> Result<(), String> {
         Some(n) => ds.test.truncated(n),
         None => ds.test,
     };
-    println!(
+    say!(
         "aotgrad train: Fashion-MNIST from {} ({} train / {} test images, read in {:.2} s)",
         dir.display(),
         group(train_split.len()),
@@ -233,16 +248,18 @@ fn run_train(a: TrainArgs) -> Result<(), String> {
     );
     let outputs = Outputs {
         dir: a.out.clone(),
-        progress: !a.no_progress && std::io::stderr().is_terminal(),
+        progress: root && !a.no_progress && std::io::stderr().is_terminal(),
         stop_after: a.stop_after,
     };
-    let mut stdout = std::io::stdout();
-    let report = train::train(&train_split, &test_split, &opts, resume.as_deref(), &outputs, &mut stdout)
+    let mut log: Box<dyn std::io::Write> = if root { Box::new(std::io::stdout()) } else { Box::new(std::io::sink()) };
+    let report = train::train_with(&train_split, &test_split, &opts, resume.as_deref(), &outputs, &mut log, fleet)
         .map_err(|e| e.to_string())?;
-    print!("{}", train::per_class_table(&report));
+    if root {
+        print!("{}", train::per_class_table(&report));
+    }
     let acc = report.final_accuracy().unwrap_or(0.0);
     let loaded = report.compile.iter().filter(|r| r.source != aotgrad::EntrySource::Compiled).count();
-    println!(
+    say!(
         "done: test accuracy {:.2}% after {} epochs; {} specialization(s) of the step, {} compiled and {} loaded from \
          the cache; {:.1} s in all",
         100.0 * acc,
@@ -252,7 +269,7 @@ fn run_train(a: TrainArgs) -> Result<(), String> {
         loaded,
         report.wall_seconds
     );
-    if let Some(dir) = &a.out {
+    if let (Some(dir), true) = (&a.out, root) {
         train::write_outputs(dir, &report).map_err(|e| e.to_string())?;
         println!(
             "wrote {}, {} and {}",
@@ -280,13 +297,26 @@ fn run_train(a: TrainArgs) -> Result<(), String> {
 fn main() -> ExitCode {
     aotgrad::init_logging();
     let cli = Cli::parse();
+    let mut fleet = train::Fleet::single();
     let result = match cli.command {
-        Command::Train(a) => run_train(a),
+        Command::Train(a) => match train::Fleet::from_env() {
+            Ok(f) => {
+                fleet = f;
+                run_train(a, &mut fleet)
+            }
+            Err(e) => Err(e.to_string()),
+        },
         Command::Explain(a) => run_explain(a),
         Command::Cache(a) => run_cache(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if fleet.size() > 1 => {
+            // Name the rank, then end the job: the other ranks would wait for this one.
+            eprintln!("error: rank {}: {e}", fleet.rank());
+            fleet.abort_others();
+            ExitCode::FAILURE
+        }
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE

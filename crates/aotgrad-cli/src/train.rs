@@ -212,6 +212,197 @@ pub enum TrainError {
 
 type Result<T> = std::result::Result<T, TrainError>;
 
+/// The processes one run trains with: this process alone, or (with the `mpi`
+/// feature, when started by `mpirun -np N`) N ranks training data-parallel: each
+/// global batch split into one shard per rank, gradients averaged across the ranks
+/// ([`aotgrad::dist::DistributedDataParallel`]), evaluation sharded and summed, and
+/// rank 0 alone printing and writing files.
+pub struct Fleet {
+    #[cfg(feature = "mpi")]
+    world: Option<std::rc::Rc<aotgrad::dist::World>>,
+    /// ZeRO-1: shard AdamW's state across the ranks ([`aotgrad::dist::ZeroAdamW`]).
+    pub zero: bool,
+    /// Sum gradients in rank order (bit-identical ranks, run to run).
+    pub deterministic: bool,
+}
+
+impl Fleet {
+    /// This process alone.
+    pub fn single() -> Fleet {
+        Fleet {
+            #[cfg(feature = "mpi")]
+            world: None,
+            zero: false,
+            deterministic: false,
+        }
+    }
+
+    /// The MPI job this process belongs to when an MPI launcher started it (with the
+    /// `mpi` feature), else this process alone.
+    pub fn from_env() -> Result<Fleet> {
+        #[cfg(feature = "mpi")]
+        if aotgrad::dist::launched() {
+            let world = aotgrad::dist::World::init().map_err(|e| TrainError::Invalid(e.to_string()))?;
+            return Ok(Fleet { world: Some(std::rc::Rc::new(world)), ..Fleet::single() });
+        }
+        Ok(Fleet::single())
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        #[cfg(feature = "mpi")]
+        if let Some(w) = &self.world {
+            return w.rank();
+        }
+        0
+    }
+
+    /// The number of processes.
+    pub fn size(&self) -> usize {
+        #[cfg(feature = "mpi")]
+        if let Some(w) = &self.world {
+            return w.size();
+        }
+        1
+    }
+
+    /// Whether this process prints and writes files (rank 0).
+    pub fn is_root(&self) -> bool {
+        self.rank() == 0
+    }
+
+    /// End every process of the job after this one failed (reported by the caller),
+    /// so none waits for it; a no-op in one process.
+    pub fn abort_others(&self) {
+        #[cfg(feature = "mpi")]
+        if let Some(w) = &self.world {
+            if w.size() > 1 {
+                w.abort(1);
+            }
+        }
+    }
+
+    /// Sum `values` over the ranks, in place (rank order on every rank).
+    fn sum(&self, values: &mut [f64], step: u64) -> Result<()> {
+        #[cfg(feature = "mpi")]
+        if let Some(w) = &self.world {
+            return w.sum_f64(values, step).map_err(dist_error);
+        }
+        let _ = (values, step);
+        Ok(())
+    }
+
+    /// This rank's shard of a global batch.
+    fn shard<'a>(&self, global: &'a [usize]) -> &'a [usize] {
+        let b = global.len() / self.size();
+        &global[self.rank() * b..(self.rank() + 1) * b]
+    }
+}
+
+#[cfg(feature = "mpi")]
+fn dist_error(e: aotgrad::dist::Error) -> TrainError {
+    match e {
+        aotgrad::dist::Error::Aot(e) => TrainError::Aot(e),
+        other => TrainError::Invalid(other.to_string()),
+    }
+}
+
+/// The compiled training step: this process's module, or the module replicated
+/// across the ranks.
+enum Trainer {
+    Local(Box<AotModule>),
+    #[cfg(feature = "mpi")]
+    Ddp(Box<aotgrad::dist::DistributedDataParallel>),
+}
+
+impl Trainer {
+    /// Across processes, after the first step: which ranks compiled the step and
+    /// which loaded it from the cache.
+    fn compile_sources(&self) -> Option<String> {
+        match self {
+            Trainer::Local(_) => None,
+            #[cfg(feature = "mpi")]
+            Trainer::Ddp(d) => {
+                let src = d.compile_sources();
+                let ranks = |loaded: bool| -> Vec<String> {
+                    src.iter().enumerate().filter(|(_, &l)| l == loaded).map(|(r, _)| r.to_string()).collect()
+                };
+                let (compiled, loaded) = (ranks(false), ranks(true));
+                Some(match (compiled.is_empty(), loaded.is_empty()) {
+                    (_, true) => {
+                        format!("fleet: every rank compiled the step ({} of them; no shared cache)", src.len())
+                    }
+                    (true, _) => "fleet: every rank loaded the step from the cache".to_string(),
+                    _ => format!(
+                        "fleet: rank(s) {} compiled the step, rank(s) {} loaded it from the cache",
+                        compiled.join(", "),
+                        loaded.join(", ")
+                    ),
+                })
+            }
+        }
+    }
+
+    fn module(&self) -> &AotModule {
+        match self {
+            Trainer::Local(m) => m,
+            #[cfg(feature = "mpi")]
+            Trainer::Ddp(d) => d.module(),
+        }
+    }
+
+    /// Forward and backward of one (local) batch: the outputs and the gradients
+    /// (averaged across the ranks, except for ZeRO, whose optimizer reduces them).
+    fn step(&self, x: Tensor, y: Tensor, one: &Tensor) -> Result<(Vec<Tensor>, aotgrad::ModuleGrads)> {
+        match self {
+            Trainer::Local(m) => {
+                let (outs, back) = m.forward(&[x, y])?;
+                let grads = back.backward_with(&[Some(one.clone()), None], &[])?;
+                Ok((outs, grads))
+            }
+            #[cfg(feature = "mpi")]
+            Trainer::Ddp(d) => {
+                let (outs, back) = d.forward(&[x, y]).map_err(dist_error)?;
+                let grads = back.backward_with(&[Some(one.clone()), None], &[]).map_err(dist_error)?;
+                Ok((outs, grads))
+            }
+        }
+    }
+}
+
+/// AdamW, or AdamW with its state sharded across the ranks.
+enum Opt {
+    Adam(AdamW),
+    #[cfg(feature = "mpi")]
+    Zero(aotgrad::dist::ZeroAdamW),
+}
+
+impl Opt {
+    fn get(&mut self) -> &mut dyn Optimizer {
+        match self {
+            Opt::Adam(a) => a,
+            #[cfg(feature = "mpi")]
+            Opt::Zero(z) => z,
+        }
+    }
+    fn adamw(&self) -> &AdamW {
+        match self {
+            Opt::Adam(a) => a,
+            #[cfg(feature = "mpi")]
+            Opt::Zero(z) => z.inner(),
+        }
+    }
+    /// Make [`Optimizer::state`] the whole state (ZeRO gathers it from every rank:
+    /// every rank calls this before rank 0 writes a checkpoint).
+    fn gather(&mut self) -> Result<()> {
+        #[cfg(feature = "mpi")]
+        if let Opt::Zero(z) = self {
+            z.gather().map_err(dist_error)?;
+        }
+        Ok(())
+    }
+}
+
 /// splitmix64: the shuffles' generator.
 fn splitmix(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -255,12 +446,16 @@ pub fn batch(split: &Split, idx: &[usize]) -> Result<(Tensor, Tensor)> {
 /// Per class: `(correct, total)`.
 type ClassCounts = Vec<(usize, usize)>;
 
-/// Test loss, accuracy and per-class counts through the compiled inference path.
-fn evaluate(compiled: &AotModule, test: &Split, eval_batch: usize) -> Result<(f64, f64, ClassCounts)> {
+/// Test loss, accuracy and per-class counts through the compiled inference path; on
+/// several ranks each evaluates its part of the test set and the sums are reduced.
+fn evaluate(compiled: &AotModule, test: &Split, eval_batch: usize, fleet: &Fleet) -> Result<(f64, f64, ClassCounts)> {
     let _no_grad = NoGradGuard::new();
     let mut per_class = vec![(0usize, 0usize); CLASSES.len()];
     let (mut loss_sum, mut correct) = (0.0, 0usize);
-    let all: Vec<usize> = (0..test.len()).collect();
+    let (n, ranks, rank) = (test.len(), fleet.size(), fleet.rank());
+    let (base, extra) = (n / ranks, n % ranks);
+    let start = rank * base + rank.min(extra);
+    let all: Vec<usize> = (start..start + base + usize::from(rank < extra)).collect();
     for chunk in all.chunks(eval_batch.max(1)) {
         let (x, y) = batch(test, chunk)?;
         let outs = compiled.call(&[x, y])?;
@@ -275,7 +470,16 @@ fn evaluate(compiled: &AotModule, test: &Split, eval_batch: usize) -> Result<(f6
             }
         }
     }
-    let n = test.len().max(1) as f64;
+    if ranks > 1 {
+        let mut sums = vec![loss_sum, correct as f64];
+        sums.extend(per_class.iter().flat_map(|&(ok, total)| [ok as f64, total as f64]));
+        fleet.sum(&mut sums, u64::MAX)?;
+        (loss_sum, correct) = (sums[0], sums[1] as usize);
+        for (c, pair) in per_class.iter_mut().zip(sums[2..].chunks_exact(2)) {
+            *c = (pair[0] as usize, pair[1] as usize);
+        }
+    }
+    let n = n.max(1) as f64;
     Ok((loss_sum / n, correct as f64 / n, per_class))
 }
 
@@ -301,7 +505,7 @@ pub fn checkpoint_path(dir: &Path) -> PathBuf {
 
 /// Train on `train`, evaluating on `test` after each epoch; `resume` continues from a
 /// checkpoint written by an earlier run with the same options. Progress and results
-/// are written to `log`.
+/// are written to `log`. In this process alone: [`train_with`] trains across processes.
 pub fn train(
     train: &Split,
     test: &Split,
@@ -310,12 +514,35 @@ pub fn train(
     outputs: &Outputs,
     log: &mut dyn Write,
 ) -> Result<TrainReport> {
+    train_with(train, test, opts, resume, outputs, log, &Fleet::single())
+}
+
+/// [`train`] on the processes of `fleet`: the same global batches, each rank on its
+/// shard (`--batch-size` must divide by the number of processes); only rank 0 should
+/// be given a visible `log` and write `outputs` (checkpoints are written by rank 0).
+pub fn train_with(
+    train: &Split,
+    test: &Split,
+    opts: &TrainOptions,
+    resume: Option<&Path>,
+    outputs: &Outputs,
+    log: &mut dyn Write,
+    fleet: &Fleet,
+) -> Result<TrainReport> {
     let start = Instant::now();
     if opts.batch_size == 0 || opts.batch_size > train.len() {
         return Err(TrainError::Invalid(format!(
             "batch size {} does not fit {} training examples",
             opts.batch_size,
             train.len()
+        )));
+    }
+    if !opts.batch_size.is_multiple_of(fleet.size()) {
+        return Err(TrainError::Invalid(format!(
+            "the batch of {} does not split evenly across {} processes: choose a --batch-size that is a multiple of {}",
+            opts.batch_size,
+            fleet.size(),
+            fleet.size()
         )));
     }
     let model = Arc::new(opts.model.build(opts.seed)?);
@@ -331,7 +558,7 @@ pub fn train(
         )),
         None => None,
     };
-    let mut opt = AdamW::with(opts.lr, (0.9, 0.999), 1e-8, opts.weight_decay)?.with_cache(cache.clone());
+    let mut adamw = AdamW::with(opts.lr, (0.9, 0.999), 1e-8, opts.weight_decay)?.with_cache(cache.clone());
     let mut report =
         TrainReport { options: Some(opts.clone()), model: model.description.clone(), ..Default::default() };
 
@@ -349,7 +576,7 @@ pub fn train(
         // The update runs where the gradients are: on the CPU with the step's thread
         // count (`--threads 1` is one thread throughout), on the device for wgpu
         // (parameters and moments stay there between steps).
-        opt = opt.with_backend(config.backend.clone());
+        adamw = adamw.with_backend(config.backend.clone());
     }
     let threads = if opts.threads == 0 {
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
@@ -380,10 +607,11 @@ pub fn train(
         ),
     );
     let compiled = aot_module(model.clone(), AotConfig { name: "train_step".into(), ..config })?;
+    let (trainer, mut opt) = fleet_parts(fleet, compiled, adamw, model.store(), opts.batch_size, log)?;
 
     let mut first_epoch = 0;
     if let Some(path) = resume {
-        let loaded = checkpoint::load(path, model.store(), Some(&mut opt))?;
+        let loaded = checkpoint::load(path, model.store(), Some(opt.get()))?;
         let saved: serde_json::Value =
             loaded.metadata.get("options").and_then(|s| serde_json::from_str(s).ok()).ok_or_else(|| {
                 TrainError::Invalid(format!("{}: no training options in the checkpoint", path.display()))
@@ -431,20 +659,27 @@ pub fn train(
         let t0 = Instant::now();
         let mut loss_sum = 0.0;
         let mut lr = opts.lr;
+        let mut losses = Vec::with_capacity(steps_per_epoch);
         for s in 0..steps_per_epoch {
             let step = (epoch * steps_per_epoch + s) as u64;
             lr = schedule.lr_at(step);
-            opt.set_lr(lr);
-            let (x, y) = batch(train, &order[s * opts.batch_size..(s + 1) * opts.batch_size])?;
-            let (outs, back) = compiled.forward(&[x, y])?;
-            let grads = back.backward_with(&[Some(one.clone()), None], &[])?;
-            opt.step(model.store(), &grads.params)?;
-            let loss = outs[0].item()?;
+            opt.get().set_lr(lr);
+            let one_step = |opt: &mut Opt| -> Result<f64> {
+                let (x, y) = batch(train, fleet.shard(&order[s * opts.batch_size..(s + 1) * opts.batch_size]))?;
+                let (outs, grads) = trainer.step(x, y, &one)?;
+                opt.get().step(model.store(), &grads.params)?;
+                Ok(outs[0].item()?)
+            };
+            // Across processes an error names its step (the others stop at it too).
+            let loss = one_step(&mut opt).map_err(|e| match e {
+                e if fleet.size() == 1 => e,
+                e => TrainError::Invalid(format!("step {step}: {e}")),
+            })?;
             if !loss.is_finite() {
                 return Err(TrainError::Invalid(format!("the loss became {loss} at step {step} (lr {lr})")));
             }
             if report.compile_stages.is_empty() {
-                if let Some(r) = compiled.function().compile_reports().first() {
+                if let Some(r) = trainer.module().function().compile_reports().first() {
                     report.compile_stages = r.stages.iter().map(|(s, t)| (s.to_string(), *t)).collect();
                     let line = match r.source {
                         EntrySource::Compiled => format!(
@@ -454,14 +689,17 @@ pub fn train(
                         ),
                         _ => format!(
                             "loaded the training step from the cache in {:.2} ms (its compile took {:.1} ms)",
-                            compiled.function().cache_stats().load_seconds * 1e3,
+                            trainer.module().function().cache_stats().load_seconds * 1e3,
                             r.total_seconds() * 1e3
                         ),
                     };
                     bar.suspend(|| say(log, line));
+                    if let Some(line) = trainer.compile_sources() {
+                        bar.suspend(|| say(log, line));
+                    }
                 }
             }
-            report.step_losses.push(loss);
+            losses.push(loss);
             loss_sum += loss;
             let done = (s + 1) * opts.batch_size;
             bar.set_message(format!(
@@ -473,7 +711,16 @@ pub fn train(
         }
         bar.finish_and_clear();
         let train_seconds = t0.elapsed().as_secs_f64();
-        let (test_loss, test_accuracy, per_class) = evaluate(&compiled, test, opts.eval_batch)?;
+        // Every rank's mean loss of each step (one reduction per epoch).
+        if fleet.size() > 1 {
+            fleet.sum(&mut losses, (epoch * steps_per_epoch) as u64)?;
+            for l in &mut losses {
+                *l /= fleet.size() as f64;
+            }
+            loss_sum = losses.iter().sum();
+        }
+        report.step_losses.extend(&losses);
+        let (test_loss, test_accuracy, per_class) = evaluate(trainer.module(), test, opts.eval_batch, fleet)?;
         let m = EpochMetrics {
             epoch: epoch + 1,
             train_loss: loss_sum / steps_per_epoch as f64,
@@ -503,18 +750,22 @@ pub fn train(
             .map(|(c, &(ok, n))| (CLASSES[c].to_string(), if n == 0 { 0.0 } else { ok as f64 / n as f64 }, n))
             .collect();
         if let Some(dir) = &outputs.dir {
-            std::fs::create_dir_all(dir).map_err(|e| TrainError::Output { path: dir.clone(), msg: e.to_string() })?;
-            let meta = vec![
-                ("options".to_string(), opts.resume_key().to_string()),
-                ("report".to_string(), serde_json::to_string(&report).expect("plain data")),
-            ];
-            checkpoint::save(&checkpoint_path(dir), model.store(), Some(&opt), &meta)?;
+            opt.gather()?;
+            if fleet.is_root() {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| TrainError::Output { path: dir.clone(), msg: e.to_string() })?;
+                let meta = vec![
+                    ("options".to_string(), opts.resume_key().to_string()),
+                    ("report".to_string(), serde_json::to_string(&report).expect("plain data")),
+                ];
+                checkpoint::save(&checkpoint_path(dir), model.store(), Some(&*opt.get()), &meta)?;
+            }
         }
     }
-    report.compile = compiled.function().compile_reports();
+    report.compile = trainer.module().function().compile_reports();
     if cache.is_some() {
-        let mut fns = vec![("training step and evaluation", compiled.function())];
-        if let Some(u) = opt.update_function() {
+        let mut fns = vec![("training step and evaluation", trainer.module().function())];
+        if let Some(u) = opt.adamw().update_function() {
             fns.push(("AdamW update", u));
         }
         let parts: Vec<String> = fns
@@ -547,6 +798,61 @@ pub fn train(
     }
     report.wall_seconds = start.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// The training step and the optimizer for `fleet`: the module and AdamW as they are
+/// in one process; across processes, the module wrapped for data-parallel training
+/// (rank 0's parameters broadcast) and AdamW, or its ZeRO-1 sharding.
+fn fleet_parts(
+    fleet: &Fleet,
+    compiled: AotModule,
+    adamw: AdamW,
+    store: &aotgrad::nn::ParamStore,
+    batch: usize,
+    log: &mut dyn Write,
+) -> Result<(Trainer, Opt)> {
+    #[cfg(feature = "mpi")]
+    if let Some(world) = &fleet.world {
+        use aotgrad::dist::{DdpConfig, DistributedDataParallel, ZeroAdamW};
+        let config =
+            DdpConfig { deterministic: fleet.deterministic, average_gradients: !fleet.zero, ..DdpConfig::default() };
+        let ddp = DistributedDataParallel::new(world.clone(), compiled, config).map_err(dist_error)?;
+        let opt = if fleet.zero {
+            Opt::Zero(ZeroAdamW::new(world.clone(), store, adamw).map_err(dist_error)?)
+        } else {
+            Opt::Adam(adamw)
+        };
+        let sync = match &opt {
+            Opt::Zero(z) => format!(
+                "ZeRO-1: gradients reduce-scattered, AdamW's state sharded ({} of {} parameter elements per rank)",
+                group(z.shard_len()),
+                group(store.num_param_elements())
+            ),
+            Opt::Adam(_) => format!(
+                "gradients averaged in {} bucket(s) of up to {} MiB{}",
+                ddp.plan().buckets.len(),
+                ddp.config().bucket_bytes >> 20,
+                if fleet.deterministic { ", summed in rank order (deterministic)" } else { "" }
+            ),
+        };
+        let _ = writeln!(
+            log,
+            "processes: {} (data-parallel over MPI), local batch {} of {}; {sync}",
+            world.size(),
+            batch / world.size(),
+            batch
+        );
+        return Ok((Trainer::Ddp(Box::new(ddp)), opt));
+    }
+    if fleet.zero || fleet.deterministic {
+        return Err(TrainError::Invalid(
+            "--zero and --deterministic are for training on several processes: start it with `mpirun -np N aotgrad \
+             train ...` (a build with the `mpi` feature)"
+                .into(),
+        ));
+    }
+    let _ = (store, batch, log);
+    Ok((Trainer::Local(Box::new(compiled)), Opt::Adam(adamw)))
 }
 
 /// The final per-class table.

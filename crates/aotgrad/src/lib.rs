@@ -26,13 +26,17 @@
 //! This crate is the facade: it composes the pipeline's crates and re-exports what a
 //! user writes — [`trace`] (tensors, eager mode and its autograd, tracing),
 //! [`functionalize`], [`meta`], [`autodiff`], the partitioner, [`cpu`] (and `wgpu`
-//! with the `wgpu` feature), [`cache`], [`runtime`] (compiled functions and modules,
+//! with the `wgpu` feature), `dist` (data-parallel training on MPI, with the `mpi`
+//! feature), [`cache`], [`runtime`] (compiled functions and modules,
 //! [`AotConfig`], export) and [`nn`] (layers, optimizers, checkpoints) — plus the
 //! [`prelude`] and the logging set-up ([`init_logging`]).
 #![warn(missing_docs)]
 
 mod logging;
 
+/// Data-parallel training on MPI (with the `mpi` feature).
+#[cfg(feature = "mpi")]
+pub use aotgrad_dist as dist;
 pub use aotgrad_trace::autograd;
 /// The wgpu backend (with the `wgpu` feature).
 #[cfg(feature = "wgpu")]

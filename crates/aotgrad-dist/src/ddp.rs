@@ -1,0 +1,465 @@
+//! [`DistributedDataParallel`]: one [`AotModule`] replicated on every rank, its
+//! gradients averaged across the ranks after each backward.
+//!
+//! - **Wrapping** broadcasts rank 0's parameters and buffers to every rank (after
+//!   checking that every rank holds the same names, shapes and dtypes: an error names
+//!   the first rank that differs), so each rank starts from the same model whatever
+//!   seed it initialized with.
+//! - **The first forward** compiles the module on every rank (loaded from the cache
+//!   where one is configured); then the ranks compare a fingerprint of what they
+//!   compiled (the traced graphs, the backend's identity) and refuse to train on
+//!   different programs.
+//! - **Each backward** lays the local gradients end to end in the [`BucketPlan`]'s
+//!   buckets (reverse parameter order) and starts a non-blocking allreduce for each
+//!   bucket as soon as it is packed, so a bucket travels while the next ones are
+//!   packed; then it waits for all, divides by the number of ranks and hands back the
+//!   averaged gradients, by parameter name, like [`ModuleBackward::backward_with`].
+//! - **Deterministic mode** ([`DdpConfig::deterministic`]) replaces the allreduce by an
+//!   allgather and sums the ranks' gradients in rank order on every rank: every rank
+//!   gets bit-identical gradients, and so keeps bit-identical parameters, whatever
+//!   MPI's reduction algorithm does (MPI does not promise every rank the same bits).
+//! - **Gradient accumulation**: backwards run inside [`DistributedDataParallel::no_sync`]
+//!   add their gradients to a local accumulator and return the local gradients
+//!   unsynchronized; the next backward outside it adds its own, averages the sum
+//!   across ranks and returns that (the sum over the micro-batches, averaged over the
+//!   ranks, as PyTorch's `.grad` holds after DDP's `no_sync`).
+
+use crate::bucket::BucketPlan;
+use crate::error::{Error, Result};
+use crate::flat::{add_into, Elem};
+use crate::world::World;
+use aotgrad_ir::DType;
+use aotgrad_runtime::module::{AotModule, ModuleBackward, ModuleGrads};
+use aotgrad_trace::{NoGradGuard, Tensor};
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::time::Instant;
+
+/// How [`DistributedDataParallel`] synchronizes gradients.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DdpConfig {
+    /// Largest bucket in bytes (default 25 MiB, as PyTorch's DDP).
+    pub bucket_bytes: usize,
+    /// Sum the ranks' gradients in rank order on every rank (bit-identical ranks).
+    pub deterministic: bool,
+    /// Average the gradients across ranks (default). `false` hands back this rank's
+    /// own gradients, for an optimizer that reduces them itself ([`crate::ZeroAdamW`]
+    /// reduce-scatters them).
+    pub average_gradients: bool,
+}
+
+impl Default for DdpConfig {
+    fn default() -> Self {
+        DdpConfig { bucket_bytes: 25 << 20, deterministic: false, average_gradients: true }
+    }
+}
+
+/// Counters of the gradient synchronizations so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DdpStats {
+    /// Backwards whose gradients were averaged across ranks.
+    pub syncs: u64,
+    /// Backwards run under `no_sync` (accumulated locally).
+    pub accumulated: u64,
+    /// Gradient bytes this rank sent into allreduces (or allgathers).
+    pub bytes: u64,
+    /// Seconds spent packing, exchanging and unpacking gradients (after the backward).
+    pub sync_seconds: f64,
+    /// Of those, seconds spent waiting for the exchanges to complete.
+    pub wait_seconds: f64,
+}
+
+/// A flat buffer per bucket, of the bucket's dtype.
+enum Flat {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+}
+
+/// An [`AotModule`] trained data-parallel across the ranks of a [`World`]; see the
+/// [module docs](self).
+pub struct DistributedDataParallel {
+    world: Rc<World>,
+    module: AotModule,
+    config: DdpConfig,
+    plan: BucketPlan,
+    /// `(name, shape)` of every parameter, in module order.
+    params: Vec<(String, Vec<usize>)>,
+    sync: Cell<bool>,
+    checked: Cell<bool>,
+    sources: RefCell<Vec<bool>>,
+    accumulator: RefCell<Option<Vec<Flat>>>,
+    stats: Cell<DdpStats>,
+}
+
+/// The backward of one [`DistributedDataParallel::forward`] call.
+pub struct DdpBackward<'a> {
+    ddp: &'a DistributedDataParallel,
+    back: ModuleBackward,
+}
+
+fn signature(store: &aotgrad_runtime::params::ParamStore) -> Result<String> {
+    let mut s = String::new();
+    for (kind, list) in [("param", store.params()), ("buffer", store.buffers())] {
+        for (name, t) in list {
+            s.push_str(&format!("{kind} {name} {:?} {:?}\n", t.sizes()?, t.dtype()));
+        }
+    }
+    Ok(s)
+}
+
+/// The first line where `a` and `b` differ, for messages.
+fn first_difference(a: &str, b: &str) -> String {
+    let (la, lb): (Vec<&str>, Vec<&str>) = (a.lines().collect(), b.lines().collect());
+    for i in 0..la.len().max(lb.len()) {
+        let (x, y) = (la.get(i).copied().unwrap_or("(nothing)"), lb.get(i).copied().unwrap_or("(nothing)"));
+        if x != y {
+            return format!("rank 0 has `{x}`, it has `{y}`");
+        }
+    }
+    "they differ".into()
+}
+
+impl DistributedDataParallel {
+    /// Wrap `module` for data-parallel training on `world`: every rank must call this
+    /// (it broadcasts rank 0's parameters and buffers; see the [module docs](self)).
+    pub fn new(world: Rc<World>, module: AotModule, config: DdpConfig) -> Result<DistributedDataParallel> {
+        let store = module.module().store();
+        let sig = signature(store)?;
+        let all = world.all_gather_bytes(sig.as_bytes(), 0)?;
+        if let Some(r) = all.iter().position(|o| o != &all[0]) {
+            let (root, theirs) = (String::from_utf8_lossy(&all[0]), String::from_utf8_lossy(&all[r]));
+            return Err(Error::Mismatch {
+                rank: r,
+                what: format!("the module's parameters and buffers differ: {}", first_difference(&root, &theirs)),
+            });
+        }
+        // Rank 0's values everywhere (as f64, exact for every dtype a module holds).
+        let tensors: Vec<Tensor> = store.params().iter().chain(store.buffers()).map(|(_, t)| t.clone()).collect();
+        let mut bytes = Vec::new();
+        if world.is_root() {
+            for t in &tensors {
+                for v in t.to_vec_f64()? {
+                    bytes.extend_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
+        world.broadcast_bytes(0, &mut bytes, 0)?;
+        if !world.is_root() {
+            let _no_grad = NoGradGuard::new();
+            let mut at = 0;
+            for t in &tensors {
+                let shape = t.sizes()?;
+                let n: usize = shape.iter().product();
+                let end = at + 8 * n;
+                let chunk = bytes.get(at..end).ok_or_else(|| Error::Invalid("rank 0 sent too few values".into()))?;
+                let values: Vec<f64> =
+                    chunk.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
+                t.copy_(&Tensor::from_f64(&values, &shape, t.dtype())?)?;
+                at = end;
+            }
+        }
+        let mut params = Vec::new();
+        let mut layout = Vec::new();
+        for (name, t) in store.params() {
+            let shape = t.sizes()?;
+            layout.push((name.clone(), t.dtype(), shape.iter().product()));
+            params.push((name.clone(), shape));
+        }
+        let plan = BucketPlan::new(&layout, config.bucket_bytes)?;
+        Ok(DistributedDataParallel {
+            world,
+            module,
+            config,
+            plan,
+            params,
+            sync: Cell::new(true),
+            checked: Cell::new(false),
+            sources: RefCell::new(Vec::new()),
+            accumulator: RefCell::new(None),
+            stats: Cell::new(DdpStats::default()),
+        })
+    }
+
+    /// The world.
+    pub fn world(&self) -> &Rc<World> {
+        &self.world
+    }
+
+    /// The wrapped module.
+    pub fn module(&self) -> &AotModule {
+        &self.module
+    }
+
+    /// The bucket plan.
+    pub fn plan(&self) -> &BucketPlan {
+        &self.plan
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &DdpConfig {
+        &self.config
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> DdpStats {
+        self.stats.get()
+    }
+
+    /// Run `f` with gradient synchronization off: backwards inside it accumulate
+    /// locally (see the [module docs](self)).
+    pub fn no_sync<R>(&self, f: impl FnOnce() -> R) -> R {
+        let before = self.sync.replace(false);
+        let r = f();
+        self.sync.set(before);
+        r
+    }
+
+    /// The compiled training forward on this rank's inputs (a shard of the global
+    /// batch); the returned backward averages the gradients across ranks.
+    ///
+    /// The first call compiles: rank 0 first (storing the result when a cache is
+    /// configured), then the others (which load it from a shared cache instead of
+    /// compiling; [`DistributedDataParallel::compile_sources`] says which did).
+    pub fn forward(&self, inputs: &[Tensor]) -> Result<(Vec<Tensor>, DdpBackward<'_>)> {
+        if self.checked.get() {
+            let (outs, back) = self.module.forward(inputs)?;
+            return Ok((outs, DdpBackward { ddp: self, back }));
+        }
+        let first = self.module.function().num_compiled() == 0;
+        if first && !self.world.is_root() {
+            self.world.barrier(0)?;
+        }
+        let result = self.module.forward(inputs);
+        if first && self.world.is_root() {
+            // Rank 0 has compiled (and stored): the others may go, even if it failed
+            // (they then fail on their own or at the check below).
+            self.world.barrier(0)?;
+        }
+        let (outs, back) = result?;
+        self.check_same_program()?;
+        self.checked.set(true);
+        Ok((outs, DdpBackward { ddp: self, back }))
+    }
+
+    /// After the first forward: for each rank, whether its first compiled entry was
+    /// loaded from the cache (`true`) or compiled there (`false`).
+    pub fn compile_sources(&self) -> Vec<bool> {
+        self.sources.borrow().clone()
+    }
+
+    /// Every rank compiled the same program: compare a fingerprint of the traced
+    /// graphs and the backend identity of every compiled entry.
+    fn check_same_program(&self) -> Result<()> {
+        let f = self.module.function();
+        let mut h = blake3::Hasher::new();
+        for g in f.traced_graphs() {
+            h.update(g.to_string().as_bytes());
+        }
+        for r in f.results() {
+            h.update(r.meta.backend_identity.as_bytes());
+        }
+        let mine = h.finalize();
+        let loaded = f.compile_reports().first().is_some_and(|r| r.source != aotgrad_runtime::EntrySource::Compiled);
+        let mut msg = mine.as_bytes().to_vec();
+        msg.push(u8::from(loaded));
+        let all = self.world.all_gather_bytes(&msg, self.step())?;
+        *self.sources.borrow_mut() = all.iter().map(|m| m.last() == Some(&1)).collect();
+        let all: Vec<&[u8]> = all.iter().map(|m| &m[..m.len().saturating_sub(1)]).collect();
+        if let Some(r) = all.iter().position(|o| *o != all[0]) {
+            return Err(Error::Mismatch {
+                rank: r,
+                what: "it compiled another program (traced graphs or backend differ): every rank must run the same \
+                       model on the same backend with inputs of the same shapes"
+                    .into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Synchronizations so far: the step number in messages.
+    fn step(&self) -> u64 {
+        self.stats.get().syncs
+    }
+
+    fn new_flats(&self) -> Vec<Flat> {
+        self.plan
+            .buckets
+            .iter()
+            .map(|b| match b.dtype {
+                DType::F64 => Flat::F64(vec![0.0; b.elems]),
+                _ => Flat::F32(vec![0.0; b.elems]),
+            })
+            .collect()
+    }
+
+    /// Add `grads` into `flats` at their slots.
+    fn add_grads(&self, flats: &mut [Flat], grads: &ModuleGrads) -> Result<()> {
+        let index: std::collections::HashMap<&str, usize> =
+            self.params.iter().enumerate().map(|(i, (n, _))| (n.as_str(), i)).collect();
+        for (name, g) in &grads.params {
+            let &i = index
+                .get(name.as_str())
+                .ok_or_else(|| Error::Invalid(format!("a gradient for {name}, which is no parameter")))?;
+            let (k, s) = self.plan.place[i];
+            let slot = &self.plan.buckets[k].slots[s];
+            let range = slot.offset..slot.offset + slot.len;
+            match &mut flats[k] {
+                Flat::F32(v) => add_into(g, &mut v[range], name)?,
+                Flat::F64(v) => add_into(g, &mut v[range], name)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(&self, grads: ModuleGrads) -> Result<ModuleGrads> {
+        let t0 = Instant::now();
+        let mut st = self.stats.get();
+        if !self.config.average_gradients {
+            if self.accumulator.borrow().is_some() || !self.sync.get() {
+                return Err(Error::Invalid(
+                    "no_sync accumulates averaged gradients; with average_gradients off, accumulate them yourself"
+                        .into(),
+                ));
+            }
+            st.syncs += 1;
+            self.stats.set(st);
+            return Ok(grads);
+        }
+        if !self.sync.get() {
+            let mut acc = self.accumulator.borrow_mut();
+            let flats = acc.get_or_insert_with(|| self.new_flats());
+            self.add_grads(flats, &grads)?;
+            st.accumulated += 1;
+            self.stats.set(st);
+            return Ok(grads);
+        }
+        let mut flats = self.accumulator.borrow_mut().take().unwrap_or_else(|| self.new_flats());
+        self.add_grads(&mut flats, &grads)?;
+        // Every bucket of a dtype goes out in plan order, each exchange started as
+        // soon as the bucket is ready.
+        let mut f32s: Vec<(usize, Vec<f32>)> = Vec::new();
+        let mut f64s: Vec<(usize, Vec<f64>)> = Vec::new();
+        for (k, f) in flats.into_iter().enumerate() {
+            match f {
+                Flat::F32(v) => f32s.push((k, v)),
+                Flat::F64(v) => f64s.push((k, v)),
+            }
+        }
+        let step = self.step();
+        let mut wait = exchange(&self.world, &mut f32s, self.config.deterministic, step)?;
+        wait += exchange(&self.world, &mut f64s, self.config.deterministic, step)?;
+        let mut out: Vec<(String, Tensor)> = Vec::with_capacity(self.params.len());
+        let mut by_param: Vec<Option<Tensor>> = vec![None; self.params.len()];
+        for (k, v) in f32s {
+            unpack(&self.plan.buckets[k], &v, &self.params, &mut by_param)?;
+        }
+        for (k, v) in f64s {
+            unpack(&self.plan.buckets[k], &v, &self.params, &mut by_param)?;
+        }
+        // The parameters this rank has gradients for, in module order.
+        for ((name, _), g) in self.params.iter().zip(by_param) {
+            if let Some(g) = g {
+                if grads.params.iter().any(|(n, _)| n == name) {
+                    out.push((name.clone(), g));
+                }
+            }
+        }
+        st.syncs += 1;
+        st.bytes += self.plan.bytes() as u64;
+        st.sync_seconds += t0.elapsed().as_secs_f64();
+        st.wait_seconds += wait;
+        self.stats.set(st);
+        Ok(ModuleGrads { params: out, inputs: grads.inputs })
+    }
+}
+
+/// The averaged values of one bucket back into tensors shaped like its parameters.
+fn unpack<T: Elem>(
+    bucket: &crate::bucket::Bucket,
+    v: &[T],
+    params: &[(String, Vec<usize>)],
+    out: &mut [Option<Tensor>],
+) -> Result<()> {
+    for slot in &bucket.slots {
+        let shape = &params[slot.param].1;
+        out[slot.param] = Some(T::tensor(v[slot.offset..slot.offset + slot.len].to_vec(), shape)?);
+    }
+    Ok(())
+}
+
+/// Average `bufs` across the ranks in place: one non-blocking exchange per bucket,
+/// started in order, then waited for. Returns the seconds spent waiting.
+fn exchange<T: Elem>(world: &World, bufs: &mut [(usize, Vec<T>)], deterministic: bool, step: u64) -> Result<f64> {
+    if bufs.is_empty() {
+        return Ok(0.0);
+    }
+    let n = world.size();
+    let per = if deterministic { n } else { 1 };
+    let mut recvs: Vec<Vec<T>> = bufs.iter().map(|(_, b)| vec![T::default(); b.len() * per]).collect();
+    let deadline = world.deadline();
+    let op = if deterministic { "gradient allgather" } else { "gradient allreduce" };
+    let mut waited = 0.0;
+    mpi::request::scope(|scope| {
+        let mut reqs = Vec::with_capacity(bufs.len());
+        for ((_, s), r) in bufs.iter().zip(recvs.iter_mut()) {
+            let req = if deterministic {
+                use mpi::collective::CommunicatorCollectives;
+                world.comm().immediate_all_gather_into(scope, &s[..], &mut r[..])
+            } else {
+                use mpi::collective::CommunicatorCollectives;
+                world.comm().immediate_all_reduce_into(scope, &s[..], &mut r[..], World::sum_op())
+            };
+            reqs.push(req);
+        }
+        let t = Instant::now();
+        let mut first_err = None;
+        for req in reqs {
+            if let Err(e) = world.wait(req, op, step, deadline) {
+                first_err.get_or_insert(e);
+            }
+        }
+        waited = t.elapsed().as_secs_f64();
+        first_err.map_or(Ok(()), Err)
+    })?;
+    for ((_, b), r) in bufs.iter_mut().zip(&recvs) {
+        let len = b.len();
+        if deterministic {
+            for (i, x) in b.iter_mut().enumerate() {
+                let mut acc = r[i];
+                for rank in 1..n {
+                    acc += r[rank * len + i];
+                }
+                *x = acc.div(n);
+            }
+        } else {
+            for (x, &y) in b.iter_mut().zip(r) {
+                *x = y.div(n);
+            }
+        }
+    }
+    Ok(waited)
+}
+
+impl DdpBackward<'_> {
+    /// The backward for the outputs' gradients (as [`ModuleBackward::backward`]),
+    /// averaged across the ranks (or accumulated locally under `no_sync`).
+    pub fn backward(self, output_grads: &[Tensor]) -> Result<ModuleGrads> {
+        let g = self.back.backward(output_grads)?;
+        self.ddp.finish(g)
+    }
+
+    /// [`ModuleBackward::backward_with`], averaged across the ranks.
+    pub fn backward_with(
+        self,
+        output_grads: &[Option<Tensor>],
+        updated_input_grads: &[(usize, Tensor)],
+    ) -> Result<ModuleGrads> {
+        let g = self.back.backward_with(output_grads, updated_input_grads)?;
+        self.ddp.finish(g)
+    }
+
+    /// The forward outputs.
+    pub fn outputs(&self) -> &[Tensor] {
+        self.back.outputs()
+    }
+}

@@ -1,0 +1,43 @@
+//! `aotgrad-dist`: data-parallel training of compiled modules across processes and
+//! machines, on MPI (Open MPI through the `mpi` crate), never a home-made transport.
+//!
+//! - [`World`]: this process among the job's processes (`mpirun -np N program`); an
+//!   error when the program was not started by an MPI launcher.
+//! - [`DistributedDataParallel`]: an `AotModule` replicated on every rank, rank 0's
+//!   parameters broadcast when wrapped, a check that every rank compiled the same
+//!   program, gradients averaged in buckets with non-blocking allreduces, a
+//!   deterministic mode with bit-identical ranks, and gradient accumulation
+//!   (`no_sync`).
+//! - [`ZeroAdamW`]: ZeRO stage 1, AdamW's state sharded across the ranks
+//!   (gradients reduce-scattered, the compiled update on each rank's shard,
+//!   parameters allgathered), checkpoints that load on any number of ranks.
+//! - [`DistributedSampler`]: each global batch split into one shard per rank, so N
+//!   processes train on the batches one process would.
+//!
+//! ```no_run
+//! use aotgrad_dist::{DdpConfig, DistributedDataParallel, DistributedSampler, World};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let module: aotgrad_runtime::module::AotModule = unimplemented!();
+//! let world = std::rc::Rc::new(World::init()?);      // under `mpirun -np N`
+//! let ddp = DistributedDataParallel::new(world.clone(), module, DdpConfig::default())?;
+//! let sampler = DistributedSampler::new(60_000, 128, world.rank(), world.size())?;
+//! # let (x, y, one): (aotgrad_trace::Tensor, aotgrad_trace::Tensor, aotgrad_trace::Tensor) = unimplemented!();
+//! let (outs, back) = ddp.forward(&[x, y])?;            // this rank's shard of the batch
+//! let grads = back.backward_with(&[Some(one), None], &[])?; // averaged across ranks
+//! # Ok(()) }
+//! ```
+
+mod bucket;
+mod ddp;
+mod error;
+mod flat;
+mod sampler;
+mod world;
+mod zero;
+
+pub use bucket::{Bucket, BucketPlan, Slot};
+pub use ddp::{DdpBackward, DdpConfig, DdpStats, DistributedDataParallel};
+pub use error::{Error, Result};
+pub use sampler::DistributedSampler;
+pub use world::{launched, World, TIMEOUT_EXIT};
+pub use zero::ZeroAdamW;
