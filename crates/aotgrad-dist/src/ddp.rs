@@ -27,6 +27,7 @@
 use crate::bucket::BucketPlan;
 use crate::error::{Error, Result};
 use crate::flat::{add_into, Elem};
+use crate::overlap::Exchange;
 use crate::world::World;
 use aotgrad_ir::DType;
 use aotgrad_runtime::module::{AotModule, ModuleBackward, ModuleGrads};
@@ -42,6 +43,10 @@ pub struct DdpConfig {
     pub bucket_bytes: usize,
     /// Sum the ranks' gradients in rank order on every rank (bit-identical ranks).
     pub deterministic: bool,
+    /// Start each bucket's exchange while the backward still runs, as soon as the
+    /// compiled backward has finished its gradients (default; f32 buckets). `false`
+    /// exchanges every bucket after the backward.
+    pub overlap: bool,
     /// Average the gradients across ranks (default). `false` hands back this rank's
     /// own gradients, for an optimizer that reduces them itself ([`crate::ZeroAdamW`]
     /// reduce-scatters them).
@@ -50,7 +55,7 @@ pub struct DdpConfig {
 
 impl Default for DdpConfig {
     fn default() -> Self {
-        DdpConfig { bucket_bytes: 25 << 20, deterministic: false, average_gradients: true }
+        DdpConfig { bucket_bytes: 25 << 20, deterministic: false, overlap: true, average_gradients: true }
     }
 }
 
@@ -63,10 +68,26 @@ pub struct DdpStats {
     pub accumulated: u64,
     /// Gradient bytes this rank sent into allreduces (or allgathers).
     pub bytes: u64,
-    /// Seconds spent packing, exchanging and unpacking gradients (after the backward).
+    /// Seconds from the end of the backward graph to the averaged gradients: what
+    /// synchronization adds to a step.
     pub sync_seconds: f64,
-    /// Of those, seconds spent waiting for the exchanges to complete.
-    pub wait_seconds: f64,
+    /// Seconds from the first bucket's exchange starting to the last one completing.
+    pub comm_seconds: f64,
+    /// Of `comm_seconds`, those after the backward graph ended: communication not
+    /// hidden behind the backward.
+    pub exposed_seconds: f64,
+    /// Gradients that reached their bucket while the backward still ran.
+    pub early_gradients: u64,
+}
+
+impl DdpStats {
+    /// The share of communication time that overlapped the backward, in `[0, 1]`.
+    pub fn overlap(&self) -> f64 {
+        if self.comm_seconds <= 0.0 {
+            return 0.0;
+        }
+        (1.0 - self.exposed_seconds / self.comm_seconds).clamp(0.0, 1.0)
+    }
 }
 
 /// A flat buffer per bucket, of the bucket's dtype.
@@ -311,6 +332,83 @@ impl DistributedDataParallel {
         Ok(())
     }
 
+    /// Whether this backward's gradients are exchanged while it runs.
+    fn overlaps(&self) -> bool {
+        self.config.overlap
+            && self.config.average_gradients
+            && self.sync.get()
+            && self.plan.buckets.iter().all(|b| b.dtype == DType::F32)
+    }
+
+    /// The backward with the buckets exchanged as their gradients come out of it
+    /// (see [`crate::overlap`]), then averaged.
+    fn overlapped(
+        &self,
+        back: &ModuleBackward,
+        output_grads: &[Option<Tensor>],
+        updated: &[(usize, Tensor)],
+    ) -> Result<ModuleGrads> {
+        let n = self.world.size();
+        let det = self.config.deterministic;
+        let mut sends: Vec<Vec<f32>> = match self.accumulator.borrow_mut().take() {
+            Some(acc) => acc.into_iter().map(|f| if let Flat::F32(v) = f { v } else { Vec::new() }).collect(),
+            None => self.plan.buckets.iter().map(|b| vec![0.0; b.elems]).collect(),
+        };
+        let mut recvs: Vec<Vec<f32>> =
+            self.plan.buckets.iter().map(|b| vec![0.0; b.elems * if det { n } else { 1 }]).collect();
+        let index: std::collections::HashMap<&str, usize> =
+            self.params.iter().enumerate().map(|(i, (n, _))| (n.as_str(), i)).collect();
+        let step = self.step();
+        let (grads, backward_end, first_start, last_done, early) = mpi::request::scope(|scope| -> Result<_> {
+            let mut ex = Exchange::new(&self.world, scope, &self.plan, det, &mut sends, &mut recvs, step);
+            let result = back.backward_streaming(output_grads, updated, &mut |p, o| ex.ready(p, o));
+            let backward_end = Instant::now();
+            // Whatever happened, every bucket is filled and exchanged: the other
+            // ranks wait for them, and MPI holds our buffers until they complete.
+            let grads = result.as_ref().ok();
+            let mut late = Ok(());
+            for i in 0..self.params.len() {
+                let g = grads.and_then(|g| g.params.iter().find(|(n, _)| index.get(n.as_str()) == Some(&i)));
+                let r = ex.fill_late(i, |dst| match g {
+                    Some((name, t)) => add_into(t, dst, name),
+                    None => Ok(()),
+                });
+                if late.is_ok() {
+                    late = r;
+                }
+            }
+            ex.finish()?;
+            late?;
+            Ok((result?, backward_end, ex.first_start, ex.last_done, ex.early))
+        })?;
+        for (b, (send, recv)) in self.plan.buckets.iter().zip(sends.iter_mut().zip(&recvs)) {
+            debug_assert_eq!(send.len(), b.elems);
+            average(send, recv, n, det);
+        }
+        let mut by_param: Vec<Option<Tensor>> = vec![None; self.params.len()];
+        for (b, v) in self.plan.buckets.iter().zip(&sends) {
+            unpack(b, v, &self.params, &mut by_param)?;
+        }
+        let params = self
+            .params
+            .iter()
+            .zip(by_param)
+            .filter(|((name, _), _)| grads.params.iter().any(|(n, _)| n == name))
+            .filter_map(|((name, _), g)| g.map(|g| (name.clone(), g)))
+            .collect();
+        let mut st = self.stats.get();
+        st.syncs += 1;
+        st.bytes += self.plan.bytes() as u64;
+        st.sync_seconds += backward_end.elapsed().as_secs_f64();
+        st.early_gradients += early;
+        if let (Some(a), Some(z)) = (first_start, last_done) {
+            st.comm_seconds += z.saturating_duration_since(a).as_secs_f64();
+            st.exposed_seconds += z.saturating_duration_since(backward_end.max(a)).as_secs_f64();
+        }
+        self.stats.set(st);
+        Ok(ModuleGrads { params, inputs: grads.inputs })
+    }
+
     fn finish(&self, grads: ModuleGrads) -> Result<ModuleGrads> {
         let t0 = Instant::now();
         let mut st = self.stats.get();
@@ -348,6 +446,8 @@ impl DistributedDataParallel {
         let step = self.step();
         let mut wait = exchange(&self.world, &mut f32s, self.config.deterministic, step)?;
         wait += exchange(&self.world, &mut f64s, self.config.deterministic, step)?;
+        st.comm_seconds += wait;
+        st.exposed_seconds += wait;
         let mut out: Vec<(String, Tensor)> = Vec::with_capacity(self.params.len());
         let mut by_param: Vec<Option<Tensor>> = vec![None; self.params.len()];
         for (k, v) in f32s {
@@ -367,7 +467,6 @@ impl DistributedDataParallel {
         st.syncs += 1;
         st.bytes += self.plan.bytes() as u64;
         st.sync_seconds += t0.elapsed().as_secs_f64();
-        st.wait_seconds += wait;
         self.stats.set(st);
         Ok(ModuleGrads { params: out, inputs: grads.inputs })
     }
@@ -422,30 +521,36 @@ fn exchange<T: Elem>(world: &World, bufs: &mut [(usize, Vec<T>)], deterministic:
         first_err.map_or(Ok(()), Err)
     })?;
     for ((_, b), r) in bufs.iter_mut().zip(&recvs) {
-        let len = b.len();
-        if deterministic {
-            for (i, x) in b.iter_mut().enumerate() {
-                let mut acc = r[i];
-                for rank in 1..n {
-                    acc += r[rank * len + i];
-                }
-                *x = acc.div(n);
-            }
-        } else {
-            for (x, &y) in b.iter_mut().zip(r) {
-                *x = y.div(n);
-            }
-        }
+        average(b, r, n, deterministic);
     }
     Ok(waited)
+}
+
+/// `b` := the average over `n` ranks of what an exchange received in `r`: the sum
+/// (allreduce), or every rank's values end to end (allgather), summed in rank order.
+fn average<T: Elem>(b: &mut [T], r: &[T], n: usize, deterministic: bool) {
+    let len = b.len();
+    if deterministic {
+        for (i, x) in b.iter_mut().enumerate() {
+            let mut acc = r[i];
+            for rank in 1..n {
+                acc += r[rank * len + i];
+            }
+            *x = acc.div(n);
+        }
+    } else {
+        for (x, &y) in b.iter_mut().zip(r) {
+            *x = y.div(n);
+        }
+    }
 }
 
 impl DdpBackward<'_> {
     /// The backward for the outputs' gradients (as [`ModuleBackward::backward`]),
     /// averaged across the ranks (or accumulated locally under `no_sync`).
     pub fn backward(self, output_grads: &[Tensor]) -> Result<ModuleGrads> {
-        let g = self.back.backward(output_grads)?;
-        self.ddp.finish(g)
+        let opt: Vec<Option<Tensor>> = output_grads.iter().cloned().map(Some).collect();
+        self.backward_with(&opt, &[])
     }
 
     /// [`ModuleBackward::backward_with`], averaged across the ranks.
@@ -454,6 +559,9 @@ impl DdpBackward<'_> {
         output_grads: &[Option<Tensor>],
         updated_input_grads: &[(usize, Tensor)],
     ) -> Result<ModuleGrads> {
+        if self.ddp.overlaps() {
+            return self.ddp.overlapped(&self.back, output_grads, updated_input_grads);
+        }
         let g = self.back.backward_with(output_grads, updated_input_grads)?;
         self.ddp.finish(g)
     }

@@ -31,6 +31,7 @@ mod bucket;
 mod ddp;
 mod error;
 mod flat;
+mod overlap;
 mod sampler;
 mod world;
 mod zero;

@@ -134,11 +134,21 @@ fn ddp_and_zero1_train_like_one_process() {
 #[test]
 fn ranks_are_bit_identical_in_deterministic_mode_with_many_buckets() {
     let d = dir();
-    // 64-byte buckets: one or two parameters each, many exchanges in flight.
-    ok(3, &["train", "--steps", "30", "--det", "--bucket", "64", "--out", d.path().to_str().unwrap()]);
+    // 64-byte buckets: one or two parameters each, many exchanges in flight, each
+    // started while the backward runs (the backward hands out all 4 gradients).
+    let text = ok(3, &["train", "--steps", "30", "--det", "--bucket", "64", "--out", d.path().to_str().unwrap()]);
+    assert!(text.contains("120 gradients during the backward"), "{text}");
     let ranks = rank_params(d.path(), 3);
     assert_eq!(ranks[1], ranks[0]);
     assert_eq!(ranks[2], ranks[0]);
+    // Exchanging every bucket after the backward gives the same bits.
+    let after = dir();
+    let text = ok(
+        3,
+        &["train", "--steps", "30", "--det", "--bucket", "64", "--no-overlap", "--out", after.path().to_str().unwrap()],
+    );
+    assert!(text.contains(" 0 gradients during the backward"), "{text}");
+    assert_eq!(rank_params(after.path(), 3), ranks);
 }
 
 #[test]

@@ -7,6 +7,7 @@
 //! graph's output metadata (with symbols bound from the inputs).
 
 use crate::graph::Graph;
+use crate::meta::TensorMeta;
 use crate::sym::SymId;
 use thiserror::Error;
 
@@ -66,6 +67,27 @@ pub trait Backend<T>: Send + Sync {
     }
 }
 
+/// The elements of a graph output's storage on the host.
+#[derive(Clone, Copy, Debug)]
+pub enum HostData<'a> {
+    /// f32 elements.
+    F32(&'a [f32]),
+    /// f64 elements.
+    F64(&'a [f64]),
+}
+
+/// A graph output whose value is final while its call still runs, handed to
+/// [`CompiledGraph::run_streaming`]'s callback.
+#[derive(Clone, Copy, Debug)]
+pub struct ReadyOutput<'a> {
+    /// The output's index among the graph's outputs.
+    pub index: usize,
+    /// Its concrete layout in `data`.
+    pub meta: &'a TensorMeta,
+    /// Its storage's elements (valid for the callback's duration only).
+    pub data: HostData<'a>,
+}
+
 /// A compiled graph, ready to run.
 pub trait CompiledGraph<T>: Send + Sync {
     /// Run on concrete inputs (in graph-input order); returns the graph outputs.
@@ -79,6 +101,21 @@ pub trait CompiledGraph<T>: Send + Sync {
     /// The others are bound from the inputs; an input dim must agree with a given
     /// value.
     fn run_with_symbols(&self, inputs: &[T], symbols: &[(SymId, i64)]) -> Result<Vec<T>, BackendError>;
+    /// [`CompiledGraph::run_with_symbols`] that also hands outputs to `ready`, on the
+    /// calling thread, as soon as the call has finished writing them and before the
+    /// kernels after that run: the caller can use an output while the rest of the
+    /// graph still runs (data-parallel training sends a finished gradient while the
+    /// backward goes on). Which outputs come early is the backend's choice (the
+    /// default: none); every output is in the returned vector as usual.
+    fn run_streaming(
+        &self,
+        inputs: &[T],
+        symbols: &[(SymId, i64)],
+        ready: &mut dyn FnMut(ReadyOutput<'_>),
+    ) -> Result<Vec<T>, BackendError> {
+        let _ = ready;
+        self.run_with_symbols(inputs, symbols)
+    }
     /// The artifact as bytes, for an on-disk cache.
     fn serialize(&self) -> Vec<u8>;
 }

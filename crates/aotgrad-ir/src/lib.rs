@@ -24,7 +24,7 @@ pub mod op;
 pub mod sym;
 pub mod text;
 
-pub use backend::{Backend, BackendError, CompileOptions, CompiledGraph};
+pub use backend::{Backend, BackendError, CompileOptions, CompiledGraph, HostData, ReadyOutput};
 pub use builder::{BuildError, BuildResult, GraphBuilder};
 pub use dtype::{result_type, Category, DType, Operand, Scalar};
 pub use error::{ParseError, ShapeError};

@@ -17,6 +17,9 @@ use aotgrad_meta::{ArgSlot, Layout, OutputKind};
 use aotgrad_trace::{NoGradGuard, Tensor};
 use std::sync::{Arc, Mutex};
 
+/// The callback of [`PendingBackward::backward_streaming`]: argument index, gradient.
+type ReadyArg<'r> = &'r mut dyn FnMut(usize, aotgrad_ir::ReadyOutput<'_>);
+
 /// What the backward of one forward call needs.
 pub struct PendingBackward {
     /// The compiled function's name (for messages).
@@ -109,6 +112,56 @@ impl PendingBackward {
         &self,
         output_grads: &[Option<Tensor>],
         updated_input_grads: &[(usize, Tensor)],
+    ) -> Result<Vec<Option<Tensor>>> {
+        self.backward_inner(output_grads, updated_input_grads, None)
+    }
+
+    /// [`PendingBackward::backward_with`] that also hands argument gradients to
+    /// `ready(argument index, gradient)` while the backward graph still runs, as soon
+    /// as the backend has finished each ([`aotgrad_ir::CompiledGraph::run_streaming`]):
+    /// those of arguments whose gradient is a backward graph output as it is (an
+    /// argument that is its own graph input, passed once, repeating no element, with
+    /// no other contribution to its gradient, such as a module's parameters). The
+    /// returned gradients are `backward_with`'s, whether or not they came early;
+    /// `ready` sees each at most once, in the backend's layout.
+    pub fn backward_streaming(
+        &self,
+        output_grads: &[Option<Tensor>],
+        updated_input_grads: &[(usize, Tensor)],
+        ready: &mut dyn FnMut(usize, aotgrad_ir::ReadyOutput<'_>),
+    ) -> Result<Vec<Option<Tensor>>> {
+        self.backward_inner(output_grads, updated_input_grads, Some(ready))
+    }
+
+    /// Backward graph outputs that are some argument's whole gradient: by output,
+    /// the argument (see [`PendingBackward::backward_streaming`]).
+    fn direct_grads(&self, extra: &[Option<Tensor>], scattered: &[bool]) -> Result<Vec<Option<usize>>> {
+        let m = self.entry.m();
+        let tm = self.entry.tm()?;
+        let mut direct = vec![None; tm.grad_primals.len()];
+        for (p, &g) in tm.grad_primals.iter().enumerate() {
+            let Some(k) = m.convention.args.iter().position(|a| matches!(a, ArgSlot::Input(x) if *x == g)) else {
+                continue;
+            };
+            let own = m.meta.inputs.get(k).is_some_and(|i| i.requires_grad)
+                && extra.get(k).is_some_and(Option::is_none)
+                && scattered.get(k).is_some_and(|s| !s);
+            if !own {
+                continue;
+            }
+            let mut args = (0..self.args.len()).filter(|&i| self.traced_index(i) == Some(k));
+            if let (Some(i), None) = (args.next(), args.next()) {
+                direct[p] = Some(i);
+            }
+        }
+        Ok(direct)
+    }
+
+    fn backward_inner(
+        &self,
+        output_grads: &[Option<Tensor>],
+        updated_input_grads: &[(usize, Tensor)],
+        ready: Option<ReadyArg<'_>>,
     ) -> Result<Vec<Option<Tensor>>> {
         // PyTorch's saved-tensor check, decided when the function compiled: the first
         // failing node a given gradient reaches.
@@ -243,7 +296,18 @@ impl PendingBackward {
         bw_inputs.extend(tangents);
         let grads = {
             let _span = tracing::trace_span!("run_backward").entered();
-            parts.bw.run_with_symbols(&bw_inputs, &crate::signature::given_symbols(&self.env))?
+            let symbols = crate::signature::given_symbols(&self.env);
+            match ready {
+                Some(ready) => {
+                    let direct = self.direct_grads(&acc_input, &scattered)?;
+                    parts.bw.run_streaming(&bw_inputs, &symbols, &mut |o: aotgrad_ir::ReadyOutput<'_>| {
+                        if let Some(&Some(arg)) = direct.get(o.index) {
+                            ready(arg, o);
+                        }
+                    })?
+                }
+                None => parts.bw.run_with_symbols(&bw_inputs, &symbols)?,
+            }
         };
         // Graph-input gradients back to traced inputs.
         let mut by_graph_input: Vec<Option<Tensor>> = vec![None; entry.m().graph_inputs];

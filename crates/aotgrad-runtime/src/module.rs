@@ -83,6 +83,27 @@ impl ModuleBackward {
         self.split(self.pending.backward_with(output_grads, &updated)?)
     }
 
+    /// [`ModuleBackward::backward_with`] that also hands each parameter's gradient to
+    /// `ready(parameter index, gradient)` while the backward still runs, as soon as the
+    /// backend has finished it ([`PendingBackward::backward_streaming`]; parameters in
+    /// the order of the module's store). The returned gradients are the same.
+    pub fn backward_streaming(
+        &self,
+        output_grads: &[Option<Tensor>],
+        updated_input_grads: &[(usize, Tensor)],
+        ready: &mut dyn FnMut(usize, aotgrad_ir::ReadyOutput<'_>),
+    ) -> Result<ModuleGrads> {
+        let updated: Vec<(usize, Tensor)> =
+            updated_input_grads.iter().map(|(i, g)| (i + self.num_lifted, g.clone())).collect();
+        let num_params = self.num_params;
+        let grads = self.pending.backward_streaming(output_grads, &updated, &mut |arg, o| {
+            if arg < num_params {
+                ready(arg, o);
+            }
+        })?;
+        self.split(grads)
+    }
+
     /// The forward outputs this backward belongs to.
     pub fn outputs(&self) -> &[Tensor] {
         self.pending.outputs()

@@ -433,14 +433,19 @@ impl CpuCompiledGraph {
     /// Bind a call and run it: on the thread pool when some kernel of its lowered
     /// plan has enough work to split, else right here (handing a call to the pool and
     /// back costs tens of microseconds, more than a small graph's whole run).
-    fn run_planned(&self, inputs: &[CpuTensor], symbols: &[(SymId, i64)]) -> Result<Vec<CpuTensor>, CpuError> {
+    fn run_planned(
+        &self,
+        inputs: &[CpuTensor],
+        symbols: &[(SymId, i64)],
+        ready: Option<&mut dyn FnMut(aotgrad_ir::ReadyOutput<'_>)>,
+    ) -> Result<Vec<CpuTensor>, CpuError> {
         let env = bind_inputs(&self.graph.inputs, inputs, symbols)?;
         let inst = self.instance_for(&env)?;
         match &self.pool {
             Some(p) if inst.lowered.parallel => {
-                p.enter(|| inst.run(inputs, self.threads, &self.stats, self.profile.as_ref()))
+                p.enter(|| inst.run(inputs, self.threads, &self.stats, self.profile.as_ref(), ready))
             }
-            _ => inst.run(inputs, self.threads, &self.stats, self.profile.as_ref()),
+            _ => inst.run(inputs, self.threads, &self.stats, self.profile.as_ref(), ready),
         }
     }
 }
@@ -455,7 +460,25 @@ impl CompiledGraph<CpuTensor> for CpuCompiledGraph {
         for t in inputs {
             t.storage.sync_host().map_err(|e| err(CpuError::Device(e)))?;
         }
-        self.run_planned(inputs, symbols).map_err(err)
+        self.run_planned(inputs, symbols, None).map_err(err)
+    }
+    /// Outputs the plan stores into its own output buffers (f32 and f64) come out
+    /// right after the kernel that writes them last (the one dispatch group it is in);
+    /// the interpreter (no plan) hands out none early.
+    fn run_streaming(
+        &self,
+        inputs: &[CpuTensor],
+        symbols: &[(SymId, i64)],
+        ready: &mut dyn FnMut(aotgrad_ir::ReadyOutput<'_>),
+    ) -> Result<Vec<CpuTensor>, BackendError> {
+        if self.plan.is_none() {
+            return self.run_with_symbols(inputs, symbols);
+        }
+        let _span = tracing::trace_span!("cpu_run", nodes = self.graph.nodes).entered();
+        for t in inputs {
+            t.storage.sync_host().map_err(|e| err(CpuError::Device(e)))?;
+        }
+        self.run_planned(inputs, symbols, Some(ready)).map_err(err)
     }
     fn serialize(&self) -> Vec<u8> {
         let lowered = match &self.fixed {

@@ -94,6 +94,7 @@ impl Instance {
         threads: usize,
         stats: &Mutex<AllocStats>,
         profile: Option<&Mutex<Vec<(f64, usize)>>>,
+        ready: Option<&mut dyn FnMut(aotgrad_ir::ReadyOutput<'_>)>,
     ) -> Result<Vec<CpuTensor>, CpuError> {
         let inst = self;
         let low = &inst.lowered;
@@ -130,7 +131,8 @@ impl Instance {
             .collect();
         allocated.1 = low.out_bufs.iter().map(|(d, n, _)| d.size_bytes() * n).sum();
         let mut externs: HashMap<usize, Arc<Storage>> = HashMap::new();
-        let result = run_kernels(low, inputs, &mut arena, &mut outs, &mut externs, &mut allocated.2, threads, profile);
+        let result =
+            run_kernels(low, inputs, &mut arena, &mut outs, &mut externs, &mut allocated.2, threads, profile, ready);
         inst.pool.lock().unwrap_or_else(|e| e.into_inner()).push(arena);
         {
             let mut s = stats.lock().unwrap_or_else(|e| e.into_inner());
@@ -161,6 +163,26 @@ impl Instance {
     }
 }
 
+/// Per kernel, the graph outputs it writes last: outputs in the plan's own output
+/// buffers, of f32 or f64, that some kernel writes (no later kernel writes them).
+fn ready_outputs(low: &Lowered) -> Vec<Vec<usize>> {
+    let mut last: HashMap<usize, usize> = HashMap::new();
+    for (k, kernel) in low.kernels.iter().enumerate() {
+        for b in kernel.stored() {
+            last.insert(b, k);
+        }
+    }
+    let mut by_kernel = vec![Vec::new(); low.kernels.len()];
+    for (j, (b, meta)) in low.outputs.iter().enumerate() {
+        let own = matches!(low.loc.get(*b), Some(Loc::Output(_)));
+        let float = matches!(meta.dtype, aotgrad_ir::DType::F32 | aotgrad_ir::DType::F64);
+        if let (true, true, Some(&k)) = (own, float, last.get(b)) {
+            by_kernel[k].push(j);
+        }
+    }
+    by_kernel
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run_kernels(
     low: &Lowered,
@@ -171,7 +193,13 @@ fn run_kernels(
     n_extern: &mut usize,
     threads: usize,
     profile: Option<&Mutex<Vec<(f64, usize)>>>,
+    mut ready: Option<&mut dyn FnMut(aotgrad_ir::ReadyOutput<'_>)>,
 ) -> Result<(), CpuError> {
+    // Graph outputs handed out early, by the kernel that writes them last.
+    let ready_after = match ready {
+        Some(_) => ready_outputs(low),
+        None => Vec::new(),
+    };
     // Off the pool (no kernel splits), every kernel runs single-threaded here.
     let threads = if low.parallel { threads } else { 1 };
     let mut bufs: Vec<Raw> = vec![Raw::NONE; low.loc.len()];
@@ -350,6 +378,20 @@ fn run_kernels(
         drop(guards);
         for b in set {
             bufs[b] = Raw::NONE;
+        }
+        if let Some(hook) = ready.as_deref_mut() {
+            for kernel in i..end {
+                for &j in ready_after.get(kernel).map_or(&[][..], Vec::as_slice) {
+                    let (b, meta) = &low.outputs[j];
+                    let Loc::Output(o) = low.loc[*b] else { continue };
+                    let data = match &outs[o] {
+                        Buffer::F32(v) => aotgrad_ir::HostData::F32(v),
+                        Buffer::F64(v) => aotgrad_ir::HostData::F64(v),
+                        _ => continue,
+                    };
+                    hook(aotgrad_ir::ReadyOutput { index: j, meta, data });
+                }
+            }
         }
         if let Some(t) = started {
             // A group's time goes to its kernels in proportion to their elements.

@@ -5,7 +5,8 @@
 //! `aotgrad-dist-check MODE [--steps N] [--out DIR] [--det] [--bucket BYTES] [--at STEP]
 //! [--width W] [--resume]`, MODE one of:
 //! - `train`: train `--steps` steps of global batch 12 (`--zero`: with ZeRO-1's
-//!   sharded AdamW, `--det`: deterministic allreduce); write every parameter's f32
+//!   sharded AdamW, `--det`: deterministic allreduce, `--no-overlap`: buckets
+//!   exchanged after the backward); write every parameter's f32
 //!   bits to `DIR/params-rank{r}.txt` (`params-single.txt` without MPI); with
 //!   `--checkpoint-at K` rank 0 also writes `DIR/checkpoint.safetensors` after step
 //!   K, and `--resume` continues from it;
@@ -56,6 +57,7 @@ struct Args {
     width: usize,
     resume: bool,
     zero: bool,
+    no_overlap: bool,
     checkpoint_at: usize,
 }
 
@@ -70,6 +72,7 @@ fn args() -> Args {
         width: 16,
         resume: false,
         zero: false,
+        no_overlap: false,
         checkpoint_at: usize::MAX,
     };
     let mut it = std::env::args().skip(1);
@@ -84,6 +87,7 @@ fn args() -> Args {
             "--width" => a.width = val().parse().unwrap_or(a.width),
             "--resume" => a.resume = true,
             "--zero" => a.zero = true,
+            "--no-overlap" => a.no_overlap = true,
             "--checkpoint-at" => a.checkpoint_at = val().parse().unwrap_or(a.checkpoint_at),
             m => a.mode = m.to_string(),
         }
@@ -137,7 +141,12 @@ fn train(a: &Args, world: Option<Rc<World>>) -> Res<()> {
     let sampler = DistributedSampler::new(EXAMPLES, GLOBAL_BATCH, rank, ranks)?;
     let (ddp, single) = match &world {
         Some(w) => {
-            let config = DdpConfig { bucket_bytes: a.bucket, deterministic: a.det, average_gradients: !a.zero };
+            let config = DdpConfig {
+                bucket_bytes: a.bucket,
+                deterministic: a.det,
+                average_gradients: !a.zero,
+                overlap: !a.no_overlap,
+            };
             (Some(DistributedDataParallel::new(w.clone(), compiled, config)?), None)
         }
         None => (None, Some(compiled)),
@@ -199,10 +208,11 @@ fn train(a: &Args, world: Option<Rc<World>>) -> Res<()> {
     if let Some(d) = &ddp {
         let s = d.stats();
         println!(
-            "rank {rank}: {} syncs, {} buckets of {} bytes in all",
+            "rank {rank}: {} syncs, {} buckets of {} bytes in all, {} gradients during the backward",
             s.syncs,
             d.plan().buckets.len(),
-            d.plan().bytes()
+            d.plan().bytes(),
+            s.early_gradients
         );
     }
     Ok(())
