@@ -14,6 +14,9 @@
 //!   (`benches/src/bin/cache.rs`, `target/bench/cache.json`). `cargo xtask bench --compare` runs the bench and
 //!   main-job workloads next to PyTorch eager, torch.compile and JAX (`benches/compare/peers.py`, with the
 //!   Python named by `AOTGRAD_COMPARE_PYTHON`), round by round in one run, with ratios.
+//!   `cargo xtask bench --dist` runs the data-parallel bench (`benches/src/bin/dist.rs`,
+//!   under `mpirun -np 2`: allreduce GB/s next to raw MPI, step time and overlap at 2
+//!   processes × 1 thread next to 1 process × 2 threads, ZeRO-1's optimizer memory).
 //!   `cargo xtask bench --backend wgpu [--quick|--full]` runs the wgpu backend's bench
 //!   (`benches/src/bin/wgpu.rs`): GB/s and GFLOP/s next to the compiled CPU backend,
 //!   with the adapter's name (`target/bench/wgpu.{md,json}`).
@@ -328,6 +331,20 @@ fn bench(args: &[String]) -> Result<()> {
         }
         return run("compare", &["run", "--release", "-q", "-p", "aotgrad-benches", "--bin", "compare"]);
     }
+    // `--dist`: the data-parallel bench: one process × 2 threads, then 2 processes × 1
+    // thread under mpirun (benches/src/bin/dist.rs; target/bench/dist.{md,json}).
+    if args.iter().any(|a| a == "--dist") {
+        ensure_mpi()?;
+        run("build", &["build", "--release", "-q", "-p", "aotgrad-benches", "--features", "mpi", "--bin", "dist"])?;
+        let bin = target_dir().join("release/dist").to_string_lossy().into_owned();
+        let status = Command::new(&bin).arg("--single").status().context("could not start the dist bench")?;
+        if !status.success() {
+            bail!("dist --single failed ({status})");
+        }
+        let mut m = mpirun_args(2);
+        m.push(bin);
+        return run_mpirun("dist bench", &m);
+    }
     // `--backend wgpu`: the wgpu backend's GB/s and GFLOP/s next to the compiled CPU
     // backend, with the adapter (benches/src/bin/wgpu.rs; target/bench/wgpu.{md,json}).
     if let Some(i) = args.iter().position(|a| a == "--backend") {
@@ -363,7 +380,7 @@ fn main() -> Result<()> {
         Some("train") => train(&args[1..]),
         Some("help") | None => {
             println!("usage: cargo xtask <task>\n\ntasks:\n  ci       fmt check, clippy -D warnings, a short main job, all tests\n  train    the main job: install Fashion-MNIST if missing, then `aotgrad train ARGS` (release build; try `-- --help`)\n  bench    criterion benches + the report written to target/bench/report.{{md,json}} (--report: report only;\n           --compare: aotgrad next to PyTorch eager, torch.compile and JAX, round by round,
-           with AOTGRAD_COMPARE_PYTHON=a python with torch and jax;\n           --backend wgpu [--quick|--full]: the wgpu backend's GB/s and GFLOP/s next to the CPU backend)");
+           with AOTGRAD_COMPARE_PYTHON=a python with torch and jax;\n           --dist: data-parallel training on 2 processes (allreduce GB/s, overlap, ZeRO-1 memory);\n           --backend wgpu [--quick|--full]: the wgpu backend's GB/s and GFLOP/s next to the CPU backend)");
             Ok(())
         }
         Some(other) => bail!("unknown task `{other}` (try `cargo xtask help`)"),

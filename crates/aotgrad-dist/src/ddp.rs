@@ -341,7 +341,7 @@ impl DistributedDataParallel {
     }
 
     /// The backward with the buckets exchanged as their gradients come out of it
-    /// (see [`crate::overlap`]), then averaged.
+    /// (the gradient hand-out of the `overlap` module), then averaged.
     fn overlapped(
         &self,
         back: &ModuleBackward,
@@ -488,7 +488,12 @@ fn unpack<T: Elem>(
 
 /// Average `bufs` across the ranks in place: one non-blocking exchange per bucket,
 /// started in order, then waited for. Returns the seconds spent waiting.
-fn exchange<T: Elem>(world: &World, bufs: &mut [(usize, Vec<T>)], deterministic: bool, step: u64) -> Result<f64> {
+pub(crate) fn exchange<T: Elem>(
+    world: &World,
+    bufs: &mut [(usize, Vec<T>)],
+    deterministic: bool,
+    step: u64,
+) -> Result<f64> {
     if bufs.is_empty() {
         return Ok(0.0);
     }

@@ -27,14 +27,14 @@
 //! # Ok(()) }
 //! ```
 
-mod bucket;
-mod ddp;
+pub mod bucket;
+pub mod ddp;
 mod error;
 mod flat;
 mod overlap;
-mod sampler;
-mod world;
-mod zero;
+pub mod sampler;
+pub mod world;
+pub mod zero;
 
 pub use bucket::{Bucket, BucketPlan, Slot};
 pub use ddp::{DdpBackward, DdpConfig, DdpStats, DistributedDataParallel};

@@ -108,6 +108,26 @@ impl World {
         &self.comm
     }
 
+    /// The underlying rsmpi communicator (`MPI_COMM_WORLD`), for collectives this
+    /// crate does not wrap (a bench's raw-MPI baseline, say).
+    pub fn communicator(&self) -> &SimpleCommunicator {
+        &self.comm
+    }
+
+    /// Average `buffers` element-wise across the ranks, in place: one non-blocking
+    /// exchange per buffer, all started before any is waited for, as
+    /// [`crate::DistributedDataParallel`] exchanges its buckets (allreduce, or in
+    /// `deterministic` mode an allgather summed in rank order). Returns the seconds
+    /// spent waiting.
+    pub fn average_f32(&self, buffers: &mut [Vec<f32>], deterministic: bool, step: u64) -> Result<f64> {
+        let mut tagged: Vec<(usize, Vec<f32>)> = buffers.iter_mut().map(std::mem::take).enumerate().collect();
+        let waited = crate::ddp::exchange(self, &mut tagged, deterministic, step);
+        for (b, (_, v)) in buffers.iter_mut().zip(tagged) {
+            *b = v;
+        }
+        waited
+    }
+
     /// Wait for every rank (with the deadline; `step` names the point in messages).
     pub fn barrier(&self, step: u64) -> Result<()> {
         let deadline = self.deadline();
