@@ -215,12 +215,12 @@ type Result<T> = std::result::Result<T, TrainError>;
 /// The processes one run trains with: this process alone, or (with the `mpi`
 /// feature, when started by `mpirun -np N`) N ranks training data-parallel: each
 /// global batch split into one shard per rank, gradients averaged across the ranks
-/// ([`aotgrad::dist::DistributedDataParallel`]), evaluation sharded and summed, and
+/// (`aotgrad::dist::DistributedDataParallel`), evaluation sharded and summed, and
 /// rank 0 alone printing and writing files.
 pub struct Fleet {
     #[cfg(feature = "mpi")]
     world: Option<std::rc::Rc<aotgrad::dist::World>>,
-    /// ZeRO-1: shard AdamW's state across the ranks ([`aotgrad::dist::ZeroAdamW`]).
+    /// ZeRO-1: shard AdamW's state across the ranks (`aotgrad::dist::ZeroAdamW`).
     pub zero: bool,
     /// Sum gradients in rank order (bit-identical ranks, run to run).
     pub deterministic: bool,
