@@ -101,8 +101,9 @@ fn main() -> Result<()> {
     writeln!(md, "## Allreduce, f32 (algorithm bandwidth)\n")?;
     writeln!(md, "| bytes | aotgrad-dist exchange | raw MPI_Allreduce | ratio |\n|---|---|---|---|")?;
     let mut rows = Vec::new();
-    for mib in [1usize, 4, 16, 64] {
-        let len = (mib << 20) / 4;
+    for bytes in [4usize << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20] {
+        let len = bytes / 4;
+        let label = if bytes < 1 << 20 { format!("{} KiB", bytes >> 10) } else { format!("{} MiB", bytes >> 20) };
         let mut bufs = vec![vec![1.0f32 + rank as f32; len]];
         let ours = median_ms(runs, || {
             world.average_f32(&mut bufs, false, 0)?;
@@ -118,7 +119,7 @@ fn main() -> Result<()> {
         let gbs = |ms: f64| (len * 4) as f64 / (ms * 1e-3) / 1e9;
         writeln!(
             md,
-            "| {mib} MiB | {:.2} GB/s ({ours:.3} ms) | {:.2} GB/s ({raw:.3} ms) | {:.2}x |",
+            "| {label} | {:.2} GB/s ({ours:.3} ms) | {:.2} GB/s ({raw:.3} ms) | {:.2}x |",
             gbs(ours),
             gbs(raw),
             raw / ours
