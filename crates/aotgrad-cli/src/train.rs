@@ -829,8 +829,10 @@ fn fleet_parts(
                 group(store.num_param_elements())
             ),
             Opt::Adam(_) => format!(
-                "gradients averaged in {} bucket(s) of up to {} MiB{}",
+                "gradients averaged in {} bucket(s) (the first up to {} KiB, the others {} MiB), each sent while \
+                 the backward goes on{}",
                 ddp.plan().buckets.len(),
+                ddp.config().first_bucket_bytes >> 10,
                 ddp.config().bucket_bytes >> 20,
                 if fleet.deterministic { ", summed in rank order (deterministic)" } else { "" }
             ),

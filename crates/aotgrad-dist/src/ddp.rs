@@ -41,6 +41,9 @@ use std::time::Instant;
 pub struct DdpConfig {
     /// Largest bucket in bytes (default 25 MiB, as PyTorch's DDP).
     pub bucket_bytes: usize,
+    /// Largest first bucket (the last layers' gradients) in bytes (default 1 MiB, as
+    /// PyTorch's DDP), so that communication starts early in the backward.
+    pub first_bucket_bytes: usize,
     /// Sum the ranks' gradients in rank order on every rank (bit-identical ranks).
     pub deterministic: bool,
     /// Start each bucket's exchange while the backward still runs, as soon as the
@@ -55,7 +58,13 @@ pub struct DdpConfig {
 
 impl Default for DdpConfig {
     fn default() -> Self {
-        DdpConfig { bucket_bytes: 25 << 20, deterministic: false, overlap: true, average_gradients: true }
+        DdpConfig {
+            bucket_bytes: 25 << 20,
+            first_bucket_bytes: 1 << 20,
+            deterministic: false,
+            overlap: true,
+            average_gradients: true,
+        }
     }
 }
 
@@ -186,7 +195,7 @@ impl DistributedDataParallel {
             layout.push((name.clone(), t.dtype(), shape.iter().product()));
             params.push((name.clone(), shape));
         }
-        let plan = BucketPlan::new(&layout, config.bucket_bytes)?;
+        let plan = BucketPlan::new(&layout, config.first_bucket_bytes.min(config.bucket_bytes), config.bucket_bytes)?;
         Ok(DistributedDataParallel {
             world,
             module,
@@ -348,45 +357,37 @@ impl DistributedDataParallel {
         output_grads: &[Option<Tensor>],
         updated: &[(usize, Tensor)],
     ) -> Result<ModuleGrads> {
-        let n = self.world.size();
         let det = self.config.deterministic;
-        let mut sends: Vec<Vec<f32>> = match self.accumulator.borrow_mut().take() {
+        let sends: Vec<Vec<f32>> = match self.accumulator.borrow_mut().take() {
             Some(acc) => acc.into_iter().map(|f| if let Flat::F32(v) = f { v } else { Vec::new() }).collect(),
             None => self.plan.buckets.iter().map(|b| vec![0.0; b.elems]).collect(),
         };
-        let mut recvs: Vec<Vec<f32>> =
-            self.plan.buckets.iter().map(|b| vec![0.0; b.elems * if det { n } else { 1 }]).collect();
         let index: std::collections::HashMap<&str, usize> =
             self.params.iter().enumerate().map(|(i, (n, _))| (n.as_str(), i)).collect();
         let step = self.step();
-        let (grads, backward_end, first_start, last_done, early) = mpi::request::scope(|scope| -> Result<_> {
-            let mut ex = Exchange::new(&self.world, scope, &self.plan, det, &mut sends, &mut recvs, step);
-            let result = back.backward_streaming(output_grads, updated, &mut |p, o| ex.ready(p, o));
-            let backward_end = Instant::now();
-            // Whatever happened, every bucket is filled and exchanged: the other
-            // ranks wait for them, and MPI holds our buffers until they complete.
-            let grads = result.as_ref().ok();
-            let mut late = Ok(());
-            for i in 0..self.params.len() {
-                let g = grads.and_then(|g| g.params.iter().find(|(n, _)| index.get(n.as_str()) == Some(&i)));
-                let r = ex.fill_late(i, |dst| match g {
-                    Some((name, t)) => add_into(t, dst, name),
-                    None => Ok(()),
-                });
-                if late.is_ok() {
-                    late = r;
-                }
+        let mut ex = Exchange::new(&self.world, &self.plan, det, sends, step);
+        let result = back.backward_streaming(output_grads, updated, &mut |p, o| ex.ready(p, o));
+        let backward_end = Instant::now();
+        // Whatever happened, every bucket is filled and exchanged: the other ranks
+        // wait for them.
+        let got = result.as_ref().ok();
+        let mut late = Ok(());
+        for i in 0..self.params.len() {
+            let g = got.and_then(|g| g.params.iter().find(|(n, _)| index.get(n.as_str()) == Some(&i)));
+            let r = ex.fill_late(i, |dst| match g {
+                Some((name, t)) => add_into(t, dst, name),
+                None => Ok(()),
+            });
+            if late.is_ok() {
+                late = r;
             }
-            ex.finish()?;
-            late?;
-            Ok((result?, backward_end, ex.first_start, ex.last_done, ex.early))
-        })?;
-        for (b, (send, recv)) in self.plan.buckets.iter().zip(sends.iter_mut().zip(&recvs)) {
-            debug_assert_eq!(send.len(), b.elems);
-            average(send, recv, n, det);
         }
+        let early = ex.early;
+        let (averaged, first_start, last_done) = ex.finish()?;
+        late?;
+        let grads = result?;
         let mut by_param: Vec<Option<Tensor>> = vec![None; self.params.len()];
-        for (b, v) in self.plan.buckets.iter().zip(&sends) {
+        for (b, v) in self.plan.buckets.iter().zip(&averaged) {
             unpack(b, v, &self.params, &mut by_param)?;
         }
         let params = self
@@ -487,67 +488,23 @@ fn unpack<T: Elem>(
 }
 
 /// Average `bufs` across the ranks in place: one non-blocking exchange per bucket,
-/// started in order, then waited for. Returns the seconds spent waiting.
-pub(crate) fn exchange<T: Elem>(
+/// Average `bufs` across the ranks in place: every bucket submitted to the MPI thread
+/// in order, then waited for. Returns the seconds spent waiting.
+fn exchange<T: Elem + Send>(
     world: &World,
     bufs: &mut [(usize, Vec<T>)],
     deterministic: bool,
     step: u64,
 ) -> Result<f64> {
-    if bufs.is_empty() {
-        return Ok(0.0);
+    let pending = bufs
+        .iter_mut()
+        .map(|(_, b)| world.submit_average(std::mem::take(b), deterministic, step))
+        .collect::<Result<Vec<_>>>()?;
+    let t = Instant::now();
+    for ((_, b), p) in bufs.iter_mut().zip(pending) {
+        *b = p.wait(world)?.values;
     }
-    let n = world.size();
-    let per = if deterministic { n } else { 1 };
-    let mut recvs: Vec<Vec<T>> = bufs.iter().map(|(_, b)| vec![T::default(); b.len() * per]).collect();
-    let deadline = world.deadline();
-    let op = if deterministic { "gradient allgather" } else { "gradient allreduce" };
-    let mut waited = 0.0;
-    mpi::request::scope(|scope| {
-        let mut reqs = Vec::with_capacity(bufs.len());
-        for ((_, s), r) in bufs.iter().zip(recvs.iter_mut()) {
-            let req = if deterministic {
-                use mpi::collective::CommunicatorCollectives;
-                world.comm().immediate_all_gather_into(scope, &s[..], &mut r[..])
-            } else {
-                use mpi::collective::CommunicatorCollectives;
-                world.comm().immediate_all_reduce_into(scope, &s[..], &mut r[..], World::sum_op())
-            };
-            reqs.push(req);
-        }
-        let t = Instant::now();
-        let mut first_err = None;
-        for req in reqs {
-            if let Err(e) = world.wait(req, op, step, deadline) {
-                first_err.get_or_insert(e);
-            }
-        }
-        waited = t.elapsed().as_secs_f64();
-        first_err.map_or(Ok(()), Err)
-    })?;
-    for ((_, b), r) in bufs.iter_mut().zip(&recvs) {
-        average(b, r, n, deterministic);
-    }
-    Ok(waited)
-}
-
-/// `b` := the average over `n` ranks of what an exchange received in `r`: the sum
-/// (allreduce), or every rank's values end to end (allgather), summed in rank order.
-fn average<T: Elem>(b: &mut [T], r: &[T], n: usize, deterministic: bool) {
-    let len = b.len();
-    if deterministic {
-        for (i, x) in b.iter_mut().enumerate() {
-            let mut acc = r[i];
-            for rank in 1..n {
-                acc += r[rank * len + i];
-            }
-            *x = acc.div(n);
-        }
-    } else {
-        for (x, &y) in b.iter_mut().zip(r) {
-            *x = y.div(n);
-        }
-    }
+    Ok(t.elapsed().as_secs_f64())
 }
 
 impl DdpBackward<'_> {

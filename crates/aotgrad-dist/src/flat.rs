@@ -85,3 +85,26 @@ pub(crate) fn add_into<T: Elem>(t: &Tensor, dst: &mut [T], name: &str) -> Result
     }
     Ok(())
 }
+
+/// Copy elements `start..start + dst.len()` of `t` (row-major) into `dst`: straight
+/// out of the storage when `t` is a contiguous f32 tensor.
+pub(crate) fn copy_range_f32(t: &Tensor, start: usize, dst: &mut [f32]) -> Result<()> {
+    let cpu = t.to_cpu()?;
+    if cpu.meta.is_contiguous() && t.dtype() == DType::F32 {
+        if let Some(off) = cpu.meta.concrete_offset() {
+            let buf = cpu.storage.read();
+            if let Some(src) = f32::slice(&buf).and_then(|s| s.get(off + start..off + start + dst.len())) {
+                dst.copy_from_slice(src);
+                return Ok(());
+            }
+        }
+    }
+    let values = t.to_vec_f64()?;
+    let src = values
+        .get(start..start + dst.len())
+        .ok_or_else(|| Error::Invalid(format!("elements {start}.. of a tensor of {}", values.len())))?;
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = *s as f32;
+    }
+    Ok(())
+}

@@ -40,5 +40,5 @@ pub use bucket::{Bucket, BucketPlan, Slot};
 pub use ddp::{DdpBackward, DdpConfig, DdpStats, DistributedDataParallel};
 pub use error::{Error, Result};
 pub use sampler::DistributedSampler;
-pub use world::{launched, World, TIMEOUT_EXIT};
+pub use world::{launched, World, TERMINATED_EXIT, TIMEOUT_EXIT};
 pub use zero::ZeroAdamW;

@@ -3,67 +3,64 @@
 //! The compiled backward hands out each parameter's gradient as soon as the kernel
 //! that writes it last has run ([`aotgrad_runtime::module::ModuleBackward::backward_streaming`]);
 //! it is added into its bucket at once, and a bucket whose every gradient has
-//! arrived starts its non-blocking exchange, buckets strictly in plan order (every
-//! rank starts them in the same order, as MPI requires of collectives). Each later
-//! hand-out also tests the exchanges in flight, which is what makes MPI progress
-//! them while the backward computes. Gradients that do not come early (a parameter
-//! whose gradient the runtime still combines, one without a gradient) are added
-//! after the backward, and the remaining buckets start then.
+//! arrived goes to the MPI thread for its allreduce, buckets strictly in plan order
+//! (every rank submits the same collectives in the same order, as MPI requires). The
+//! MPI thread runs them while this thread computes the rest of the backward.
+//! Gradients that do not come early (a parameter whose gradient the runtime still
+//! combines, one without a gradient) are added after the backward, and the remaining
+//! buckets go then.
 
 use crate::bucket::BucketPlan;
 use crate::error::Result;
-use crate::world::World;
+use crate::world::{Exchanged, Pending, World};
 use aotgrad_ir::{HostData, ReadyOutput};
-use mpi::collective::CommunicatorCollectives;
-use mpi::request::{LocalScope, Request};
 use std::time::Instant;
 
-/// The exchanges of one synchronization, within one MPI request scope.
-pub(crate) struct Exchange<'s, 'a> {
+/// The exchanges of one synchronization.
+pub(crate) struct Exchange<'a> {
     world: &'a World,
-    scope: &'s LocalScope<'a>,
     plan: &'a BucketPlan,
     deterministic: bool,
-    sends: Vec<Option<&'a mut Vec<f32>>>,
-    recvs: Vec<Option<&'a mut Vec<f32>>>,
-    reqs: Vec<Option<Request<'a, [f32], &'s LocalScope<'a>>>>,
+    /// Each bucket's local sum, until it is submitted.
+    sends: Vec<Option<Vec<f32>>>,
+    pending: Vec<Option<Pending<Exchanged<f32>>>>,
     /// Gradients added per bucket.
     filled: Vec<usize>,
     /// Per parameter: added already.
     delivered: Vec<bool>,
-    /// The next bucket to start.
+    /// The next bucket to submit.
     next: usize,
-    pub(crate) first_start: Option<Instant>,
-    pub(crate) last_done: Option<Instant>,
+    /// A submission that failed (the MPI thread is gone).
+    failed: Option<crate::error::Error>,
     /// Gradients that came while the backward ran.
     pub(crate) early: u64,
     step: u64,
 }
 
-impl<'s, 'a> Exchange<'s, 'a> {
+/// Averaged buckets and when the MPI thread worked on them (first start, last end).
+pub(crate) type Averaged = (Vec<Vec<f32>>, Option<Instant>, Option<Instant>);
+
+impl<'a> Exchange<'a> {
+    /// Exchanges for `plan`'s buckets, starting from `sends` (zeros, or what
+    /// `no_sync` accumulated).
     pub(crate) fn new(
         world: &'a World,
-        scope: &'s LocalScope<'a>,
         plan: &'a BucketPlan,
         deterministic: bool,
-        sends: &'a mut [Vec<f32>],
-        recvs: &'a mut [Vec<f32>],
+        sends: Vec<Vec<f32>>,
         step: u64,
-    ) -> Exchange<'s, 'a> {
+    ) -> Exchange<'a> {
         let nb = plan.buckets.len();
         Exchange {
             world,
-            scope,
             plan,
             deterministic,
-            sends: sends.iter_mut().map(Some).collect(),
-            recvs: recvs.iter_mut().map(Some).collect(),
-            reqs: (0..nb).map(|_| None).collect(),
+            sends: sends.into_iter().map(Some).collect(),
+            pending: (0..nb).map(|_| None).collect(),
             filled: vec![0; nb],
             delivered: vec![false; plan.place.len()],
             next: 0,
-            first_start: None,
-            last_done: None,
+            failed: None,
             early: 0,
             step,
         }
@@ -88,7 +85,6 @@ impl<'s, 'a> Exchange<'s, 'a> {
         }
         self.early += 1;
         self.mark(param);
-        self.poll();
     }
 
     /// Add `param`'s gradient with `add` (after the backward), or nothing for a
@@ -110,52 +106,32 @@ impl<'s, 'a> Exchange<'s, 'a> {
         self.delivered[param] = true;
         self.filled[self.plan.place[param].0] += 1;
         while self.next < self.filled.len() && self.filled[self.next] == self.plan.buckets[self.next].slots.len() {
-            self.start(self.next);
+            let k = self.next;
             self.next += 1;
-        }
-    }
-
-    fn start(&mut self, k: usize) {
-        let (Some(send), Some(recv)) = (self.sends[k].take(), self.recvs[k].take()) else { return };
-        let send: &'a Vec<f32> = send;
-        let comm = self.world.comm();
-        let req = if self.deterministic {
-            comm.immediate_all_gather_into(self.scope, &send[..], &mut recv[..])
-        } else {
-            comm.immediate_all_reduce_into(self.scope, &send[..], &mut recv[..], World::sum_op())
-        };
-        self.reqs[k] = Some(req);
-        self.first_start.get_or_insert_with(Instant::now);
-    }
-
-    /// Test every exchange in flight (MPI progresses them here).
-    fn poll(&mut self) {
-        for slot in &mut self.reqs {
-            if let Some(req) = slot.take() {
-                match req.test() {
-                    Ok(_) => self.last_done = Some(Instant::now()),
-                    Err(req) => *slot = Some(req),
+            let Some(values) = self.sends[k].take() else { continue };
+            match self.world.submit_average(values, self.deterministic, self.step) {
+                Ok(p) => self.pending[k] = Some(p),
+                Err(e) => {
+                    self.failed.get_or_insert(e);
                 }
             }
         }
     }
 
-    /// Start what is left (every slot must be filled by now) and wait for all.
-    pub(crate) fn finish(&mut self) -> Result<()> {
-        debug_assert_eq!(self.next, self.filled.len(), "every bucket filled before finish");
-        let deadline = self.world.deadline();
-        let op = if self.deterministic { "gradient allgather" } else { "gradient allreduce" };
-        let mut first_err = None;
-        for slot in &mut self.reqs {
-            if let Some(req) = slot.take() {
-                match self.world.wait(req, op, self.step, deadline) {
-                    Ok(()) => self.last_done = Some(Instant::now()),
-                    Err(e) => {
-                        first_err.get_or_insert(e);
-                    }
-                }
-            }
+    /// Wait for every bucket (every slot must be filled by now): the averaged buckets.
+    pub(crate) fn finish(mut self) -> Result<Averaged> {
+        if let Some(e) = self.failed.take() {
+            return Err(e);
         }
-        first_err.map_or(Ok(()), Err)
+        let (mut first, mut last) = (None::<Instant>, None::<Instant>);
+        let mut out = Vec::with_capacity(self.pending.len());
+        for p in self.pending.drain(..) {
+            let p = p.ok_or_else(|| crate::error::Error::Invalid("a bucket was never filled".into()))?;
+            let x = p.wait(self.world)?;
+            first = Some(first.map_or(x.start, |f| f.min(x.start)));
+            last = Some(last.map_or(x.end, |l| l.max(x.end)));
+            out.push(x.values);
+        }
+        Ok((out, first, last))
     }
 }

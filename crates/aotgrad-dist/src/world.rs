@@ -1,20 +1,30 @@
-//! The MPI world: this process's rank among `size` processes, and the few collectives
-//! the rest of the crate is built on (all on `MPI_COMM_WORLD`, called from the thread
-//! that created the [`World`]).
+//! The MPI world: this process's rank among `size` processes, and the MPI thread that
+//! makes every MPI call of the process.
 //!
-//! MPI is initialized with `MPI_THREAD_FUNNELED`: the compiled backend's worker
-//! threads never call MPI, only the training loop's thread does. The world's error
-//! handler is `MPI_ERRORS_RETURN`, so a failed call reaches this crate instead of
-//! aborting the job silently; a rank that fails on its own (an error, a killed
-//! process) is noticed by the others through the deadline every wait here has
-//! ([`World::set_timeout`]).
+//! MPI is initialized on a thread of its own (`MPI_THREAD_FUNNELED`: that thread
+//! alone calls MPI). The training thread hands it jobs — closures over the
+//! communicator, run one at a time in the order they were submitted, so every rank
+//! starts its collectives in the same order — and goes on computing: a bucket's
+//! blocking allreduce runs there while the backward computes the next gradients, and
+//! MPI's fast blocking algorithms progress on their own. The world's error handler is
+//! `MPI_ERRORS_RETURN`.
+//!
+//! Every wait for a job has a deadline ([`World::set_timeout`]; `AOTGRAD_DIST_TIMEOUT`
+//! seconds, 30 by default): a collective a dead or failed rank never joins cannot be
+//! taken back from MPI, so the waiting rank prints which collective at which step timed
+//! out and ends the job (`MPI_Abort`). When the launcher ends the job (SIGTERM, after
+//! another rank died), a rank waiting on a collective says which one and at which step
+//! before it exits.
 
 use crate::error::{Error, Result};
-use mpi::collective::SystemOperation;
-use mpi::environment::Universe;
+use crate::flat::Elem;
 use mpi::raw::AsRaw;
 use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::traits::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// The environment variables MPI launchers set in the processes they start: Open MPI's
@@ -24,27 +34,52 @@ const LAUNCHER_VARS: [&str; 3] = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK
 /// The exit code of a job a rank ends after a collective missed its deadline.
 pub const TIMEOUT_EXIT: i32 = 75;
 
+/// The exit code of a rank that the launcher ended (SIGTERM) while it waited on a
+/// collective.
+pub const TERMINATED_EXIT: i32 = 143;
+
 /// Whether this process was started by an MPI launcher.
 pub fn launched() -> bool {
     LAUNCHER_VARS.iter().any(|v| std::env::var_os(v).is_some())
 }
 
+/// The world communicator's handle, sent from the MPI thread for `MPI_Abort`.
+struct RawComm(mpi::ffi::MPI_Comm);
+
+// SAFETY: a communicator handle is a process-wide name of the communicator; it is only
+// used for `MPI_Abort`, which any thread may call to end the job.
+unsafe impl Send for RawComm {}
+
+/// A job for the MPI thread.
+type Job = Box<dyn FnOnce(&SimpleCommunicator) + Send>;
+
 /// The processes of one MPI job; see the [module docs](self). One per process:
-/// create it once, early (before other threads start), and share it (`Rc<World>`).
-/// Dropping it finalizes MPI.
+/// create it once and share it (`Rc<World>`). Dropping it ends the MPI thread, which
+/// finalizes MPI.
 pub struct World {
-    comm: SimpleCommunicator,
+    jobs: Option<Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+    /// The world communicator's handle, for `MPI_Abort` from this thread when the MPI
+    /// thread is stuck in a collective that will never complete.
+    raw_comm: RawComm,
+    /// Set when the launcher asks this process to stop (SIGTERM).
+    terminated: Arc<AtomicBool>,
     rank: usize,
     size: usize,
     timeout: Duration,
-    // Declared last: finalizes MPI after everything above is dropped.
-    _universe: Universe,
 }
 
 impl std::fmt::Debug for World {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("World").field("rank", &self.rank).field("size", &self.size).finish()
     }
+}
+
+/// A job's result, once the MPI thread has run it.
+pub struct Pending<R> {
+    rx: Receiver<R>,
+    op: &'static str,
+    step: u64,
 }
 
 /// The deadline of collectives when [`World::set_timeout`] was not called:
@@ -57,25 +92,66 @@ fn default_timeout() -> Duration {
         .map_or(Duration::from_secs(30), Duration::from_secs_f64)
 }
 
+/// The MPI thread: initialize, report rank and size (and the raw communicator), run
+/// jobs until the world is dropped, then finalize.
+fn mpi_thread(ready: Sender<std::result::Result<(usize, usize, RawComm), Error>>, jobs: Receiver<Job>) {
+    let Some((universe, _level)) = mpi::initialize_with_threading(mpi::Threading::Funneled) else {
+        let _ = ready.send(Err(Error::AlreadyInitialized));
+        return;
+    };
+    let comm = universe.world();
+    // SAFETY: MPI is initialized; the communicator and the predefined error handler
+    // are valid handles.
+    unsafe {
+        mpi::ffi::MPI_Comm_set_errhandler(comm.as_raw(), mpi::ffi::RSMPI_ERRORS_RETURN);
+    }
+    let raw = RawComm(comm.as_raw());
+    if ready.send(Ok((comm.rank() as usize, comm.size() as usize, raw))).is_err() {
+        return;
+    }
+    for job in jobs {
+        job(&comm);
+    }
+    drop(comm);
+    drop(universe);
+}
+
 impl World {
-    /// Initialize MPI. An error when the process was not started by an MPI launcher
-    /// (`mpirun -np N program`), or when MPI is initialized already.
+    /// Initialize MPI (on the MPI thread). An error when the process was not started
+    /// by an MPI launcher (`mpirun -np N program`), or when MPI is initialized already.
     pub fn init() -> Result<World> {
         if !launched() {
             let program = std::env::args().next().unwrap_or_else(|| "PROGRAM".into());
             return Err(Error::NotLaunched(program));
         }
-        let (universe, _level) =
-            mpi::initialize_with_threading(mpi::Threading::Funneled).ok_or(Error::AlreadyInitialized)?;
-        let comm = universe.world();
-        // SAFETY: MPI is initialized; the communicator and the predefined error
-        // handler are valid handles.
-        unsafe {
-            mpi::ffi::MPI_Comm_set_errhandler(comm.as_raw(), mpi::ffi::RSMPI_ERRORS_RETURN);
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let (jobs_tx, jobs_rx) = mpsc::channel::<Job>();
+        let thread = std::thread::Builder::new()
+            .name("aotgrad-mpi".into())
+            .spawn(move || mpi_thread(ready_tx, jobs_rx))
+            .map_err(|e| Error::Invalid(format!("could not start the MPI thread: {e}")))?;
+        let (rank, size, raw) =
+            ready_rx.recv().map_err(|_| Error::Invalid("the MPI thread ended while initializing MPI".into()))??;
+        // mpirun ends the job with SIGTERM when a rank dies or aborts: a rank waiting
+        // on a collective then says which one and at which step before it exits. A
+        // second SIGTERM ends the process as usual (as does the launcher's SIGKILL).
+        let terminated = Arc::new(AtomicBool::new(false));
+        let term = signal_hook::consts::SIGTERM;
+        let watched = signal_hook::flag::register_conditional_shutdown(term, TERMINATED_EXIT, terminated.clone())
+            .and_then(|_| signal_hook::flag::register(term, terminated.clone()));
+        if let Err(e) = watched {
+            tracing::warn!("could not watch SIGTERM: {e}");
         }
-        let (rank, size) = (comm.rank() as usize, comm.size() as usize);
         tracing::debug!(rank, size, "MPI world initialized");
-        Ok(World { comm, rank, size, timeout: default_timeout(), _universe: universe })
+        Ok(World {
+            jobs: Some(jobs_tx),
+            thread: Some(thread),
+            raw_comm: raw,
+            terminated,
+            rank,
+            size,
+            timeout: default_timeout(),
+        })
     }
 
     /// This process's rank, `0..size`.
@@ -104,35 +180,39 @@ impl World {
         self.timeout
     }
 
-    pub(crate) fn comm(&self) -> &SimpleCommunicator {
-        &self.comm
+    /// Hand `job` to the MPI thread, which runs it after the jobs submitted before it;
+    /// [`Pending::wait`] gives its result. `op` and `step` name it in messages.
+    pub fn submit<R: Send + 'static>(
+        &self,
+        op: &'static str,
+        step: u64,
+        job: impl FnOnce(&SimpleCommunicator) -> R + Send + 'static,
+    ) -> Result<Pending<R>> {
+        let (tx, rx) = mpsc::channel();
+        let boxed: Job = Box::new(move |comm| {
+            let _ = tx.send(job(comm));
+        });
+        self.jobs
+            .as_ref()
+            .and_then(|j| j.send(boxed).ok())
+            .ok_or_else(|| Error::Invalid(format!("the MPI thread has ended ({op} at step {step})")))?;
+        Ok(Pending { rx, op, step })
     }
 
-    /// The underlying rsmpi communicator (`MPI_COMM_WORLD`), for collectives this
-    /// crate does not wrap (a bench's raw-MPI baseline, say).
-    pub fn communicator(&self) -> &SimpleCommunicator {
-        &self.comm
-    }
-
-    /// Average `buffers` element-wise across the ranks, in place: one non-blocking
-    /// exchange per buffer, all started before any is waited for, as
-    /// [`crate::DistributedDataParallel`] exchanges its buckets (allreduce, or in
-    /// `deterministic` mode an allgather summed in rank order). Returns the seconds
-    /// spent waiting.
-    pub fn average_f32(&self, buffers: &mut [Vec<f32>], deterministic: bool, step: u64) -> Result<f64> {
-        let mut tagged: Vec<(usize, Vec<f32>)> = buffers.iter_mut().map(std::mem::take).enumerate().collect();
-        let waited = crate::ddp::exchange(self, &mut tagged, deterministic, step);
-        for (b, (_, v)) in buffers.iter_mut().zip(tagged) {
-            *b = v;
-        }
-        waited
+    /// [`World::submit`] and wait: run `job` with the communicator on the MPI thread
+    /// (for collectives this crate does not wrap, such as a bench's raw-MPI baseline).
+    pub fn run<R: Send + 'static>(
+        &self,
+        op: &'static str,
+        step: u64,
+        job: impl FnOnce(&SimpleCommunicator) -> R + Send + 'static,
+    ) -> Result<R> {
+        self.submit(op, step, job)?.wait(self)
     }
 
     /// Wait for every rank (with the deadline; `step` names the point in messages).
     pub fn barrier(&self, step: u64) -> Result<()> {
-        let deadline = self.deadline();
-        let req = self.comm.immediate_barrier();
-        self.wait(req, "barrier", step, deadline)
+        self.run("barrier", step, |c| c.barrier())
     }
 
     /// Sum `values` element-wise over every rank, in place (the same rank order on
@@ -148,92 +228,160 @@ impl World {
 
     /// Every rank's `mine` (the same length on every rank), rank by rank.
     pub fn all_gather_f64(&self, mine: &[f64], step: u64) -> Result<Vec<f64>> {
-        let mut all = vec![0.0f64; mine.len() * self.size];
-        let deadline = self.deadline();
-        mpi::request::scope(|scope| {
-            let req = self.comm.immediate_all_gather_into(scope, mine, &mut all[..]);
-            self.wait(req, "allgather", step, deadline)
-        })?;
-        Ok(all)
+        let mine = mine.to_vec();
+        let size = self.size;
+        self.run("allgather", step, move |c| {
+            let mut all = vec![0.0f64; mine.len() * size];
+            c.all_gather_into(&mine[..], &mut all[..]);
+            all
+        })
     }
 
     /// Rank `root`'s bytes on every rank (`bytes` is replaced on the others).
     pub fn broadcast_bytes(&self, root: usize, bytes: &mut Vec<u8>, step: u64) -> Result<()> {
-        let mut len = [bytes.len() as u64];
-        let deadline = self.deadline();
-        let root_proc = self.comm.process_at_rank(root as i32);
-        mpi::request::scope(|scope| {
-            let req = root_proc.immediate_broadcast_into(scope, &mut len[..]);
-            self.wait(req, "broadcast", step, deadline)
+        let mine = std::mem::take(bytes);
+        let me = self.rank;
+        *bytes = self.run("broadcast", step, move |c| {
+            let proc = c.process_at_rank(root as i32);
+            let mut len = [mine.len() as u64];
+            proc.broadcast_into(&mut len[..]);
+            let mut buf = if me == root { mine } else { vec![0u8; len[0] as usize] };
+            proc.broadcast_into(&mut buf[..]);
+            buf
         })?;
-        if self.rank != root {
-            *bytes = vec![0u8; len[0] as usize];
-        }
-        mpi::request::scope(|scope| {
-            let req = root_proc.immediate_broadcast_into(scope, &mut bytes[..]);
-            self.wait(req, "broadcast", step, deadline)
-        })
+        Ok(())
     }
 
     /// Every rank's bytes (any length), rank by rank.
     pub fn all_gather_bytes(&self, mine: &[u8], step: u64) -> Result<Vec<Vec<u8>>> {
         let lens = self.all_gather_f64(&[mine.len() as f64], step)?;
         let lens: Vec<usize> = lens.iter().map(|&l| l as usize).collect();
-        let max = lens.iter().copied().max().unwrap_or(0);
+        let max = lens.iter().copied().max().unwrap_or(0).max(1);
         let mut padded = mine.to_vec();
         padded.resize(max, 0);
-        let mut all = vec![0u8; max * self.size];
-        let deadline = self.deadline();
-        mpi::request::scope(|scope| {
-            let req = self.comm.immediate_all_gather_into(scope, &padded[..], &mut all[..]);
-            self.wait(req, "allgather", step, deadline)
+        let size = self.size;
+        let all = self.run("allgather", step, move |c| {
+            let mut all = vec![0u8; max * size];
+            c.all_gather_into(&padded[..], &mut all[..]);
+            all
         })?;
-        Ok(all.chunks(max.max(1)).zip(&lens).map(|(c, &l)| c[..l.min(c.len())].to_vec()).take(self.size).collect())
+        Ok(all.chunks(max).zip(&lens).map(|(c, &l)| c[..l.min(c.len())].to_vec()).take(self.size).collect())
+    }
+
+    /// Average `buffers` element-wise across the ranks, in place, each buffer by one
+    /// blocking allreduce (or, `deterministic`, an allgather summed in rank order) on
+    /// the MPI thread, all submitted before any is waited for: the bucket exchange of
+    /// [`crate::DistributedDataParallel`]. Returns the seconds spent waiting.
+    pub fn average_f32(&self, buffers: &mut [Vec<f32>], deterministic: bool, step: u64) -> Result<f64> {
+        let pending: Vec<Pending<Exchanged<f32>>> = buffers
+            .iter_mut()
+            .map(|b| self.submit_average(std::mem::take(b), deterministic, step))
+            .collect::<Result<_>>()?;
+        let t = Instant::now();
+        for (b, p) in buffers.iter_mut().zip(pending) {
+            *b = p.wait(self)?.values;
+        }
+        Ok(t.elapsed().as_secs_f64())
+    }
+
+    /// Submit the average of `values` across the ranks (see [`World::average_f32`]).
+    pub(crate) fn submit_average<T: Elem + Send>(
+        &self,
+        values: Vec<T>,
+        deterministic: bool,
+        step: u64,
+    ) -> Result<Pending<Exchanged<T>>> {
+        let n = self.size;
+        let op = if deterministic { "gradient allgather" } else { "gradient allreduce" };
+        self.submit(op, step, move |c| {
+            let start = Instant::now();
+            let mut out = vec![T::default(); values.len()];
+            if deterministic {
+                let len = values.len();
+                let mut all = vec![T::default(); len * n];
+                c.all_gather_into(&values[..], &mut all[..]);
+                for (i, x) in out.iter_mut().enumerate() {
+                    let mut acc = all[i];
+                    for r in 1..n {
+                        acc += all[r * len + i];
+                    }
+                    *x = acc.div(n);
+                }
+            } else {
+                c.all_reduce_into(&values[..], &mut out[..], mpi::collective::SystemOperation::sum());
+                for x in &mut out {
+                    *x = x.div(n);
+                }
+            }
+            Exchanged { values: out, start, end: Instant::now() }
+        })
     }
 
     /// End every process of the job (`MPI_Abort`): what a rank does after an error
-    /// that leaves the others waiting for it, once it has reported the error.
+    /// that leaves the others waiting for it, once it has reported the error. Called
+    /// from this thread even while the MPI thread is stuck in a collective.
     pub fn abort(&self, code: i32) -> ! {
-        self.comm.abort(code)
+        // SAFETY: the communicator handle stays valid until MPI is finalized, which
+        // only dropping this world does.
+        unsafe {
+            mpi::ffi::MPI_Abort(self.raw_comm.0, code);
+        }
+        std::process::exit(code)
     }
+}
 
-    pub(crate) fn deadline(&self) -> Instant {
-        Instant::now() + self.timeout
-    }
-
-    /// Complete `req` by `deadline`, polling (which also progresses MPI's
-    /// non-blocking collectives). A request that misses its deadline cannot be taken
-    /// back from MPI, which may still write the buffers it was given: the rank prints
-    /// [`Error::Timeout`]'s message (naming itself, the collective and the step) and
-    /// ends the job with `MPI_Abort`, so no rank waits for ever.
-    pub(crate) fn wait<'a, D: ?Sized, S: mpi::request::Scope<'a>>(
-        &self,
-        mut req: mpi::request::Request<'a, D, S>,
-        op: &str,
-        step: u64,
-        deadline: Instant,
-    ) -> Result<()> {
-        let mut spins = 0u32;
-        loop {
-            match req.test() {
-                Ok(_) => return Ok(()),
-                Err(r) => req = r,
-            }
-            if Instant::now() >= deadline {
-                let e =
-                    Error::Timeout { rank: self.rank, op: op.to_string(), step, seconds: self.timeout.as_secs_f64() };
-                eprintln!("error: {e}");
-                self.abort(TIMEOUT_EXIT);
-            }
-            spins += 1;
-            if spins > 64 {
-                std::thread::yield_now();
-            }
+impl Drop for World {
+    fn drop(&mut self) {
+        // Closing the job queue ends the MPI thread, which finalizes MPI.
+        self.jobs = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
         }
     }
+}
 
-    /// Sum operation for reductions.
-    pub(crate) fn sum_op() -> SystemOperation {
-        SystemOperation::sum()
+/// One averaged bucket and when the MPI thread worked on it.
+pub(crate) struct Exchanged<T> {
+    pub(crate) values: Vec<T>,
+    pub(crate) start: Instant,
+    pub(crate) end: Instant,
+}
+
+impl<R> Pending<R> {
+    /// The job's result. A job not done by the world's deadline cannot be taken back
+    /// from MPI: the rank prints [`Error::Timeout`]'s message (naming itself, the
+    /// collective and the step) and ends the job with `MPI_Abort`, so no rank waits
+    /// for ever; so does a rank the launcher is ending (SIGTERM) while it waits.
+    pub fn wait(self, world: &World) -> Result<R> {
+        let deadline = Instant::now() + world.timeout;
+        loop {
+            match self.rx.recv_timeout(Duration::from_millis(20)) {
+                Ok(r) => return Ok(r),
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(Error::Invalid(format!(
+                        "the MPI thread ended during {} at step {}",
+                        self.op, self.step
+                    )))
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            if world.terminated.load(Ordering::Relaxed) {
+                eprintln!(
+                    "error: rank {}: {} at step {} was interrupted: the job is ending (another rank died or failed)",
+                    world.rank, self.op, self.step
+                );
+                std::process::exit(TERMINATED_EXIT);
+            }
+            if Instant::now() >= deadline {
+                let e = Error::Timeout {
+                    rank: world.rank,
+                    op: self.op.to_string(),
+                    step: self.step,
+                    seconds: world.timeout.as_secs_f64(),
+                };
+                eprintln!("error: {e}");
+                world.abort(TIMEOUT_EXIT);
+            }
+        }
     }
 }

@@ -8,7 +8,8 @@
 //!    only, and divides it by the number of ranks;
 //! 2. runs the **compiled AdamW update** ([`AdamW`], the same kernels as one process)
 //!    on its shard: a 1-D copy of its part of the parameters and the moments of that
-//!    part alone, so the optimizer's memory per rank is about 1/N of AdamW's;
+//!    part alone, so the optimizer's state per rank is 1/N of AdamW's (plus the
+//!    shard's working copy of its parameters, half that again);
 //! 3. **allgathers** the updated shards and copies them into every parameter.
 //!
 //! Every parameter value comes from exactly one rank's update, so every rank holds
@@ -87,11 +88,16 @@ impl ZeroAdamW {
         self.shard_len
     }
 
-    /// Bytes of optimizer state this rank holds: the two moments of its shard and
-    /// the shard's own copy of its parameters (AdamW in one process holds
-    /// `2 × 4 × parameters` bytes).
+    /// Bytes of optimizer state this rank holds: the two moments of its shard,
+    /// `2 × 4 × shard` (AdamW in one process holds `2 × 4 × parameters`).
     pub fn state_bytes(&self) -> usize {
-        3 * 4 * self.shard_len
+        2 * 4 * self.shard_len
+    }
+
+    /// Bytes of the shard's working copy of its parameters (`4 × shard`), which the
+    /// compiled update runs on.
+    pub fn working_bytes(&self) -> usize {
+        4 * self.shard_len
     }
 
     /// The flat, padded parameters (or gradients) in module order.
@@ -105,40 +111,44 @@ impl ZeroAdamW {
         Ok(flat)
     }
 
-    /// Copy this rank's part of `store`'s parameters into the shard.
+    /// Copy this rank's part of `store`'s parameters into the shard (only the
+    /// parameters that overlap it are read).
     fn load_shard(&self, store: &ParamStore) -> Result<()> {
-        let flat = self.flat(|n| store.get(n).cloned())?;
         let r = self.world.rank();
-        let mine = flat[r * self.shard_len..(r + 1) * self.shard_len].to_vec();
+        let (lo, hi) = (r * self.shard_len, (r + 1) * self.shard_len);
+        let mut mine = vec![0.0f32; self.shard_len];
+        for (name, _, off, len) in &self.layout {
+            let (a, b) = ((*off).max(lo), (off + len).min(hi));
+            if a >= b {
+                continue;
+            }
+            if let Some(t) = store.get(name) {
+                crate::flat::copy_range_f32(t, a - off, &mut mine[a - lo..b - lo])?;
+            }
+        }
         let _no_grad = NoGradGuard::new();
         self.shard.copy_(&Tensor::from_vec(mine, &[self.shard_len])?)?;
         Ok(())
     }
 
     /// Every rank's shard of `values` (`shard_len` each), end to end.
-    fn all_gather(&self, mine: &[f32], what: &str) -> Result<Vec<f32>> {
-        let mut all = vec![0.0f32; self.shard_len * self.world.size()];
-        let deadline = self.world.deadline();
-        mpi::request::scope(|scope| {
-            let req = self.world.comm().immediate_all_gather_into(scope, mine, &mut all[..]);
-            self.world.wait(req, what, self.steps, deadline)
-        })?;
-        Ok(all)
+    fn all_gather(&self, mine: Vec<f32>, what: &'static str) -> Result<Vec<f32>> {
+        let total = self.shard_len * self.world.size();
+        self.world.run(what, self.steps, move |c| {
+            let mut all = vec![0.0f32; total];
+            c.all_gather_into(&mine[..], &mut all[..]);
+            all
+        })
     }
 
     fn step_sharded(&mut self, store: &ParamStore, grads: &[(String, Tensor)]) -> Result<()> {
         let grad_of = |n: &str| grads.iter().find(|(g, _)| g == n).map(|(_, t)| t.clone());
         let local = self.flat(grad_of)?;
-        let mut mine = vec![0.0f32; self.shard_len];
-        let deadline = self.world.deadline();
-        mpi::request::scope(|scope| {
-            let req = self.world.comm().immediate_reduce_scatter_block_into(
-                scope,
-                &local[..],
-                &mut mine[..],
-                World::sum_op(),
-            );
-            self.world.wait(req, "gradient reduce-scatter", self.steps, deadline)
+        let shard_len = self.shard_len;
+        let mut mine = self.world.run("gradient reduce-scatter", self.steps, move |c| {
+            let mut mine = vec![0.0f32; shard_len];
+            c.reduce_scatter_block_into(&local[..], &mut mine[..], mpi::collective::SystemOperation::sum());
+            mine
         })?;
         let n = self.world.size() as f32;
         for g in &mut mine {
@@ -150,7 +160,7 @@ impl ZeroAdamW {
         self.inner.step(&self.shard_store, &[("shard".to_string(), g)])?;
         self.steps += 1;
         let updated = self.shard.to_vec_f64()?.iter().map(|&v| v as f32).collect::<Vec<f32>>();
-        let full = self.all_gather(&updated, "parameter allgather")?;
+        let full = self.all_gather(updated, "parameter allgather")?;
         let _no_grad = NoGradGuard::new();
         for (name, shape, off, len) in &self.layout {
             if let Some(p) = store.get(name) {
@@ -172,7 +182,7 @@ impl ZeroAdamW {
         let mut tensors = Vec::new();
         if let (Some(m), Some(v)) = (m, v) {
             let to32 = |x: Vec<f64>| x.into_iter().map(|v| v as f32).collect::<Vec<f32>>();
-            let (m, v) = (self.all_gather(&to32(m), "state allgather")?, self.all_gather(&to32(v), "state allgather")?);
+            let (m, v) = (self.all_gather(to32(m), "state allgather")?, self.all_gather(to32(v), "state allgather")?);
             for (name, shape, off, len) in &self.layout {
                 tensors.push((format!("exp_avg.{name}"), Tensor::from_vec(m[*off..off + len].to_vec(), shape)?));
                 tensors.push((format!("exp_avg_sq.{name}"), Tensor::from_vec(v[*off..off + len].to_vec(), shape)?));

@@ -143,6 +143,7 @@ fn train(a: &Args, world: Option<Rc<World>>) -> Res<()> {
         Some(w) => {
             let config = DdpConfig {
                 bucket_bytes: a.bucket,
+                first_bucket_bytes: a.bucket,
                 deterministic: a.det,
                 average_gradients: !a.zero,
                 overlap: !a.no_overlap,
@@ -225,7 +226,7 @@ fn nosync(world: Rc<World>) -> Res<()> {
     let ddp = DistributedDataParallel::new(
         world.clone(),
         compiled,
-        DdpConfig { bucket_bytes: 256, deterministic: true, ..DdpConfig::default() },
+        DdpConfig { bucket_bytes: 256, first_bucket_bytes: 256, deterministic: true, ..DdpConfig::default() },
     )?;
     let one = Tensor::ones(&[], DType::F32)?;
     let mb = |k: usize| batch(&data, &[rank * 6 + 3 * k, rank * 6 + 3 * k + 1, rank * 6 + 3 * k + 2]);
