@@ -245,6 +245,23 @@ impl Fleet {
             let world = aotgrad::dist::World::init().map_err(|e| TrainError::Invalid(e.to_string()))?;
             return Ok(Fleet { world: Some(std::rc::Rc::new(world)), ..Fleet::single() });
         }
+        // Started as one of several processes, but unable to join them: N copies of
+        // the same run would write the same files.
+        #[cfg(not(feature = "mpi"))]
+        {
+            let ranks = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"]
+                .iter()
+                .filter_map(|v| std::env::var(v).ok()?.parse::<usize>().ok())
+                .max()
+                .unwrap_or(1);
+            if ranks > 1 {
+                return Err(TrainError::Invalid(format!(
+                    "started as one of {ranks} MPI processes, but this aotgrad was built without the `mpi` \
+                     feature: build it with `cargo build --release -p aotgrad-cli --features mpi` (or run `cargo \
+                     xtask train --np {ranks}`)"
+                )));
+            }
+        }
         Ok(Fleet::single())
     }
 
@@ -448,7 +465,13 @@ type ClassCounts = Vec<(usize, usize)>;
 
 /// Test loss, accuracy and per-class counts through the compiled inference path; on
 /// several ranks each evaluates its part of the test set and the sums are reduced.
-fn evaluate(compiled: &AotModule, test: &Split, eval_batch: usize, fleet: &Fleet) -> Result<(f64, f64, ClassCounts)> {
+fn evaluate(
+    compiled: &AotModule,
+    test: &Split,
+    eval_batch: usize,
+    fleet: &Fleet,
+    step: u64,
+) -> Result<(f64, f64, ClassCounts)> {
     let _no_grad = NoGradGuard::new();
     let mut per_class = vec![(0usize, 0usize); CLASSES.len()];
     let (mut loss_sum, mut correct) = (0.0, 0usize);
@@ -473,7 +496,7 @@ fn evaluate(compiled: &AotModule, test: &Split, eval_batch: usize, fleet: &Fleet
     if ranks > 1 {
         let mut sums = vec![loss_sum, correct as f64];
         sums.extend(per_class.iter().flat_map(|&(ok, total)| [ok as f64, total as f64]));
-        fleet.sum(&mut sums, u64::MAX)?;
+        fleet.sum(&mut sums, step)?;
         (loss_sum, correct) = (sums[0], sums[1] as usize);
         for (c, pair) in per_class.iter_mut().zip(sums[2..].chunks_exact(2)) {
             *c = (pair[0] as usize, pair[1] as usize);
@@ -720,7 +743,8 @@ pub fn train_with(
             loss_sum = losses.iter().sum();
         }
         report.step_losses.extend(&losses);
-        let (test_loss, test_accuracy, per_class) = evaluate(trainer.module(), test, opts.eval_batch, fleet)?;
+        let end = ((epoch + 1) * steps_per_epoch) as u64;
+        let (test_loss, test_accuracy, per_class) = evaluate(trainer.module(), test, opts.eval_batch, fleet, end)?;
         let m = EpochMetrics {
             epoch: epoch + 1,
             train_loss: loss_sum / steps_per_epoch as f64,
@@ -811,6 +835,13 @@ fn fleet_parts(
     batch: usize,
     log: &mut dyn Write,
 ) -> Result<(Trainer, Opt)> {
+    if fleet.zero && fleet.deterministic {
+        return Err(TrainError::Invalid(
+            "--deterministic is for DDP's gradient allreduce; with --zero every rank holds bit-identical parameters \
+             already (each value comes from one rank's update): choose one"
+                .into(),
+        ));
+    }
     #[cfg(feature = "mpi")]
     if let Some(world) = &fleet.world {
         use aotgrad::dist::{DdpConfig, DistributedDataParallel, ZeroAdamW};

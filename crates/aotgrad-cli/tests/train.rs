@@ -213,3 +213,33 @@ fn the_cnn_compiles_agrees_with_eager_and_trains() {
     assert!(report.step_losses.iter().all(|l| l.is_finite()));
     assert!(report.epochs[1].train_loss < report.epochs[0].train_loss, "{:?}", report.epochs);
 }
+
+#[test]
+fn multi_process_options_need_several_processes() {
+    let (tr, te) = (synthetic(64, 1), synthetic(20, 2));
+    for (zero, deterministic) in [(true, false), (false, true), (true, true)] {
+        let mut fleet = train::Fleet::single();
+        (fleet.zero, fleet.deterministic) = (zero, deterministic);
+        let e =
+            train::train_with(&tr, &te, &opts(ModelKind::Mlp, 1), None, &quiet(None, None), &mut Vec::new(), &fleet)
+                .unwrap_err()
+                .to_string();
+        let want = if zero && deterministic { "choose one" } else { "several processes" };
+        assert!(e.contains(want), "{e}");
+    }
+}
+
+/// Under `mpirun` a CLI built without the `mpi` feature would run N copies of one
+/// training run over the same files: it refuses, saying how to build it.
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn a_cli_without_mpi_refuses_to_run_as_one_of_several_processes() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_aotgrad"))
+        .args(["train", "--epochs", "1"])
+        .env("OMPI_COMM_WORLD_SIZE", "2")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("one of 2 MPI processes") && err.contains("--features mpi"), "{err}");
+}

@@ -36,6 +36,10 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::time::Instant;
 
+/// How long the first forward's collectives wait at least: they cover another rank's
+/// compile (rank 0 compiles first; the others compile when no cache is shared).
+const COMPILE_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// How [`DistributedDataParallel`] synchronizes gradients.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DdpConfig {
@@ -255,18 +259,21 @@ impl DistributedDataParallel {
             let (outs, back) = self.module.forward(inputs)?;
             return Ok((outs, DdpBackward { ddp: self, back }));
         }
-        let first = self.module.function().num_compiled() == 0;
-        if first && !self.world.is_root() {
-            self.world.barrier(0)?;
+        // Every rank takes this path once, whether or not its module compiled before:
+        // the others wait for rank 0's compile (with a deadline long enough for one).
+        let compile_wait = self.world.timeout().max(COMPILE_WAIT);
+        if !self.world.is_root() {
+            self.world.barrier_for(0, compile_wait)?;
         }
         let result = self.module.forward(inputs);
-        if first && self.world.is_root() {
+        if self.world.is_root() {
             // Rank 0 has compiled (and stored): the others may go, even if it failed
             // (they then fail on their own or at the check below).
-            self.world.barrier(0)?;
+            self.world.barrier_for(0, compile_wait)?;
         }
+        let check = self.check_same_program(compile_wait);
         let (outs, back) = result?;
-        self.check_same_program()?;
+        check?;
         self.checked.set(true);
         Ok((outs, DdpBackward { ddp: self, back }))
     }
@@ -279,7 +286,7 @@ impl DistributedDataParallel {
 
     /// Every rank compiled the same program: compare a fingerprint of the traced
     /// graphs and the backend identity of every compiled entry.
-    fn check_same_program(&self) -> Result<()> {
+    fn check_same_program(&self, wait: std::time::Duration) -> Result<()> {
         let f = self.module.function();
         let mut h = blake3::Hasher::new();
         for g in f.traced_graphs() {
@@ -292,7 +299,7 @@ impl DistributedDataParallel {
         let loaded = f.compile_reports().first().is_some_and(|r| r.source != aotgrad_runtime::EntrySource::Compiled);
         let mut msg = mine.as_bytes().to_vec();
         msg.push(u8::from(loaded));
-        let all = self.world.all_gather_bytes(&msg, self.step())?;
+        let all = self.world.all_gather_bytes_for(&msg, self.step(), wait)?;
         *self.sources.borrow_mut() = all.iter().map(|m| m.last() == Some(&1)).collect();
         let all: Vec<&[u8]> = all.iter().map(|m| &m[..m.len().saturating_sub(1)]).collect();
         if let Some(r) = all.iter().position(|o| *o != all[0]) {
@@ -383,8 +390,9 @@ impl DistributedDataParallel {
             }
         }
         let early = ex.early;
-        let (averaged, first_start, last_done) = ex.finish()?;
+        let finished = ex.finish();
         late?;
+        let (averaged, first_start, last_done) = finished?;
         let grads = result?;
         let mut by_param: Vec<Option<Tensor>> = vec![None; self.params.len()];
         for (b, v) in self.plan.buckets.iter().zip(&averaged) {
@@ -433,7 +441,8 @@ impl DistributedDataParallel {
             return Ok(grads);
         }
         let mut flats = self.accumulator.borrow_mut().take().unwrap_or_else(|| self.new_flats());
-        self.add_grads(&mut flats, &grads)?;
+        // Exchanged even when adding failed: the other ranks wait for every bucket.
+        let added = self.add_grads(&mut flats, &grads);
         // Every bucket of a dtype goes out in plan order, each exchange started as
         // soon as the bucket is ready.
         let mut f32s: Vec<(usize, Vec<f32>)> = Vec::new();
@@ -447,6 +456,7 @@ impl DistributedDataParallel {
         let step = self.step();
         let mut wait = exchange(&self.world, &mut f32s, self.config.deterministic, step)?;
         wait += exchange(&self.world, &mut f64s, self.config.deterministic, step)?;
+        added?;
         st.comm_seconds += wait;
         st.exposed_seconds += wait;
         let mut out: Vec<(String, Tensor)> = Vec::with_capacity(self.params.len());
@@ -502,7 +512,7 @@ fn exchange<T: Elem + Send>(
         .collect::<Result<Vec<_>>>()?;
     let t = Instant::now();
     for ((_, b), p) in bufs.iter_mut().zip(pending) {
-        *b = p.wait(world)?.values;
+        *b = p.wait_checked(world)?.values;
     }
     Ok(t.elapsed().as_secs_f64())
 }
@@ -524,8 +534,16 @@ impl DdpBackward<'_> {
         if self.ddp.overlaps() {
             return self.ddp.overlapped(&self.back, output_grads, updated_input_grads);
         }
-        let g = self.back.backward_with(output_grads, updated_input_grads)?;
-        self.ddp.finish(g)
+        match self.back.backward_with(output_grads, updated_input_grads) {
+            Ok(g) => self.ddp.finish(g),
+            Err(e) => {
+                // The other ranks still exchange this step's buckets: send zeros, so
+                // that every rank reaches the error (or the next step) instead of a
+                // timeout, then report it.
+                self.ddp.finish(ModuleGrads::default())?;
+                Err(e.into())
+            }
+        }
     }
 
     /// The forward outputs.

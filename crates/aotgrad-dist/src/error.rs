@@ -35,6 +35,18 @@ pub enum Error {
         /// The deadline.
         seconds: f64,
     },
+    /// An MPI call failed (the world returns errors instead of aborting).
+    #[error("rank {rank}: {op} at step {step} failed: {msg}")]
+    Mpi {
+        /// This process's rank.
+        rank: usize,
+        /// The collective.
+        op: String,
+        /// The training step.
+        step: u64,
+        /// MPI's message.
+        msg: String,
+    },
     /// An argument or a configuration does not fit.
     #[error("{0}")]
     Invalid(String),

@@ -16,43 +16,32 @@ pub(crate) trait Elem: Equivalence + Copy + Default + std::ops::AddAssign + 'sta
     fn tensor(v: Vec<Self>, shape: &[usize]) -> Result<Tensor>;
 }
 
-impl Elem for f32 {
-    const DTYPE: DType = DType::F32;
-    fn div(self, n: usize) -> f32 {
-        self / n as f32
-    }
-    fn slice(buf: &Buffer) -> Option<&[f32]> {
-        match buf {
-            Buffer::F32(v) => Some(v),
-            _ => None,
+/// The [`Elem`] impl of a float type whose `DType` and `Buffer` variant are `$d`.
+macro_rules! elem {
+    ($t:ty, $d:ident) => {
+        impl Elem for $t {
+            const DTYPE: DType = DType::$d;
+            fn div(self, n: usize) -> $t {
+                self / n as $t
+            }
+            fn slice(buf: &Buffer) -> Option<&[$t]> {
+                match buf {
+                    Buffer::$d(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn from_f64(x: f64) -> $t {
+                x as $t
+            }
+            fn tensor(v: Vec<$t>, shape: &[usize]) -> Result<Tensor> {
+                Ok(Tensor::from_vec(v, shape)?)
+            }
         }
-    }
-    fn from_f64(x: f64) -> f32 {
-        x as f32
-    }
-    fn tensor(v: Vec<f32>, shape: &[usize]) -> Result<Tensor> {
-        Ok(Tensor::from_vec(v, shape)?)
-    }
+    };
 }
 
-impl Elem for f64 {
-    const DTYPE: DType = DType::F64;
-    fn div(self, n: usize) -> f64 {
-        self / n as f64
-    }
-    fn slice(buf: &Buffer) -> Option<&[f64]> {
-        match buf {
-            Buffer::F64(v) => Some(v),
-            _ => None,
-        }
-    }
-    fn from_f64(x: f64) -> f64 {
-        x
-    }
-    fn tensor(v: Vec<f64>, shape: &[usize]) -> Result<Tensor> {
-        Ok(Tensor::from_vec(v, shape)?)
-    }
-}
+elem!(f32, F32);
+elem!(f64, F64);
 
 /// Add `t`'s elements (row-major) to `dst`: a straight copy out of the storage when
 /// `t` is contiguous and of type `T`, element by element otherwise.
@@ -61,6 +50,10 @@ pub(crate) fn add_into<T: Elem>(t: &Tensor, dst: &mut [T], name: &str) -> Result
         return Err(Error::Invalid(format!("gradient of {name} is {:?}, its bucket holds {:?}", t.dtype(), T::DTYPE)));
     }
     let cpu = t.to_cpu()?;
+    let numel = cpu.meta.concrete_shape().map(|s| s.iter().product::<usize>());
+    if numel != Some(dst.len()) {
+        return Err(Error::Invalid(format!("gradient of {name} has {numel:?} elements, its slot {}", dst.len())));
+    }
     if cpu.meta.is_contiguous() {
         if let Some(off) = cpu.meta.concrete_offset() {
             let buf = cpu.storage.read();

@@ -28,6 +28,7 @@
 //! ```
 
 pub mod bucket;
+mod coll;
 pub mod ddp;
 mod error;
 mod flat;

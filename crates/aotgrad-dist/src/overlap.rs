@@ -11,6 +11,7 @@
 //! buckets go then.
 
 use crate::bucket::BucketPlan;
+use crate::coll::MpiResult;
 use crate::error::Result;
 use crate::world::{Exchanged, Pending, World};
 use aotgrad_ir::{HostData, ReadyOutput};
@@ -23,7 +24,7 @@ pub(crate) struct Exchange<'a> {
     deterministic: bool,
     /// Each bucket's local sum, until it is submitted.
     sends: Vec<Option<Vec<f32>>>,
-    pending: Vec<Option<Pending<Exchanged<f32>>>>,
+    pending: Vec<Option<Pending<MpiResult<Exchanged<f32>>>>>,
     /// Gradients added per bucket.
     filled: Vec<usize>,
     /// Per parameter: added already.
@@ -74,7 +75,10 @@ impl<'a> Exchange<'a> {
         }
         let (k, s) = self.plan.place[param];
         let slot = &self.plan.buckets[k].slots[s];
-        let (HostData::F32(data), true, Some(off)) = (o.data, o.meta.is_contiguous(), o.meta.concrete_offset()) else {
+        let numel = o.meta.concrete_shape().map(|s| s.iter().product::<usize>());
+        let (HostData::F32(data), true, Some(off), Some(true)) =
+            (o.data, o.meta.is_contiguous(), o.meta.concrete_offset(), numel.map(|n| n == slot.len))
+        else {
             return;
         };
         let (Some(src), Some(Some(dst))) = (data.get(off..off + slot.len), self.sends.get_mut(k)) else {
@@ -88,18 +92,20 @@ impl<'a> Exchange<'a> {
     }
 
     /// Add `param`'s gradient with `add` (after the backward), or nothing for a
-    /// parameter without one; either way its slot counts as filled.
+    /// parameter without one; either way its slot counts as filled (a failed `add`
+    /// too: every rank must still submit every bucket).
     pub(crate) fn fill_late(&mut self, param: usize, add: impl FnOnce(&mut [f32]) -> Result<()>) -> Result<()> {
         if self.delivered[param] {
             return Ok(());
         }
         let (k, s) = self.plan.place[param];
         let slot = &self.plan.buckets[k].slots[s];
-        if let Some(Some(dst)) = self.sends.get_mut(k) {
-            add(&mut dst[slot.offset..slot.offset + slot.len])?;
-        }
+        let added = match self.sends.get_mut(k) {
+            Some(Some(dst)) => add(&mut dst[slot.offset..slot.offset + slot.len]),
+            _ => Ok(()),
+        };
         self.mark(param);
-        Ok(())
+        added
     }
 
     fn mark(&mut self, param: usize) {
@@ -127,7 +133,7 @@ impl<'a> Exchange<'a> {
         let mut out = Vec::with_capacity(self.pending.len());
         for p in self.pending.drain(..) {
             let p = p.ok_or_else(|| crate::error::Error::Invalid("a bucket was never filled".into()))?;
-            let x = p.wait(self.world)?;
+            let x = p.wait_checked(self.world)?;
             first = Some(first.map_or(x.start, |f| f.min(x.start)));
             last = Some(last.map_or(x.end, |l| l.max(x.end)));
             out.push(x.values);

@@ -47,10 +47,17 @@ impl DistributedSampler {
     /// This rank's examples at `step` of an epoch whose order (a permutation of
     /// `0..len`, the same on every rank) is `order`: rank `r` takes the `r`-th
     /// `local_batch()` of the global batch.
-    pub fn shard<'a>(&self, order: &'a [usize], step: usize) -> &'a [usize] {
+    /// An error for a step past the epoch or an order shorter than the data.
+    pub fn shard<'a>(&self, order: &'a [usize], step: usize) -> Result<&'a [usize]> {
         let b = self.local_batch();
-        let start = step * self.global_batch + self.rank * b;
-        &order[start..start + b]
+        let start = step.checked_mul(self.global_batch).and_then(|s| s.checked_add(self.rank * b));
+        start.and_then(|s| order.get(s..s + b)).filter(|_| step < self.steps_per_epoch()).ok_or_else(|| {
+            Error::Invalid(format!(
+                "step {step} of an epoch of {} steps over an order of {} examples",
+                self.steps_per_epoch(),
+                order.len()
+            ))
+        })
     }
 
     /// This rank's contiguous part of `0..n` (for evaluation): parts differ in size
@@ -73,9 +80,17 @@ mod tests {
         let samplers: Vec<_> = (0..4).map(|r| DistributedSampler::new(100, 24, r, 4).unwrap()).collect();
         assert_eq!(samplers[0].steps_per_epoch(), 4);
         for step in 0..4 {
-            let joined: Vec<usize> = samplers.iter().flat_map(|s| s.shard(&order, step).to_vec()).collect();
+            let joined: Vec<usize> = samplers.iter().flat_map(|s| s.shard(&order, step).unwrap().to_vec()).collect();
             assert_eq!(joined, order[step * 24..(step + 1) * 24]);
         }
+    }
+
+    #[test]
+    fn a_step_past_the_epoch_is_an_error() {
+        let s = DistributedSampler::new(100, 24, 1, 2).unwrap();
+        let order: Vec<usize> = (0..100).collect();
+        assert!(s.shard(&order, 4).is_err());
+        assert!(s.shard(&order[..50], 3).is_err());
     }
 
     #[test]

@@ -1,13 +1,16 @@
 //! The MPI world: this process's rank among `size` processes, and the MPI thread that
 //! makes every MPI call of the process.
 //!
-//! MPI is initialized on a thread of its own (`MPI_THREAD_FUNNELED`: that thread
-//! alone calls MPI). The training thread hands it jobs — closures over the
+//! MPI is initialized on a thread of its own, which makes every MPI call but an
+//! emergency `MPI_Abort` (with `MPI_THREAD_MULTIPLE` where MPI provides it, so that
+//! abort may come from the training thread; `MPI_THREAD_FUNNELED` at least). The
+//! training thread hands it jobs — closures over the
 //! communicator, run one at a time in the order they were submitted, so every rank
 //! starts its collectives in the same order — and goes on computing: a bucket's
 //! blocking allreduce runs there while the backward computes the next gradients, and
 //! MPI's fast blocking algorithms progress on their own. The world's error handler is
-//! `MPI_ERRORS_RETURN`.
+//! `MPI_ERRORS_RETURN`, and every collective's return code is checked
+//! ([`Error::Mpi`]).
 //!
 //! Every wait for a job has a deadline ([`World::set_timeout`]; `AOTGRAD_DIST_TIMEOUT`
 //! seconds, 30 by default): a collective a dead or failed rank never joins cannot be
@@ -16,11 +19,11 @@
 //! another rank died), a rank waiting on a collective says which one and at which step
 //! before it exits.
 
+use crate::coll::{self, MpiResult};
 use crate::error::{Error, Result};
 use crate::flat::Elem;
 use mpi::raw::AsRaw;
 use mpi::topology::{Communicator, SimpleCommunicator};
-use mpi::traits::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
@@ -64,6 +67,8 @@ pub struct World {
     raw_comm: RawComm,
     /// Set when the launcher asks this process to stop (SIGTERM).
     terminated: Arc<AtomicBool>,
+    /// MPI provides `MPI_THREAD_MULTIPLE`: this thread may call `MPI_Abort`.
+    multiple: bool,
     rank: usize,
     size: usize,
     timeout: Duration,
@@ -94,11 +99,22 @@ fn default_timeout() -> Duration {
 
 /// The MPI thread: initialize, report rank and size (and the raw communicator), run
 /// jobs until the world is dropped, then finalize.
-fn mpi_thread(ready: Sender<std::result::Result<(usize, usize, RawComm), Error>>, jobs: Receiver<Job>) {
-    let Some((universe, _level)) = mpi::initialize_with_threading(mpi::Threading::Funneled) else {
+/// What the MPI thread reports once MPI is up: rank, size, the communicator's
+/// handle, whether MPI provides `MPI_THREAD_MULTIPLE`.
+type Started = std::result::Result<(usize, usize, RawComm, bool), Error>;
+
+fn mpi_thread(ready: Sender<Started>, jobs: Receiver<Job>) {
+    let Some((universe, level)) = mpi::initialize_with_threading(mpi::Threading::Multiple) else {
         let _ = ready.send(Err(Error::AlreadyInitialized));
         return;
     };
+    if level < mpi::Threading::Funneled {
+        let _ = ready.send(Err(Error::Invalid(format!(
+            "this MPI provides thread level {level:?}; aotgrad-dist needs MPI_THREAD_FUNNELED at least"
+        ))));
+        return;
+    }
+    let multiple = level == mpi::Threading::Multiple;
     let comm = universe.world();
     // SAFETY: MPI is initialized; the communicator and the predefined error handler
     // are valid handles.
@@ -106,7 +122,7 @@ fn mpi_thread(ready: Sender<std::result::Result<(usize, usize, RawComm), Error>>
         mpi::ffi::MPI_Comm_set_errhandler(comm.as_raw(), mpi::ffi::RSMPI_ERRORS_RETURN);
     }
     let raw = RawComm(comm.as_raw());
-    if ready.send(Ok((comm.rank() as usize, comm.size() as usize, raw))).is_err() {
+    if ready.send(Ok((comm.rank() as usize, comm.size() as usize, raw, multiple))).is_err() {
         return;
     }
     for job in jobs {
@@ -130,7 +146,7 @@ impl World {
             .name("aotgrad-mpi".into())
             .spawn(move || mpi_thread(ready_tx, jobs_rx))
             .map_err(|e| Error::Invalid(format!("could not start the MPI thread: {e}")))?;
-        let (rank, size, raw) =
+        let (rank, size, raw, multiple) =
             ready_rx.recv().map_err(|_| Error::Invalid("the MPI thread ended while initializing MPI".into()))??;
         // mpirun ends the job with SIGTERM when a rank dies or aborts: a rank waiting
         // on a collective then says which one and at which step before it exits. A
@@ -148,6 +164,7 @@ impl World {
             thread: Some(thread),
             raw_comm: raw,
             terminated,
+            multiple,
             rank,
             size,
             timeout: default_timeout(),
@@ -199,6 +216,27 @@ impl World {
         Ok(Pending { rx, op, step })
     }
 
+    /// Submit a job that reports MPI failures; its [`Pending::wait_checked`] turns one
+    /// into [`Error::Mpi`].
+    pub(crate) fn submit_checked<R: Send + 'static>(
+        &self,
+        op: &'static str,
+        step: u64,
+        job: impl FnOnce(&SimpleCommunicator) -> MpiResult<R> + Send + 'static,
+    ) -> Result<Pending<MpiResult<R>>> {
+        self.submit(op, step, job)
+    }
+
+    /// Run a job that reports MPI failures, and wait for it.
+    pub(crate) fn run_checked<R: Send + 'static>(
+        &self,
+        op: &'static str,
+        step: u64,
+        job: impl FnOnce(&SimpleCommunicator) -> MpiResult<R> + Send + 'static,
+    ) -> Result<R> {
+        self.submit_checked(op, step, job)?.wait_checked(self)
+    }
+
     /// [`World::submit`] and wait: run `job` with the communicator on the MPI thread
     /// (for collectives this crate does not wrap, such as a bench's raw-MPI baseline).
     pub fn run<R: Send + 'static>(
@@ -212,7 +250,12 @@ impl World {
 
     /// Wait for every rank (with the deadline; `step` names the point in messages).
     pub fn barrier(&self, step: u64) -> Result<()> {
-        self.run("barrier", step, |c| c.barrier())
+        self.run_checked("barrier", step, coll::barrier)
+    }
+
+    /// [`World::barrier`] with another deadline.
+    pub fn barrier_for(&self, step: u64, timeout: Duration) -> Result<()> {
+        self.submit_checked("barrier", step, coll::barrier)?.wait_checked_for(self, timeout)
     }
 
     /// Sum `values` element-wise over every rank, in place (the same rank order on
@@ -230,10 +273,10 @@ impl World {
     pub fn all_gather_f64(&self, mine: &[f64], step: u64) -> Result<Vec<f64>> {
         let mine = mine.to_vec();
         let size = self.size;
-        self.run("allgather", step, move |c| {
+        self.run_checked("allgather", step, move |c| {
             let mut all = vec![0.0f64; mine.len() * size];
-            c.all_gather_into(&mine[..], &mut all[..]);
-            all
+            coll::all_gather(c, &mine, &mut all)?;
+            Ok(all)
         })
     }
 
@@ -241,30 +284,44 @@ impl World {
     pub fn broadcast_bytes(&self, root: usize, bytes: &mut Vec<u8>, step: u64) -> Result<()> {
         let mine = std::mem::take(bytes);
         let me = self.rank;
-        *bytes = self.run("broadcast", step, move |c| {
-            let proc = c.process_at_rank(root as i32);
+        *bytes = self.run_checked("broadcast", step, move |c| {
             let mut len = [mine.len() as u64];
-            proc.broadcast_into(&mut len[..]);
+            coll::broadcast(c, root, &mut len)?;
             let mut buf = if me == root { mine } else { vec![0u8; len[0] as usize] };
-            proc.broadcast_into(&mut buf[..]);
-            buf
+            coll::broadcast(c, root, &mut buf)?;
+            Ok(buf)
         })?;
         Ok(())
     }
 
     /// Every rank's bytes (any length), rank by rank.
     pub fn all_gather_bytes(&self, mine: &[u8], step: u64) -> Result<Vec<Vec<u8>>> {
-        let lens = self.all_gather_f64(&[mine.len() as f64], step)?;
+        self.all_gather_bytes_for(mine, step, self.timeout)
+    }
+
+    /// [`World::all_gather_bytes`] with another deadline.
+    pub fn all_gather_bytes_for(&self, mine: &[u8], step: u64, timeout: Duration) -> Result<Vec<Vec<u8>>> {
+        let len = mine.len() as f64;
+        let size = self.size;
+        let lens = self
+            .submit_checked("allgather", step, move |c| {
+                let mut all = vec![0.0f64; size];
+                coll::all_gather(c, &[len], &mut all)?;
+                Ok(all)
+            })?
+            .wait_checked_for(self, timeout)?;
         let lens: Vec<usize> = lens.iter().map(|&l| l as usize).collect();
         let max = lens.iter().copied().max().unwrap_or(0).max(1);
         let mut padded = mine.to_vec();
         padded.resize(max, 0);
         let size = self.size;
-        let all = self.run("allgather", step, move |c| {
-            let mut all = vec![0u8; max * size];
-            c.all_gather_into(&padded[..], &mut all[..]);
-            all
-        })?;
+        let all = self
+            .submit_checked("allgather", step, move |c| {
+                let mut all = vec![0u8; max * size];
+                coll::all_gather(c, &padded, &mut all)?;
+                Ok(all)
+            })?
+            .wait_checked_for(self, timeout)?;
         Ok(all.chunks(max).zip(&lens).map(|(c, &l)| c[..l.min(c.len())].to_vec()).take(self.size).collect())
     }
 
@@ -273,13 +330,13 @@ impl World {
     /// the MPI thread, all submitted before any is waited for: the bucket exchange of
     /// [`crate::DistributedDataParallel`]. Returns the seconds spent waiting.
     pub fn average_f32(&self, buffers: &mut [Vec<f32>], deterministic: bool, step: u64) -> Result<f64> {
-        let pending: Vec<Pending<Exchanged<f32>>> = buffers
+        let pending: Vec<Pending<MpiResult<Exchanged<f32>>>> = buffers
             .iter_mut()
             .map(|b| self.submit_average(std::mem::take(b), deterministic, step))
             .collect::<Result<_>>()?;
         let t = Instant::now();
         for (b, p) in buffers.iter_mut().zip(pending) {
-            *b = p.wait(self)?.values;
+            *b = p.wait_checked(self)?.values;
         }
         Ok(t.elapsed().as_secs_f64())
     }
@@ -290,16 +347,16 @@ impl World {
         values: Vec<T>,
         deterministic: bool,
         step: u64,
-    ) -> Result<Pending<Exchanged<T>>> {
+    ) -> Result<Pending<MpiResult<Exchanged<T>>>> {
         let n = self.size;
         let op = if deterministic { "gradient allgather" } else { "gradient allreduce" };
-        self.submit(op, step, move |c| {
+        self.submit_checked(op, step, move |c| {
             let start = Instant::now();
             let mut out = vec![T::default(); values.len()];
             if deterministic {
                 let len = values.len();
                 let mut all = vec![T::default(); len * n];
-                c.all_gather_into(&values[..], &mut all[..]);
+                coll::all_gather(c, &values, &mut all)?;
                 for (i, x) in out.iter_mut().enumerate() {
                     let mut acc = all[i];
                     for r in 1..n {
@@ -308,23 +365,28 @@ impl World {
                     *x = acc.div(n);
                 }
             } else {
-                c.all_reduce_into(&values[..], &mut out[..], mpi::collective::SystemOperation::sum());
+                coll::all_reduce_sum(c, &values, &mut out)?;
                 for x in &mut out {
                     *x = x.div(n);
                 }
             }
-            Exchanged { values: out, start, end: Instant::now() }
+            Ok(Exchanged { values: out, start, end: Instant::now() })
         })
     }
 
-    /// End every process of the job (`MPI_Abort`): what a rank does after an error
-    /// that leaves the others waiting for it, once it has reported the error. Called
-    /// from this thread even while the MPI thread is stuck in a collective.
+    /// End every process of the job: what a rank does after an error that leaves the
+    /// others waiting for it, once it has reported the error. With
+    /// `MPI_THREAD_MULTIPLE` this is `MPI_Abort` from this thread (even while the MPI
+    /// thread is stuck in a collective); otherwise the process exits with `code`, and
+    /// the launcher (`mpirun`) ends the others on that non-zero exit.
     pub fn abort(&self, code: i32) -> ! {
-        // SAFETY: the communicator handle stays valid until MPI is finalized, which
-        // only dropping this world does.
-        unsafe {
-            mpi::ffi::MPI_Abort(self.raw_comm.0, code);
+        if self.multiple {
+            // SAFETY: the communicator handle stays valid until MPI is finalized,
+            // which only dropping this world does; MPI_THREAD_MULTIPLE lets any
+            // thread call MPI.
+            unsafe {
+                mpi::ffi::MPI_Abort(self.raw_comm.0, code);
+            }
         }
         std::process::exit(code)
     }
@@ -353,7 +415,13 @@ impl<R> Pending<R> {
     /// collective and the step) and ends the job with `MPI_Abort`, so no rank waits
     /// for ever; so does a rank the launcher is ending (SIGTERM) while it waits.
     pub fn wait(self, world: &World) -> Result<R> {
-        let deadline = Instant::now() + world.timeout;
+        self.wait_for(world, world.timeout)
+    }
+
+    /// [`Pending::wait`] with another deadline (a wait that covers another rank's
+    /// compile, say).
+    pub fn wait_for(self, world: &World, timeout: Duration) -> Result<R> {
+        let deadline = Instant::now() + timeout;
         loop {
             match self.rx.recv_timeout(Duration::from_millis(20)) {
                 Ok(r) => return Ok(r),
@@ -377,11 +445,25 @@ impl<R> Pending<R> {
                     rank: world.rank,
                     op: self.op.to_string(),
                     step: self.step,
-                    seconds: world.timeout.as_secs_f64(),
+                    seconds: timeout.as_secs_f64(),
                 };
                 eprintln!("error: {e}");
                 world.abort(TIMEOUT_EXIT);
             }
         }
+    }
+}
+
+impl<R> Pending<MpiResult<R>> {
+    /// [`Pending::wait`] for a job that reports MPI failures: one becomes [`Error::Mpi`].
+    pub(crate) fn wait_checked(self, world: &World) -> Result<R> {
+        let (op, step) = (self.op, self.step);
+        self.wait(world)?.map_err(|msg| Error::Mpi { rank: world.rank, op: op.to_string(), step, msg })
+    }
+
+    /// [`Pending::wait_checked`] with another deadline.
+    pub(crate) fn wait_checked_for(self, world: &World, timeout: Duration) -> Result<R> {
+        let (op, step) = (self.op, self.step);
+        self.wait_for(world, timeout)?.map_err(|msg| Error::Mpi { rank: world.rank, op: op.to_string(), step, msg })
     }
 }

@@ -26,7 +26,6 @@ use crate::world::World;
 use aotgrad_ir::DType;
 use aotgrad_nn::{AdamW, Optimizer, OptimizerState, ParamStore};
 use aotgrad_trace::{NoGradGuard, Tensor};
-use mpi::collective::CommunicatorCollectives;
 use std::rc::Rc;
 
 /// AdamW with ZeRO-1 sharding; see the [module docs](self).
@@ -134,21 +133,30 @@ impl ZeroAdamW {
     /// Every rank's shard of `values` (`shard_len` each), end to end.
     fn all_gather(&self, mine: Vec<f32>, what: &'static str) -> Result<Vec<f32>> {
         let total = self.shard_len * self.world.size();
-        self.world.run(what, self.steps, move |c| {
+        self.world.run_checked(what, self.steps, move |c| {
             let mut all = vec![0.0f32; total];
-            c.all_gather_into(&mine[..], &mut all[..]);
-            all
+            crate::coll::all_gather(c, &mine, &mut all)?;
+            Ok(all)
         })
     }
 
     fn step_sharded(&mut self, store: &ParamStore, grads: &[(String, Tensor)]) -> Result<()> {
+        // AdamW skips a parameter without a gradient; a shard cannot (its decay and
+        // moments would move it), so every parameter must have one. Every rank has the
+        // same gradients (one program), so every rank refuses alike, before any exchange.
+        if let Some((name, ..)) = self.layout.iter().find(|(n, ..)| !grads.iter().any(|(g, _)| g == n)) {
+            return Err(Error::Invalid(format!(
+                "ZeroAdamW: parameter {name} has no gradient; every parameter it shards must have one (leave \
+                 frozen parameters out of the store, or use AdamW)"
+            )));
+        }
         let grad_of = |n: &str| grads.iter().find(|(g, _)| g == n).map(|(_, t)| t.clone());
         let local = self.flat(grad_of)?;
         let shard_len = self.shard_len;
-        let mut mine = self.world.run("gradient reduce-scatter", self.steps, move |c| {
+        let mut mine = self.world.run_checked("gradient reduce-scatter", self.steps, move |c| {
             let mut mine = vec![0.0f32; shard_len];
-            c.reduce_scatter_block_into(&local[..], &mut mine[..], mpi::collective::SystemOperation::sum());
-            mine
+            crate::coll::reduce_scatter_sum(c, &local, &mut mine)?;
+            Ok(mine)
         })?;
         let n = self.world.size() as f32;
         for g in &mut mine {

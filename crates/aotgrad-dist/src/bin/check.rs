@@ -174,7 +174,7 @@ fn train(a: &Args, world: Option<Rc<World>>) -> Res<()> {
     let per_epoch = sampler.steps_per_epoch();
     for step in first..a.steps {
         let order = order(step / per_epoch);
-        let (x, y) = batch(&data, sampler.shard(&order, step % per_epoch))?;
+        let (x, y) = batch(&data, sampler.shard(&order, step % per_epoch)?)?;
         if a.mode == "fail" && rank == 1 && step == a.at {
             return Err(format!("a failure injected at step {step}").into());
         }
