@@ -88,7 +88,8 @@ pub fn run(dir: &Path, action: &Action) -> Result<String, String> {
                         out,
                         "{:<16}  {:<8}  {:<20} {:<9} {:<5} {:>10}  {}",
                         k.hex.get(..16).unwrap_or(&k.hex),
-                        &c.id[..8.min(c.id.len())],
+                        // An entry's id is its file name, which need not be ASCII.
+                        c.id.chars().take(8).collect::<String>(),
                         m.name,
                         if m.training.is_some() { "training" } else { "inference" },
                         m.traced_nodes,

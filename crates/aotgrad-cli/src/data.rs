@@ -5,7 +5,7 @@
 //! `idx3` (`count × rows × cols`), labels `idx1` (`count`). Every malformed or
 //! truncated file is an error naming the file and what is wrong with it.
 
-use flate2::read::GzDecoder;
+use flate2::read::MultiGzDecoder;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -157,12 +157,14 @@ pub fn read_split(images: &Path, labels: &Path) -> Result<Split, DataError> {
     Ok(Split { images: pixels, labels: labs, rows: dims[1], cols: dims[2] })
 }
 
-/// The bytes of `path`, gunzipped when it is gzip data.
+/// The bytes of `path`, gunzipped when it is gzip data: every member of the stream
+/// (as `gzip -d` reads concatenated members); bytes after them that are not another
+/// member are an error, as `gzip -t` says.
 fn read_bytes(path: &Path) -> Result<Vec<u8>, DataError> {
     let raw = std::fs::read(path).map_err(|e| DataError::Io { path: path.to_path_buf(), msg: e.to_string() })?;
     if raw.starts_with(&[0x1f, 0x8b]) {
         let mut out = Vec::new();
-        GzDecoder::new(raw.as_slice()).read_to_end(&mut out).map_err(|e| DataError::Format {
+        MultiGzDecoder::new(raw.as_slice()).read_to_end(&mut out).map_err(|e| DataError::Format {
             path: path.to_path_buf(),
             msg: format!("corrupt or truncated gzip data: {e}"),
         })?;

@@ -82,6 +82,29 @@ fn corrupt_gzip_and_inconsistent_splits() {
     let e = data::load(&d).unwrap_err().to_string();
     assert!(e.contains(FILES[0]) && e.contains("corrupt or truncated gzip"), "{e}");
 
+    // Garbage after a whole gzip stream is refused (gzip -t refuses it too); a second
+    // gzip member after the first is read on.
+    let d = dir("gzip-trailing");
+    write_dataset(&d, 10, 10, true);
+    let p = d.join(format!("{}.gz", FILES[0]));
+    let mut bytes = std::fs::read(&p).unwrap();
+    bytes.extend_from_slice(b"trailing garbage");
+    std::fs::write(&p, &bytes).unwrap();
+    let e = data::load(&d).unwrap_err().to_string();
+    assert!(e.contains(FILES[0]) && e.contains("corrupt or truncated gzip"), "{e}");
+    let split = d.join("split.gz");
+    let raw = d.join("raw");
+    data::write_idx(&raw, &[4], &[1, 2, 3, 4], false).unwrap();
+    let whole = std::fs::read(&raw).unwrap();
+    let mut two = Vec::new();
+    for part in [&whole[..6], &whole[6..]] {
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut enc, part).unwrap();
+        two.extend(enc.finish().unwrap());
+    }
+    std::fs::write(&split, two).unwrap();
+    assert_eq!(data::read_idx(&split, 1).unwrap(), (vec![4], vec![1, 2, 3, 4]));
+
     let d = dir("mismatch");
     write_dataset(&d, 10, 10, false);
     data::write_idx(&d.join(FILES[1]), &[9], &[0; 9], false).unwrap();

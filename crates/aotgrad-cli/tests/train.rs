@@ -185,6 +185,16 @@ fn a_rerun_hits_the_cache_for_every_specialization() {
     }
     assert_eq!((paths.iter().filter(|t| **t).count(), paths.len()), (1, 3), "{list}");
     assert!(run(&dir, &Action::Inspect("zz".into())).unwrap_err().contains("no cache key"));
+    // An entry whose file name is not ASCII is listed, not a panic.
+    let key_dir = std::fs::read_dir(dir.join("v1/entries")).unwrap().next().unwrap().unwrap().path();
+    let entry = std::fs::read_dir(&key_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "entry"))
+        .unwrap();
+    std::fs::rename(&entry, key_dir.join("aéééééééé.entry")).unwrap();
+    let list = run(&dir, &Action::List).unwrap();
+    assert!(list.contains("aééééééé "), "{list}");
     assert!(run(&dir, &Action::Clear).unwrap().starts_with("removed"));
     assert!(run(&dir, &Action::Stats).unwrap().contains("0 key(s)"));
     // Without a cache: nothing is read or counted.

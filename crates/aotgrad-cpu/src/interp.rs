@@ -110,13 +110,23 @@ pub(crate) fn bind_inputs(g: &Graph, inputs: &[CpuTensor], given: &[(SymId, i64)
     for (i, (gi, (shape, _, _))) in g.inputs.iter().zip(&vals).enumerate() {
         bind_from(i, "size", &gi.meta.shape, shape, &mut env)?;
     }
-    for (i, (gi, (_, strides, offset))) in g.inputs.iter().zip(&vals).enumerate() {
-        bind_from(i, "stride", &gi.meta.strides, strides, &mut env)?;
+    // The stride of a dim of size 1 never moves an index (PyTorch ignores it in
+    // contiguity too): it neither binds a symbol nor has to match.
+    let strides_that_matter = |gi: &aotgrad_ir::Input, shape: &[i64], strides: &[i64]| {
+        let keep: Vec<usize> = (0..strides.len()).filter(|&d| shape[d] != 1).collect();
+        let dims: Vec<Dim> = keep.iter().map(|&d| gi.meta.strides[d].clone()).collect();
+        let values: Vec<i64> = keep.iter().map(|&d| strides[d]).collect();
+        (dims, values)
+    };
+    for (i, (gi, (shape, strides, offset))) in g.inputs.iter().zip(&vals).enumerate() {
+        let (dims, values) = strides_that_matter(gi, shape, strides);
+        bind_from(i, "stride", &dims, &values, &mut env)?;
         bind_from(i, "offset", std::slice::from_ref(&gi.meta.offset), &[*offset], &mut env)?;
     }
     for (i, (gi, (shape, strides, offset))) in g.inputs.iter().zip(&vals).enumerate() {
         check_dims(i, "size", &gi.meta.shape, shape, &env)?;
-        check_dims(i, "stride", &gi.meta.strides, strides, &env)?;
+        let (dims, values) = strides_that_matter(gi, shape, strides);
+        check_dims(i, "stride", &dims, &values, &env)?;
         check_dims(i, "offset", std::slice::from_ref(&gi.meta.offset), &[*offset], &env)?;
     }
     Ok(env)
