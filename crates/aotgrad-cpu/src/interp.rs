@@ -111,7 +111,7 @@ pub(crate) fn bind_inputs(g: &Graph, inputs: &[CpuTensor], given: &[(SymId, i64)
         bind_from(i, "size", &gi.meta.shape, shape, &mut env)?;
     }
     // The stride of a dim of size 1 never moves an index (PyTorch ignores it in
-    // contiguity too): it neither binds a symbol nor has to match.
+    // contiguity too): it need not match, and binds only a symbol nothing else binds.
     let strides_that_matter = |gi: &aotgrad_ir::Input, shape: &[i64], strides: &[i64]| {
         let keep: Vec<usize> = (0..strides.len()).filter(|&d| shape[d] != 1).collect();
         let dims: Vec<Dim> = keep.iter().map(|&d| gi.meta.strides[d].clone()).collect();
@@ -122,6 +122,13 @@ pub(crate) fn bind_inputs(g: &Graph, inputs: &[CpuTensor], given: &[(SymId, i64)
         let (dims, values) = strides_that_matter(gi, shape, strides);
         bind_from(i, "stride", &dims, &values, &mut env)?;
         bind_from(i, "offset", std::slice::from_ref(&gi.meta.offset), &[*offset], &mut env)?;
+    }
+    for (gi, (shape, strides, _)) in g.inputs.iter().zip(&vals) {
+        for d in (0..strides.len()).filter(|&d| shape[d] == 1) {
+            if let Some(s) = gi.meta.strides[d].as_single_sym() {
+                env.entry(s).or_insert(strides[d]);
+            }
+        }
     }
     for (i, (gi, (shape, strides, offset))) in g.inputs.iter().zip(&vals).enumerate() {
         check_dims(i, "size", &gi.meta.shape, shape, &env)?;
