@@ -23,9 +23,20 @@ fn input_err(index: usize, msg: String) -> CpuError {
     CpuError::Input { index, msg }
 }
 
-/// Bind symbols from every dim in `dims` that is exactly one symbol.
-fn bind_from(index: usize, what: &str, dims: &[Dim], values: &[i64], env: &mut HashMap<SymId, i64>) -> Result<()> {
+/// Bind symbols from every dim in `dims` that is exactly one symbol; with `sizes`
+/// (for strides), dims of size 1 are passed over.
+fn bind_from(
+    index: usize,
+    what: &str,
+    dims: &[Dim],
+    values: &[i64],
+    sizes: Option<&[i64]>,
+    env: &mut HashMap<SymId, i64>,
+) -> Result<()> {
     for (pos, (d, &v)) in dims.iter().zip(values).enumerate() {
+        if sizes.is_some_and(|s| s.get(pos) == Some(&1)) {
+            continue;
+        }
         if let Some(s) = d.as_single_sym() {
             match env.get(&s) {
                 Some(&old) if old != v => {
@@ -44,9 +55,20 @@ fn bind_from(index: usize, what: &str, dims: &[Dim], values: &[i64], env: &mut H
     Ok(())
 }
 
-/// Check that every dim of `dims` evaluates to the concrete value.
-fn check_dims(index: usize, what: &str, dims: &[Dim], values: &[i64], env: &HashMap<SymId, i64>) -> Result<()> {
+/// Check that every dim of `dims` evaluates to the concrete value; with `sizes` (for
+/// strides), dims of size 1 are passed over.
+fn check_dims(
+    index: usize,
+    what: &str,
+    dims: &[Dim],
+    values: &[i64],
+    sizes: Option<&[i64]>,
+    env: &HashMap<SymId, i64>,
+) -> Result<()> {
     for (pos, (d, &v)) in dims.iter().zip(values).enumerate() {
+        if sizes.is_some_and(|s| s.get(pos) == Some(&1)) {
+            continue;
+        }
         match d.eval(&|s| env.get(&s).copied()) {
             Some(e) if e == v => {}
             Some(e) => {
@@ -108,20 +130,13 @@ pub(crate) fn bind_inputs(g: &Graph, inputs: &[CpuTensor], given: &[(SymId, i64)
     let mut env: HashMap<SymId, i64> = given.iter().copied().collect();
     // Sizes bind first (they are what users think of as the shape), then strides/offsets.
     for (i, (gi, (shape, _, _))) in g.inputs.iter().zip(&vals).enumerate() {
-        bind_from(i, "size", &gi.meta.shape, shape, &mut env)?;
+        bind_from(i, "size", &gi.meta.shape, shape, None, &mut env)?;
     }
     // The stride of a dim of size 1 never moves an index (PyTorch ignores it in
     // contiguity too): it need not match, and binds only a symbol nothing else binds.
-    let strides_that_matter = |gi: &aotgrad_ir::Input, shape: &[i64], strides: &[i64]| {
-        let keep: Vec<usize> = (0..strides.len()).filter(|&d| shape[d] != 1).collect();
-        let dims: Vec<Dim> = keep.iter().map(|&d| gi.meta.strides[d].clone()).collect();
-        let values: Vec<i64> = keep.iter().map(|&d| strides[d]).collect();
-        (dims, values)
-    };
     for (i, (gi, (shape, strides, offset))) in g.inputs.iter().zip(&vals).enumerate() {
-        let (dims, values) = strides_that_matter(gi, shape, strides);
-        bind_from(i, "stride", &dims, &values, &mut env)?;
-        bind_from(i, "offset", std::slice::from_ref(&gi.meta.offset), &[*offset], &mut env)?;
+        bind_from(i, "stride", &gi.meta.strides, strides, Some(shape), &mut env)?;
+        bind_from(i, "offset", std::slice::from_ref(&gi.meta.offset), &[*offset], None, &mut env)?;
     }
     for (gi, (shape, strides, _)) in g.inputs.iter().zip(&vals) {
         for d in (0..strides.len()).filter(|&d| shape[d] == 1) {
@@ -131,10 +146,9 @@ pub(crate) fn bind_inputs(g: &Graph, inputs: &[CpuTensor], given: &[(SymId, i64)
         }
     }
     for (i, (gi, (shape, strides, offset))) in g.inputs.iter().zip(&vals).enumerate() {
-        check_dims(i, "size", &gi.meta.shape, shape, &env)?;
-        let (dims, values) = strides_that_matter(gi, shape, strides);
-        check_dims(i, "stride", &dims, &values, &env)?;
-        check_dims(i, "offset", std::slice::from_ref(&gi.meta.offset), &[*offset], &env)?;
+        check_dims(i, "size", &gi.meta.shape, shape, None, &env)?;
+        check_dims(i, "stride", &gi.meta.strides, strides, Some(shape), &env)?;
+        check_dims(i, "offset", std::slice::from_ref(&gi.meta.offset), &[*offset], None, &env)?;
     }
     Ok(env)
 }

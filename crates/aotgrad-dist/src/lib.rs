@@ -16,15 +16,19 @@
 //!
 //! ```no_run
 //! use aotgrad_dist::{DdpConfig, DistributedDataParallel, DistributedSampler, World};
-//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! # let module: aotgrad_runtime::module::AotModule = unimplemented!();
-//! let world = std::rc::Rc::new(World::init()?);      // under `mpirun -np N`
-//! let ddp = DistributedDataParallel::new(world.clone(), module, DdpConfig::default())?;
-//! let sampler = DistributedSampler::new(60_000, 128, world.rank(), world.size())?;
-//! # let (x, y, one): (aotgrad_trace::Tensor, aotgrad_trace::Tensor, aotgrad_trace::Tensor) = unimplemented!();
-//! let (outs, back) = ddp.forward(&[x, y])?;            // this rank's shard of the batch
-//! let grads = back.backward_with(&[Some(one), None], &[])?; // averaged across ranks
-//! # Ok(()) }
+//! use aotgrad_runtime::module::AotModule;
+//! use aotgrad_trace::Tensor;
+//!
+//! /// One step of data-parallel training, in every process of `mpirun -np N`.
+//! fn step(module: AotModule, x: Tensor, y: Tensor, one: Tensor) -> aotgrad_dist::Result<()> {
+//!     let world = std::rc::Rc::new(World::init()?);
+//!     let ddp = DistributedDataParallel::new(world.clone(), module, DdpConfig::default())?;
+//!     let sampler = DistributedSampler::new(60_000, 128, world.rank(), world.size())?;
+//!     assert_eq!(sampler.local_batch(), 128 / world.size());
+//!     let (_outs, back) = ddp.forward(&[x, y])?; // this rank's shard of the batch
+//!     let _grads = back.backward_with(&[Some(one), None], &[])?; // averaged across ranks
+//!     Ok(())
+//! }
 //! ```
 
 pub mod bucket;
