@@ -118,6 +118,8 @@ pub struct DistributedDataParallel {
     plan: BucketPlan,
     /// `(name, shape)` of every parameter, in module order.
     params: Vec<(String, Vec<usize>)>,
+    /// Each parameter's index in `params`, by name.
+    index: std::collections::HashMap<String, usize>,
     sync: Cell<bool>,
     checked: Cell<bool>,
     sources: RefCell<Vec<bool>>,
@@ -199,6 +201,8 @@ impl DistributedDataParallel {
             layout.push((name.clone(), t.dtype(), shape.iter().product()));
             params.push((name.clone(), shape));
         }
+        let index =
+            params.iter().enumerate().map(|(i, (n, _)): (usize, &(String, Vec<usize>))| (n.clone(), i)).collect();
         let plan = BucketPlan::new(&layout, config.first_bucket_bytes.min(config.bucket_bytes), config.bucket_bytes)?;
         Ok(DistributedDataParallel {
             world,
@@ -206,6 +210,7 @@ impl DistributedDataParallel {
             config,
             plan,
             params,
+            index,
             sync: Cell::new(true),
             checked: Cell::new(false),
             sources: RefCell::new(Vec::new()),
@@ -329,14 +334,49 @@ impl DistributedDataParallel {
             .collect()
     }
 
+    /// `grads`' gradients by parameter index (`None` where a parameter has none).
+    fn by_index<'g>(&self, grads: &'g ModuleGrads) -> Result<Vec<Option<(&'g String, &'g Tensor)>>> {
+        let mut out = vec![None; self.params.len()];
+        for (name, g) in &grads.params {
+            let &i = self
+                .index
+                .get(name)
+                .ok_or_else(|| Error::Invalid(format!("a gradient for {name}, which is no parameter")))?;
+            out[i] = Some((name, g));
+        }
+        Ok(out)
+    }
+
+    /// The averaged buckets back as tensors, for the parameters `local` has
+    /// gradients for, in module order.
+    fn averaged_grads(
+        &self,
+        f32s: &[(usize, Vec<f32>)],
+        f64s: &[(usize, Vec<f64>)],
+        local: &ModuleGrads,
+    ) -> Result<ModuleGrads> {
+        let mut by_param: Vec<Option<Tensor>> = vec![None; self.params.len()];
+        for (k, v) in f32s {
+            unpack(&self.plan.buckets[*k], v, &self.params, &mut by_param)?;
+        }
+        for (k, v) in f64s {
+            unpack(&self.plan.buckets[*k], v, &self.params, &mut by_param)?;
+        }
+        let present = self.by_index(local)?;
+        let params = self
+            .params
+            .iter()
+            .zip(by_param)
+            .zip(present)
+            .filter_map(|(((name, _), g), had)| Some((name.clone(), g.filter(|_| had.is_some())?)))
+            .collect();
+        Ok(ModuleGrads { params, inputs: local.inputs.clone() })
+    }
+
     /// Add `grads` into `flats` at their slots.
     fn add_grads(&self, flats: &mut [Flat], grads: &ModuleGrads) -> Result<()> {
-        let index: std::collections::HashMap<&str, usize> =
-            self.params.iter().enumerate().map(|(i, (n, _))| (n.as_str(), i)).collect();
-        for (name, g) in &grads.params {
-            let &i = index
-                .get(name.as_str())
-                .ok_or_else(|| Error::Invalid(format!("a gradient for {name}, which is no parameter")))?;
+        for (i, g) in self.by_index(grads)?.into_iter().enumerate() {
+            let Some((name, g)) = g else { continue };
             let (k, s) = self.plan.place[i];
             let slot = &self.plan.buckets[k].slots[s];
             let range = slot.offset..slot.offset + slot.len;
@@ -369,18 +409,19 @@ impl DistributedDataParallel {
             Some(acc) => acc.into_iter().map(|f| if let Flat::F32(v) = f { v } else { Vec::new() }).collect(),
             None => self.plan.buckets.iter().map(|b| vec![0.0; b.elems]).collect(),
         };
-        let index: std::collections::HashMap<&str, usize> =
-            self.params.iter().enumerate().map(|(i, (n, _))| (n.as_str(), i)).collect();
         let step = self.step();
         let mut ex = Exchange::new(&self.world, &self.plan, det, sends, step);
         let result = back.backward_streaming(output_grads, updated, &mut |p, o| ex.ready(p, o));
         let backward_end = Instant::now();
         // Whatever happened, every bucket is filled and exchanged: the other ranks
         // wait for them.
-        let got = result.as_ref().ok();
-        let mut late = Ok(());
-        for i in 0..self.params.len() {
-            let g = got.and_then(|g| g.params.iter().find(|(n, _)| index.get(n.as_str()) == Some(&i)));
+        let none = || vec![None; self.params.len()];
+        let (got, mut late) = match result.as_ref().map(|g| self.by_index(g)) {
+            Ok(Ok(got)) => (got, Ok(())),
+            Ok(Err(e)) => (none(), Err(e)),
+            Err(_) => (none(), Ok(())),
+        };
+        for (i, g) in got.into_iter().enumerate() {
             let r = ex.fill_late(i, |dst| match g {
                 Some((name, t)) => add_into(t, dst, name),
                 None => Ok(()),
@@ -394,17 +435,8 @@ impl DistributedDataParallel {
         late?;
         let (averaged, first_start, last_done) = finished?;
         let grads = result?;
-        let mut by_param: Vec<Option<Tensor>> = vec![None; self.params.len()];
-        for (b, v) in self.plan.buckets.iter().zip(&averaged) {
-            unpack(b, v, &self.params, &mut by_param)?;
-        }
-        let params = self
-            .params
-            .iter()
-            .zip(by_param)
-            .filter(|((name, _), _)| grads.params.iter().any(|(n, _)| n == name))
-            .filter_map(|((name, _), g)| g.map(|g| (name.clone(), g)))
-            .collect();
+        let f32s: Vec<(usize, Vec<f32>)> = averaged.into_iter().enumerate().collect();
+        let out = self.averaged_grads(&f32s, &[], &grads)?;
         let mut st = self.stats.get();
         st.syncs += 1;
         st.bytes += self.plan.bytes() as u64;
@@ -415,7 +447,7 @@ impl DistributedDataParallel {
             st.exposed_seconds += z.saturating_duration_since(backward_end.max(a)).as_secs_f64();
         }
         self.stats.set(st);
-        Ok(ModuleGrads { params, inputs: grads.inputs })
+        Ok(out)
     }
 
     fn finish(&self, grads: ModuleGrads) -> Result<ModuleGrads> {
@@ -459,27 +491,12 @@ impl DistributedDataParallel {
         added?;
         st.comm_seconds += wait;
         st.exposed_seconds += wait;
-        let mut out: Vec<(String, Tensor)> = Vec::with_capacity(self.params.len());
-        let mut by_param: Vec<Option<Tensor>> = vec![None; self.params.len()];
-        for (k, v) in f32s {
-            unpack(&self.plan.buckets[k], &v, &self.params, &mut by_param)?;
-        }
-        for (k, v) in f64s {
-            unpack(&self.plan.buckets[k], &v, &self.params, &mut by_param)?;
-        }
-        // The parameters this rank has gradients for, in module order.
-        for ((name, _), g) in self.params.iter().zip(by_param) {
-            if let Some(g) = g {
-                if grads.params.iter().any(|(n, _)| n == name) {
-                    out.push((name.clone(), g));
-                }
-            }
-        }
+        let out = self.averaged_grads(&f32s, &f64s, &grads)?;
         st.syncs += 1;
         st.bytes += self.plan.bytes() as u64;
         st.sync_seconds += t0.elapsed().as_secs_f64();
         self.stats.set(st);
-        Ok(ModuleGrads { params: out, inputs: grads.inputs })
+        Ok(out)
     }
 }
 
