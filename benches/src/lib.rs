@@ -153,11 +153,67 @@ pub fn graph_flops(g: &aotgrad_ir::Graph) -> u64 {
 }
 
 /// A pathological program shape for compile scaling: `view` (a chain of `n` views and
-/// transposes), `chain` (`n` ops of matmul → softmax → relu), `fanout` (one input
-/// feeding `n / 2` scaled copies summed up). Returns the compiled function (on one
-/// thread) and its inputs; `train` makes the input require grad (the training path).
+/// transposes), `chain` (`n` ops of matmul → softmax → relu), `mixed` (`n` ops of
+/// matmul → transpose → add a weight → softmax → relu, with gradients for both
+/// weights), `fanout` (one input feeding `n / 2` scaled copies summed up). Returns the
+/// compiled function (on one thread) and its inputs; `train` makes the input (and for
+/// `mixed` the weights) require grad (the training path).
 pub fn pathological(kind: &str, n: usize, train: bool) -> Result<(aotgrad::AotFunction, Vec<Tensor>)> {
     pathological_with(kind, n, train, aotgrad::AotConfig::default().threads(1))
+}
+
+/// The program behind [`pathological`]: `kind` at about `n` user ops over the inputs of
+/// [`pathological_inputs`] (`a[0]` the input, then the weights).
+pub fn pathological_program(kind: &str, n: usize, a: &[Tensor]) -> aotgrad_trace::Result<Vec<Tensor>> {
+    let mut x = a[0].clone();
+    match kind {
+        "view" => {
+            for i in 0..n {
+                x = if i % 2 == 0 { x.view(&[4, 4])? } else { x.transpose(0, 1)? };
+            }
+            Ok(vec![x.mul(2.0)?])
+        }
+        "chain" => {
+            for _ in 0..n / 3 {
+                x = x.matmul(&a[1])?.softmax(-1)?.relu()?;
+            }
+            Ok(vec![x.sum_all()?])
+        }
+        "mixed" => {
+            // Square shapes keep the transpose valid; both weights take gradients, so the
+            // backward reads the (transposed) activations of every step.
+            for _ in 0..n / 5 {
+                x = x.matmul(&a[1])?.transpose(0, 1)?.add(&a[2])?.softmax(-1)?.relu()?;
+            }
+            Ok(vec![x.sum_all()?])
+        }
+        _ => {
+            let mut acc = x.mul(1.0)?;
+            for i in 0..n / 2 {
+                acc = acc.add(&x.mul(i as f64)?)?;
+            }
+            Ok(vec![acc.sum_all()?])
+        }
+    }
+}
+
+/// The inputs of [`pathological_program`]: a 4×4 input (requiring grad with `train`),
+/// a 4×4 weight, and for `mixed` a 4×4 bias; `mixed` with `train` makes both weights
+/// require grad as well.
+pub fn pathological_inputs(kind: &str, train: bool) -> Result<Vec<Tensor>> {
+    let x = Tensor::randn(&[4, 4], DType::F32, 0)?;
+    let w = Tensor::randn(&[4, 4], DType::F32, 1)?;
+    let mut v = vec![x, w];
+    if kind == "mixed" {
+        v.push(Tensor::randn(&[4, 4], DType::F32, 2)?);
+    }
+    if train {
+        let weights = if kind == "mixed" { v.len() } else { 1 };
+        for t in &v[..weights] {
+            t.set_requires_grad(true)?;
+        }
+    }
+    Ok(v)
 }
 
 /// [`pathological`] compiled with `config`.
@@ -168,34 +224,7 @@ pub fn pathological_with(
     config: aotgrad::AotConfig,
 ) -> Result<(aotgrad::AotFunction, Vec<Tensor>)> {
     let k = kind.to_string();
-    let f = move |a: &[Tensor]| -> aotgrad::Result<Vec<Tensor>> {
-        let mut x = a[0].clone();
-        match k.as_str() {
-            "view" => {
-                for i in 0..n {
-                    x = if i % 2 == 0 { x.view(&[4, 4])? } else { x.transpose(0, 1)? };
-                }
-                Ok(vec![x.mul(2.0)?])
-            }
-            "chain" => {
-                for _ in 0..n / 3 {
-                    x = x.matmul(&a[1])?.softmax(-1)?.relu()?;
-                }
-                Ok(vec![x.sum_all()?])
-            }
-            _ => {
-                let mut acc = x.mul(1.0)?;
-                for i in 0..n / 2 {
-                    acc = acc.add(&x.mul(i as f64)?)?;
-                }
-                Ok(vec![acc.sum_all()?])
-            }
-        }
-    };
-    let x = Tensor::randn(&[4, 4], DType::F32, 0)?;
-    let w = Tensor::randn(&[4, 4], DType::F32, 1)?;
-    if train {
-        x.set_requires_grad(true)?;
-    }
-    Ok((aotgrad::aot_function(f, config)?, vec![x, w]))
+    let f = move |a: &[Tensor]| -> aotgrad::Result<Vec<Tensor>> { Ok(pathological_program(&k, n, a)?) };
+    let inputs = pathological_inputs(kind, train)?;
+    Ok((aotgrad::aot_function(f, config)?, inputs))
 }

@@ -1,5 +1,5 @@
 //! Compile time per stage on pathological program shapes (issue: linear-time passes):
-//! `cargo run --release -p aotgrad-benches --bin pathological -- [view|chain|fanout] N [train]`.
+//! `cargo run --release -p aotgrad-benches --bin pathological -- [view|chain|mixed|fanout] N [train]`.
 use std::time::Instant;
 
 fn main() -> anyhow::Result<()> {

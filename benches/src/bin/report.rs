@@ -259,7 +259,12 @@ fn main() -> Result<()> {
     );
     let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|");
     let mut patho = Vec::new();
-    for kind in ["view", "chain", "fanout"] {
+    // `mixed` (the chain with a transpose and a bias between ops, gradients for both
+    // weights) sits right after `chain`: a weight every step reads joins the whole
+    // min-cut network into one component, so its per-op time checks that the
+    // partitioner does not depend on the op mix.
+    let mut per_op: Vec<(&str, usize, f64)> = Vec::new();
+    for kind in ["view", "chain", "mixed", "fanout"] {
         let sizes: &[usize] = if quick { &[1000] } else { &[1000, 10000, 100000] };
         for &n in sizes {
             let (af, ins) = aotgrad_benches::pathological(kind, n, true)?;
@@ -285,11 +290,23 @@ fn main() -> Result<()> {
                 kb(n),
                 kb(nodes)
             );
+            per_op.push((kind, n, total * 1e6 / n as f64));
             patho.push(json!({"shape": kind, "ops": n, "traced_nodes": nodes, "compile_s": total,
                 "us_per_op": total * 1e6 / n as f64, "us_per_node": total * 1e6 / nodes as f64,
                 "stages": r.stages.iter().map(|(s, t)| json!([s, t])).collect::<Vec<_>>(), "peak_rss_bytes_per_op": peak,
                 "peak_rss_bytes_per_node": peak.map(|b| b * n as f64 / nodes as f64)}));
         }
+    }
+    let ratios: Vec<String> = per_op
+        .iter()
+        .filter(|(k, ..)| *k == "mixed")
+        .filter_map(|&(_, n, mixed)| {
+            let chain = per_op.iter().find(|&&(k, m, _)| k == "chain" && m == n)?.2;
+            Some(format!("{:.1}× at {n} ops", mixed / chain))
+        })
+        .collect();
+    if !ratios.is_empty() {
+        let _ = writeln!(md, "\nmixed / chain compile time per op: {}.", ratios.join(", "));
     }
     js.insert("pathological".into(), Value::Array(patho));
 

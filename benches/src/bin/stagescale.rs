@@ -1,8 +1,9 @@
-//! Dev: every compile stage of the pathological matmul/softmax/relu chain timed on
-//! its own at several lengths (`SIZES=1000,10000,100000`), with node counts, to find
-//! which stage stops being linear.
-use aotgrad_ir::DType;
-use aotgrad_trace::{trace, Tensor, TraceConfig};
+//! Dev: every compile stage of a pathological program (`KIND=chain`, the matmul →
+//! softmax → relu chain, by default; `KIND=mixed` adds a transpose and a weight
+//! between ops; any kind of `aotgrad_benches::pathological`) timed on its own at
+//! several lengths (`SIZES=1000,10000,100000`), training path, with node counts, to
+//! find which stage stops being linear.
+use aotgrad_trace::{trace, TraceConfig};
 use std::time::Instant;
 
 fn main() -> anyhow::Result<()> {
@@ -11,6 +12,8 @@ fn main() -> anyhow::Result<()> {
         .split(',')
         .filter_map(|s| s.parse().ok())
         .collect();
+    let kind = std::env::var("KIND").unwrap_or_else(|_| "chain".into());
+    println!("kind: {kind}");
     println!(
         "sizes: Node {} B, Op {} B, TensorMeta {} B, Kernel {} B",
         std::mem::size_of::<aotgrad_ir::Node>(),
@@ -19,23 +22,17 @@ fn main() -> anyhow::Result<()> {
         std::mem::size_of::<aotgrad_fusion::Kernel>()
     );
     for n in sizes {
-        let x = Tensor::randn(&[4, 4], DType::F32, 0)?.requires_grad(true)?;
-        let w = Tensor::randn(&[4, 4], DType::F32, 1)?;
+        let inputs = aotgrad_benches::pathological_inputs(&kind, true)?;
         let mut times: Vec<(&str, f64, usize)> = Vec::new();
         let mut t0 = Instant::now();
         let mut lap = |name: &'static str, nodes: usize, times: &mut Vec<(&str, f64, usize)>| {
             times.push((name, t0.elapsed().as_secs_f64(), nodes));
             t0 = Instant::now();
         };
+        let k = kind.clone();
         let t = trace(
-            move |a: &[Tensor]| {
-                let mut x = a[0].clone();
-                for _ in 0..n / 3 {
-                    x = x.matmul(&a[1])?.softmax(-1)?.relu()?;
-                }
-                Ok(vec![x.sum_all()?])
-            },
-            &[x, w],
+            move |a: &[aotgrad_trace::Tensor]| aotgrad_benches::pathological_program(&k, n, a),
+            &inputs,
             &TraceConfig::default(),
         )?;
         lap("trace", t.graph.nodes.len(), &mut times);

@@ -135,11 +135,17 @@ pub(crate) fn attach_epilogues(plan: &mut KernelPlan) {
             last_write[w] = Some(i);
         }
         for a in k.reads() {
-            if !readers[a.buf].contains(&i) {
+            // Kernels are visited in order, so a repeated read is the list's last entry.
+            if readers[a.buf].last() != Some(&i) {
                 readers[a.buf].push(i);
             }
         }
     }
+    // What the checks below need of a pointwise reader, gathered once per reader: one
+    // kernel can be the only reader of many matmuls (the sum of every step's product
+    // that forms a weight's gradient), and scanning its loads again for each of them
+    // made this step quadratic in the depth of the chain.
+    let mut facts: Vec<Option<ReaderFacts>> = (0..plan.kernels.len()).map(|_| None).collect();
     let mut moved: Vec<Option<usize>> = vec![None; plan.kernels.len()];
     for m in 0..plan.kernels.len() {
         let Kernel::Matmul(mk) = &plan.kernels[m] else { continue };
@@ -152,9 +158,10 @@ pub(crate) fn attach_epilogues(plan: &mut KernelPlan) {
         if moved[k].is_some() || !is_full_contiguous(&plan.buffers[b].layout) {
             continue;
         }
+        let f: &ReaderFacts = facts[k].get_or_insert_with(|| ReaderFacts::new(pk, &writers, &last_write));
         // The reader must be the only writer of its results (a scatter into a buffer
         // another kernel fills first cannot move ahead of it).
-        if pk.stores.iter().any(|st| writers[st.dst.buf] != 1) {
+        if !f.sole_writer {
             continue;
         }
         // The reader only copies the product into another layout (a transpose made
@@ -172,12 +179,13 @@ pub(crate) fn attach_epilogues(plan: &mut KernelPlan) {
             continue;
         }
         let want = contiguous_strides(&pk.shape);
-        let order_ok = pk.body.loads.iter().filter(|l| l.buf == b).all(|l| {
+        let order_ok = f.loads_of.get(&b).map_or(&[][..], Vec::as_slice).iter().map(|&i| &pk.body.loads[i]).all(|l| {
             l.offset == Dim::Const(0)
                 && Dim::product(&pk.shape) == plan.buffers[b].layout.numel()
                 && l.shape.iter().zip(l.strides.iter().zip(&want)).all(|(s, (a, w))| *s == Dim::Const(1) || a == w)
         });
-        let ready = pk.body.loads.iter().all(|l| l.buf == b || last_write[l.buf].is_none_or(|d| d < m));
+        // Every other buffer the reader loads is written before the matmul runs.
+        let ready = f.last_write_besides(b).is_none_or(|d| d < m);
         if order_ok && ready {
             moved[k] = Some(m);
         }
@@ -192,6 +200,51 @@ pub(crate) fn attach_epilogues(plan: &mut KernelPlan) {
         }
     }
     plan.kernels = kernels.into_iter().enumerate().filter(|(k, _)| moved[*k].is_none()).map(|(_, k)| k).collect();
+}
+
+/// A pointwise kernel's loads and stores as [`attach_epilogues`] checks them against
+/// each matmul it reads.
+struct ReaderFacts {
+    /// It is the only writer of every buffer it stores to.
+    sole_writer: bool,
+    /// Indices of its loads, by buffer.
+    loads_of: HashMap<BufId, Vec<usize>>,
+    /// The buffer it loads that is written last, with that kernel's index (`None`
+    /// when no kernel writes it).
+    latest: (Option<BufId>, Option<usize>),
+    /// The last write among the other buffers it loads.
+    second: Option<usize>,
+}
+
+impl ReaderFacts {
+    fn new(pk: &PointwiseKernel, writers: &[usize], last_write: &[Option<usize>]) -> ReaderFacts {
+        let mut loads_of: HashMap<BufId, Vec<usize>> = HashMap::new();
+        for (i, l) in pk.body.loads.iter().enumerate() {
+            loads_of.entry(l.buf).or_default().push(i);
+        }
+        let (mut latest, mut second) = ((None, None), None);
+        for &buf in loads_of.keys() {
+            let w = last_write[buf];
+            if latest.0.is_none() || w > latest.1 {
+                second = second.max(latest.1);
+                latest = (Some(buf), w);
+            } else {
+                second = second.max(w);
+            }
+        }
+        let sole_writer = pk.stores.iter().all(|st| writers[st.dst.buf] == 1);
+        ReaderFacts { sole_writer, loads_of, latest, second }
+    }
+
+    /// The last write among the buffers it loads other than `b` (`None`: none is
+    /// written by a kernel).
+    fn last_write_besides(&self, b: BufId) -> Option<usize> {
+        if self.latest.0 == Some(b) {
+            self.second
+        } else {
+            self.latest.1
+        }
+    }
 }
 
 /// When `pk` is a plain copy of the buffer laid out as `layout` (one load of it,

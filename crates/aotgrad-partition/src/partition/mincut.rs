@@ -17,11 +17,14 @@
 //! - `v_out → sink` for every forward value the backward uses directly (an argument of a
 //!   live backward node, or a gradient output).
 //!
-//! A minimum cut (max flow by Edmonds–Karp, `pathfinding`) crosses only `v_in → v_out`
+//! A minimum cut (max flow by Dinic's algorithm, see `flow`) crosses only `v_in → v_out`
 //! edges; those `v` are saved. Since `source → v_in` is infinite for primals and banned
 //! nodes, their `v_in` is contracted into the source (their edges in vanish), which
 //! splits the network at every such node; each connected component is solved on its
-//! own (see `cut_by_component`), so a deep network costs near-linear time.
+//! own (see `cut_by_component`). A primal the backward does not use directly keeps its
+//! `v_out`, so every step that reads it (a bias added in each layer of a deep chain)
+//! lands in one component; Dinic's phases each cost one pass over the component plus
+//! the paths they saturate, so even then a deep network costs near-linear time.
 //!
 //! Two reductions keep the network small without changing the cut: only values both
 //! reachable from a source-connected value and leading to a used value are included
@@ -52,10 +55,10 @@
 //!   or when no move removes bytes. Each move strictly lowers the activation bytes, so
 //!   the result only shrinks as `b` falls.
 
+use super::flow;
 use super::joint::JointInfo;
 use crate::cost::bytes_of;
 use crate::error::{PartitionError, Result};
-use pathfinding::directed::edmonds_karp::edmonds_karp_sparse;
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 
 /// A capacity edge of the flow network.
@@ -166,9 +169,10 @@ pub(crate) fn min_cut(info: &JointInfo<'_>) -> Result<Vec<usize>> {
 /// A minimum `source`–`sink` cut, computed per connected component of the network
 /// without `source` and `sink`. Flow paths never cross components (every path leaves
 /// the source, stays in one component, and enters the sink), so the max flow is the
-/// sum of the components' and the union of their min cuts is a min cut. Solving each
-/// component on its own keeps Edmonds–Karp's breadth-first searches local: on a deep
-/// network of many small components this turns a quadratic solve into a near-linear one.
+/// sum of the components' and the union of their min cuts is a min cut. Each component
+/// is solved by Dinic's algorithm (`flow`), which stays near-linear even when one
+/// component spans the whole graph (a weight that every step of a deep chain reads,
+/// and that the backward does not use directly, joins all the steps into one).
 fn cut_by_component(vertices: &[usize], source: usize, sink: usize, edges: Vec<Edge>) -> Vec<Edge> {
     let size = vertices.iter().copied().max().map_or(0, |m| m + 1);
     let mut parent: Vec<usize> = (0..size).collect();
@@ -200,6 +204,8 @@ fn cut_by_component(vertices: &[usize], source: usize, sink: usize, edges: Vec<E
     }
     let mut roots: Vec<usize> = groups.keys().copied().collect();
     roots.sort_unstable();
+    // Local vertex numbers of the component being solved (`u32::MAX` elsewhere).
+    let mut local = vec![u32::MAX; size.max(source + 1).max(sink + 1)];
     let mut cut = Vec::new();
     for r in roots {
         let group = groups.remove(&r).unwrap_or_default();
@@ -207,12 +213,22 @@ fn cut_by_component(vertices: &[usize], source: usize, sink: usize, edges: Vec<E
         if !touches(source) || !touches(sink) {
             continue; // no source-to-sink path: nothing to cut
         }
-        let mut vs: Vec<usize> = vec![source, sink];
-        vs.extend(group.iter().flat_map(|((a, b), _)| [*a, *b]).filter(|&v| !terminal(v)));
-        vs.sort_unstable();
-        vs.dedup();
-        let (_flows, _value, c) = edmonds_karp_sparse(&vs, &source, &sink, group);
-        cut.extend(c);
+        let mut verts: Vec<usize> = vec![source, sink];
+        local[source] = 0;
+        local[sink] = 1;
+        for &((a, b), _) in &group {
+            for v in [a, b] {
+                if local[v] == u32::MAX {
+                    local[v] = verts.len() as u32;
+                    verts.push(v);
+                }
+            }
+        }
+        let numbered: Vec<(u32, u32, i64)> = group.iter().map(|&((a, b), c)| (local[a], local[b], c)).collect();
+        cut.extend(flow::min_cut(verts.len(), 0, 1, &numbered).into_iter().map(|k| group[k]));
+        for &v in &verts {
+            local[v] = u32::MAX;
+        }
     }
     cut
 }

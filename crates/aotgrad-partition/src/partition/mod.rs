@@ -20,6 +20,7 @@
 //!   memory-budget rule).
 
 mod build;
+mod flow;
 mod joint;
 mod mincut;
 
