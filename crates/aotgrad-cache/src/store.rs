@@ -4,10 +4,26 @@
 //! key's ingredients (for miss diagnostics), and content-addressed artifact blobs.
 //! Stores move sealed bytes only; checking them is the cache's job
 //! ([`crate::envelope`]).
+//!
+//! The on-disk store reads only regular files, and reads them boundedly. Every blob
+//! (an entry, an artifact, a key's `key.json`) is checked with `lstat` and then opened
+//! without following a final symbolic link and without blocking (on Unix
+//! `O_NOFOLLOW | O_NONBLOCK | O_NOCTTY`), and the opened file is checked again with
+//! `fstat`: a symbolic link, FIFO, socket, device or directory in a blob's place is
+//! refused (never opened, or never read), and so is a file larger than the cap on one
+//! blob (the smaller of [`MAX_BLOB_BYTES`] and the store's size limit; 1 MiB for a
+//! `key.json`). A read takes at most the size `fstat` gave. A blob is marked used by
+//! retiming the file it was read from, through that open file, never by its path, so
+//! a link in the cache never retimes its target. A refused entry or artifact comes
+//! back as an empty blob (the cache rejects it as too short, logs it and removes it:
+//! the link itself, never its target), with a warning naming what was found; a
+//! refused `key.json` is skipped with a warning. Key directories are real directories
+//! too: a link in place of one is not followed (reading its entries is an error, a
+//! write replaces the link with a directory, listings skip it).
 
 use crate::key::CacheKey;
 use std::fs;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
@@ -41,6 +57,18 @@ pub trait Store: Send + Sync {
     fn describe(&self) -> String;
     /// Every entry blob under `key`, as `(id, bytes)`; none is `Ok(vec![])`.
     fn entries(&self, key: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError>;
+    /// The entry blobs under `key` whose ids `want` accepts, and the ids of the others,
+    /// which are neither read nor marked used (a cache reads only its own key's
+    /// entries). The default reads them all and sorts them out.
+    #[allow(clippy::type_complexity)]
+    fn entries_where(
+        &self,
+        key: &str,
+        want: &dyn Fn(&str) -> bool,
+    ) -> Result<(Vec<(String, Vec<u8>)>, Vec<String>), StoreError> {
+        let (mine, others): (Vec<_>, Vec<_>) = self.entries(key)?.into_iter().partition(|(id, _)| want(id));
+        Ok((mine, others.into_iter().map(|(id, _)| id).collect()))
+    }
     /// Write entry `id` under `key` (replacing one with that id) and the key's
     /// ingredients.
     fn put_entry(&self, key: &CacheKey, id: &str, blob: &[u8]) -> Result<(), StoreError>;
@@ -71,7 +99,9 @@ pub trait Store: Send + Sync {
 /// listing the store on every write: a handle lists it on its first write, then adds
 /// what it writes to the total it found, and lists (and evicts) again only when that
 /// estimate passes the limit; what other processes write meanwhile is seen at that
-/// listing, so the store may pass its limit by what they wrote since.
+/// listing, so the store may pass its limit by what they wrote since. Blobs are read
+/// only from regular files, never through a link, and never past their size or the
+/// cap on one blob (see the module docs).
 pub struct DiskStore {
     root: PathBuf,
     max_bytes: u64,
@@ -88,6 +118,171 @@ static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// Age after which a temporary file is a crashed writer's leftover.
 const STALE_TMP_SECONDS: u64 = 3600;
+
+/// The most one entry or artifact read from disk may hold, whatever the store's size
+/// limit (a smaller limit caps it further): a larger file is refused, not read.
+pub const MAX_BLOB_BYTES: u64 = 4 << 30;
+
+/// The most a key's `key.json` (a few hundred bytes of ingredient hashes) may hold.
+const MAX_KEY_JSON_BYTES: u64 = 1 << 20;
+
+/// Why a blob was not read.
+#[derive(Debug)]
+enum ReadError {
+    /// Nothing there.
+    Missing,
+    /// Something that is not a blob: not a regular file, or larger than the cap.
+    Refused(String),
+    /// The file could not be opened or read.
+    Io(std::io::Error),
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadError::Missing => write!(f, "not found"),
+            ReadError::Refused(why) => write!(f, "refused: {why}"),
+            ReadError::Io(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl From<std::io::Error> for ReadError {
+    fn from(e: std::io::Error) -> ReadError {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            ReadError::Missing
+        } else {
+            ReadError::Io(e)
+        }
+    }
+}
+
+/// What a file type is, for messages about a refused blob.
+fn kind_of(t: fs::FileType) -> &'static str {
+    if t.is_symlink() {
+        return "a symbolic link (not followed)";
+    }
+    if t.is_dir() {
+        return "a directory";
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_fifo() {
+            return "a FIFO";
+        }
+        if t.is_socket() {
+            return "a socket";
+        }
+        if t.is_char_device() {
+            return "a character device";
+        }
+        if t.is_block_device() {
+            return "a block device";
+        }
+    }
+    "not a regular file"
+}
+
+/// Open the regular file at `path` for reading, with its size. What is there is
+/// looked at first without following a link (a FIFO or a device is never opened: an
+/// open can block or have effects); the open itself neither follows a final link nor
+/// blocks, and what it opened is checked again (the name may have been replaced in
+/// between).
+fn open_regular(path: &Path) -> Result<(fs::File, u64), ReadError> {
+    let seen = fs::symlink_metadata(path)?;
+    if !seen.is_file() {
+        return Err(ReadError::Refused(kind_of(seen.file_type()).to_string()));
+    }
+    let mut options = fs::File::options();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY);
+    }
+    let f = match options.open(path) {
+        Ok(f) => f,
+        #[cfg(unix)]
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(ReadError::Refused("a symbolic link (not followed)".to_string()));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    // fstat: what was opened, not what the name points at now.
+    let opened = f.metadata()?;
+    if !opened.is_file() {
+        return Err(ReadError::Refused(kind_of(opened.file_type()).to_string()));
+    }
+    Ok((f, opened.len()))
+}
+
+/// The `len` bytes of an opened regular file (its size when opened), refused when
+/// over `cap`. A file that shrank since gives fewer bytes (a truncated blob, which
+/// its check rejects); one that grew gives its first `len`.
+fn read_bounded(f: &mut fs::File, len: u64, cap: u64) -> Result<Vec<u8>, ReadError> {
+    if len > cap {
+        return Err(ReadError::Refused(format!("{len} bytes, over the limit of {cap} bytes on one blob")));
+    }
+    let n = usize::try_from(len).map_err(|_| ReadError::Refused(format!("{len} bytes do not fit in memory")))?;
+    let mut bytes = Vec::new();
+    bytes.try_reserve_exact(n).map_err(|e| ReadError::Io(std::io::Error::new(std::io::ErrorKind::OutOfMemory, e)))?;
+    f.take(len).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// Mark an opened blob used now (its modification time is what eviction orders by),
+/// through the open file: never by path, so nothing a name was swapped for is
+/// retimed. On Unix the times are set to now by `futimens` with no times given,
+/// which, unlike setting given times, needs write permission on the file or its
+/// ownership, not a writable handle: a blob another user wrote into this user's cache
+/// is retimed when this user may write it, as through a writable handle.
+fn retime(f: &fs::File) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::io::AsRawFd;
+        // SAFETY: the descriptor is open for the whole call (borrowed from `f`), and a
+        // null `times` is futimens's documented "set both to now".
+        let _ = unsafe { libc::futimens(f.as_raw_fd(), std::ptr::null()) };
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = f.set_modified(SystemTime::now());
+    }
+}
+
+/// Read the regular file at `path` (at most `cap` bytes), and mark it used when
+/// `touch` is set.
+/// Read a file someone handed over (a precompiled function) as the store reads its
+/// blobs: a regular file only, opened without following a final link or blocking
+/// (a FIFO is refused, not waited on), and no larger than `cap` bytes.
+pub fn read_regular_file(path: &Path, cap: u64) -> Result<Vec<u8>, String> {
+    read_blob(path, cap, false).map_err(|e| e.to_string())
+}
+
+fn read_blob(path: &Path, cap: u64, touch: bool) -> Result<Vec<u8>, ReadError> {
+    let (mut f, len) = open_regular(path)?;
+    let bytes = read_bounded(&mut f, len, cap)?;
+    if touch {
+        retime(&f);
+    }
+    Ok(bytes)
+}
+
+/// Whether `p` is a directory itself (not a link to one).
+fn is_real_dir(p: &Path) -> bool {
+    fs::symlink_metadata(p).is_ok_and(|m| m.is_dir())
+}
+
+/// Remove what is at `p`: a directory with its contents, anything else (a link
+/// included) by its name alone, never a link's target.
+fn remove_path(p: &Path) -> std::io::Result<()> {
+    if is_real_dir(p) {
+        fs::remove_dir_all(p)
+    } else {
+        fs::remove_file(p)
+    }
+}
 
 pub(crate) fn valid_name(s: &str) -> bool {
     !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
@@ -183,12 +378,16 @@ impl DiskStore {
         self.root.join("v1").join("artifacts")
     }
 
-    fn make_dir(&self, dir: &Path) -> Result<(), StoreError> {
-        if dir.is_dir() {
+    /// Make `dir` if it is not there. A link to a directory in its place is used
+    /// when `follow_link` is set (the store's own directories, which `check_private`
+    /// checks through links), replaced otherwise (a key's directory).
+    fn make_dir(&self, dir: &Path, follow_link: bool) -> Result<(), StoreError> {
+        if if follow_link { dir.is_dir() } else { is_real_dir(dir) } {
             return Ok(());
         }
-        // Something that is not a directory where one should be: replace it.
-        if dir.exists() {
+        // Something that is not a directory where one should be (a file, a FIFO, a
+        // link): remove it, by its name (a link goes, its target stays).
+        if fs::symlink_metadata(dir).is_ok() {
             let _ = fs::remove_file(dir);
         }
         let mut b = fs::DirBuilder::new();
@@ -204,7 +403,8 @@ impl DiskStore {
     /// Write `bytes` to `path` atomically.
     fn write_atomic(&self, path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
         let dir = path.parent().ok_or_else(|| self.err("no parent for", path, "root"))?;
-        self.make_dir(dir)?;
+        // A key's directory must be one itself; the artifact directory may be a link.
+        self.make_dir(dir, dir.parent() != Some(self.entries_dir().as_path()))?;
         let tmp = dir.join(format!(
             ".tmp-{}-{}-{}",
             std::process::id(),
@@ -212,12 +412,19 @@ impl DiskStore {
             TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
         ));
         let result = (|| {
-            let mut f = fs::File::create(&tmp).map_err(|e| self.err("cannot create", &tmp, e))?;
+            // A new file only: nothing already there (a link) is opened and truncated.
+            let mut f = fs::File::options()
+                .write(true)
+                .create_new(true)
+                .open(&tmp)
+                .map_err(|e| self.err("cannot create", &tmp, e))?;
             f.write_all(bytes).map_err(|e| self.err("cannot write", &tmp, e))?;
             // No fsync: a cache needs atomicity, not durability. A crash may leave a
             // truncated or empty entry, which the checksum rejects and a compile replaces.
             drop(f);
-            if path.is_dir() {
+            // A rename replaces a file, FIFO or link by its name (a link's target is
+            // untouched), but not a directory.
+            if is_real_dir(path) {
                 let _ = fs::remove_dir_all(path);
             }
             fs::rename(&tmp, path).map_err(|e| self.err("cannot rename into", path, e))
@@ -228,25 +435,10 @@ impl DiskStore {
         result
     }
 
-    /// Read a blob and mark it used (its modification time is what eviction orders
-    /// by), through one open file.
-    fn read_and_touch(path: &Path) -> std::io::Result<Vec<u8>> {
-        use std::io::Read;
-        let mut f = fs::File::open(path)?;
-        let mut bytes = Vec::with_capacity(f.metadata().map(|m| m.len() as usize).unwrap_or(0));
-        f.read_to_end(&mut bytes)?;
-        // Setting the time needs ownership, not write access; a blob this user cannot
-        // retime (not theirs) is retimed through a writable handle if it can be.
-        if f.set_modified(SystemTime::now()).is_err() {
-            Self::touch(path);
-        }
-        Ok(bytes)
-    }
-
-    fn touch(path: &Path) {
-        if let Ok(f) = fs::File::options().append(true).open(path) {
-            let _ = f.set_modified(SystemTime::now());
-        }
+    /// The cap on one entry or artifact read: [`MAX_BLOB_BYTES`], or the size limit
+    /// when smaller (a blob over it would be the first to go at the next eviction).
+    fn blob_cap(&self) -> u64 {
+        MAX_BLOB_BYTES.min(self.max_bytes)
     }
 
     /// Account for `written` new bytes; when the estimate passes the limit (or on the
@@ -306,7 +498,7 @@ impl DiskStore {
         };
         let mut dirs = vec![self.artifacts_dir()];
         if let Ok(rd) = fs::read_dir(self.entries_dir()) {
-            dirs.extend(rd.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.is_dir()));
+            dirs.extend(rd.filter_map(|e| e.ok()).filter(is_dir_entry).map(|e| e.path()));
         }
         for d in dirs {
             let Ok(rd) = fs::read_dir(&d) else { continue };
@@ -319,6 +511,9 @@ impl DiskStore {
         }
     }
 
+    /// The regular files named `*.<ext>` in `dir`, with their metadata. A directory
+    /// entry's metadata is the entry's own (a link is a link, not its target), so
+    /// links, FIFOs and the like are not counted.
     fn files(&self, dir: &Path, ext: &str) -> Vec<(PathBuf, fs::Metadata)> {
         let Ok(rd) = fs::read_dir(dir) else { return Vec::new() };
         rd.filter_map(|e| e.ok())
@@ -327,6 +522,12 @@ impl DiskStore {
             .filter(|(_, m)| m.is_file())
             .collect()
     }
+}
+
+/// Whether a directory entry is a directory itself (its type is the entry's own: a
+/// link to a directory is not one).
+fn is_dir_entry(e: &fs::DirEntry) -> bool {
+    e.file_type().is_ok_and(|t| t.is_dir())
 }
 
 fn stem(p: &Path) -> String {
@@ -339,39 +540,62 @@ impl Store for DiskStore {
     }
 
     fn entries(&self, key: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        Ok(self.entries_where(key, &|_| true)?.0)
+    }
+
+    fn entries_where(
+        &self,
+        key: &str,
+        want: &dyn Fn(&str) -> bool,
+    ) -> Result<(Vec<(String, Vec<u8>)>, Vec<String>), StoreError> {
         if !valid_name(key) {
             return Err(self.err("invalid key", Path::new(key), "not a hex name"));
         }
         self.check_private()?;
         let dir = self.entries_dir().join(key);
+        match fs::symlink_metadata(&dir) {
+            Ok(m) if m.is_dir() => {}
+            Ok(m) => {
+                let what = kind_of(m.file_type());
+                return Err(self.err("not a directory:", &dir, format!("{what} in place of the key's entries")));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), Vec::new())),
+            Err(e) => return Err(self.err("cannot read", &dir, e)),
+        }
         let rd = match fs::read_dir(&dir) {
             Ok(rd) => rd,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), Vec::new())),
             Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => {
                 return Err(self.err("not a directory:", &dir, "expected the key's entries"))
             }
             Err(e) => return Err(self.err("cannot read", &dir, e)),
         };
-        let mut out = Vec::new();
+        let (mut out, mut others) = (Vec::new(), Vec::new());
         let mut paths: Vec<PathBuf> = rd
             .filter_map(|e| e.ok())
             .map(|e| e.path())
             .filter(|p| p.extension().is_some_and(|x| x == "entry"))
             .collect();
         paths.sort();
+        let cap = self.blob_cap();
         for p in paths {
-            match Self::read_and_touch(&p) {
+            if !want(&stem(&p)) {
+                others.push(stem(&p));
+                continue;
+            }
+            match read_blob(&p, cap, true) {
                 Ok(bytes) => out.push((stem(&p), bytes)),
                 // Removed by another process's eviction since the listing: not there.
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                // A directory, unreadable file...: an empty blob is rejected as too short.
+                Err(ReadError::Missing) => {}
+                // A link, FIFO, directory, oversized or unreadable file...: an empty blob,
+                // which the cache rejects as too short (and removes).
                 Err(e) => {
-                    tracing::warn!(target: "aotgrad::cache", "cannot read {}: {e}", p.display());
+                    tracing::warn!(target: "aotgrad::cache", "cannot read cache entry {}: {e}", p.display());
                     out.push((stem(&p), Vec::new()));
                 }
             }
         }
-        Ok(out)
+        Ok((out, others))
     }
 
     fn put_entry(&self, key: &CacheKey, id: &str, blob: &[u8]) -> Result<(), StoreError> {
@@ -381,7 +605,8 @@ impl Store for DiskStore {
         self.check_private()?;
         let dir = self.entries_dir().join(&key.hex);
         let key_file = dir.join("key.json");
-        if !key_file.is_file() {
+        // Rewritten unless a regular file is there (a link or FIFO is replaced).
+        if !fs::symlink_metadata(&key_file).is_ok_and(|m| m.is_file()) {
             let json = serde_json::to_vec_pretty(key).map_err(|e| self.err("cannot encode", &key_file, e))?;
             self.write_atomic(&key_file, &json)?;
         }
@@ -395,8 +620,7 @@ impl Store for DiskStore {
             return Ok(());
         }
         let p = self.entries_dir().join(key).join(format!("{id}.entry"));
-        let r = if p.is_dir() { fs::remove_dir_all(&p) } else { fs::remove_file(&p) };
-        match r {
+        match remove_path(&p) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(self.err("cannot remove", &p, e)),
@@ -409,12 +633,15 @@ impl Store for DiskStore {
         }
         self.check_private()?;
         let p = self.artifacts_dir().join(format!("{hash}.artifact"));
-        match fs::read(&p) {
-            Ok(b) => {
-                Self::touch(&p);
-                Ok(Some(b))
+        match read_blob(&p, self.blob_cap(), true) {
+            Ok(b) => Ok(Some(b)),
+            Err(ReadError::Missing) => Ok(None),
+            // Not an artifact: an empty blob, which the cache rejects as too short (and
+            // removes, so that the next write puts a regular file there).
+            Err(e @ ReadError::Refused(_)) => {
+                tracing::warn!(target: "aotgrad::cache", "cannot read artifact {}: {e}", p.display());
+                Ok(Some(Vec::new()))
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(self.err("cannot read", &p, e)),
         }
     }
@@ -425,11 +652,14 @@ impl Store for DiskStore {
         }
         self.check_private()?;
         let p = self.artifacts_dir().join(format!("{hash}.artifact"));
-        // Content-addressed: a copy already there is kept, but only when it is this
-        // blob byte for byte (a damaged copy that no load has met yet is replaced).
-        if fs::read(&p).is_ok_and(|held| held == blob) {
-            Self::touch(&p);
-            return Ok(());
+        // Content-addressed: a copy already there is kept, but only when it is a
+        // regular file holding this blob byte for byte (a damaged copy that no load has
+        // met yet is replaced, and so is a link or FIFO; one of another size is not read).
+        if let Ok((mut f, len)) = open_regular(&p) {
+            if len == blob.len() as u64 && read_bounded(&mut f, len, len).is_ok_and(|held| held == blob) {
+                retime(&f);
+                return Ok(());
+            }
         }
         self.write_atomic(&p, blob)?;
         // Counted, not checked: the entry written next (which references it) checks.
@@ -445,8 +675,7 @@ impl Store for DiskStore {
             return Ok(());
         }
         let p = self.artifacts_dir().join(format!("{hash}.artifact"));
-        let r = if p.is_dir() { fs::remove_dir_all(&p) } else { fs::remove_file(&p) };
-        match r {
+        match remove_path(&p) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(self.err("cannot remove", &p, e)),
@@ -456,13 +685,21 @@ impl Store for DiskStore {
     fn keys(&self) -> Result<Vec<CacheKey>, StoreError> {
         let Ok(rd) = fs::read_dir(self.entries_dir()) else { return Ok(Vec::new()) };
         let mut out = Vec::new();
-        for e in rd.filter_map(|e| e.ok()) {
+        for e in rd.filter_map(|e| e.ok()).filter(is_dir_entry) {
             let dir = e.path();
             // A key with no entry left (all evicted or rejected) is not a key held.
             if self.files(&dir, "entry").is_empty() {
                 continue;
             }
-            let Ok(json) = fs::read(dir.join("key.json")) else { continue };
+            let key_file = dir.join("key.json");
+            let json = match read_blob(&key_file, MAX_KEY_JSON_BYTES, false) {
+                Ok(json) => json,
+                Err(ReadError::Missing) => continue,
+                Err(e) => {
+                    tracing::warn!(target: "aotgrad::cache", "ignored {}: {e}", key_file.display());
+                    continue;
+                }
+            };
             // `key.json` is not sealed: one that does not name its own directory is
             // not trusted (its text is printed and sliced).
             match serde_json::from_slice::<CacheKey>(&json) {
@@ -485,7 +722,7 @@ impl Store for DiskStore {
             last_used: m.modified().unwrap_or(SystemTime::UNIX_EPOCH),
         };
         if let Ok(rd) = fs::read_dir(self.entries_dir()) {
-            let mut dirs: Vec<PathBuf> = rd.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.is_dir()).collect();
+            let mut dirs: Vec<PathBuf> = rd.filter_map(|e| e.ok()).filter(is_dir_entry).map(|e| e.path()).collect();
             dirs.sort();
             for d in dirs {
                 let key = d.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
