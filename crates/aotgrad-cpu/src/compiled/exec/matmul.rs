@@ -73,6 +73,21 @@ pub(super) unsafe fn gemm_block<T: 'static + Copy + num_traits::Zero>(
             }
             return;
         }
+        // The depth order and fusion rule (docs/ARCHITECTURE.md, "Products"): gemm's
+        // vector kernels, which it picks for a depth of 1 or 2 or a single row or
+        // column, add the products unfused or across the depth in another order; those
+        // blocks go to matrixmultiply, whose kernel (the eager mode's) fuses each
+        // multiply-add in depth order for every shape.
+        let vector = mm.k <= 2 || rows <= 1 || cols <= 1;
+        // (and its "horizontal" kernel for small blocks of a row-major left and a
+        // column-major right operand, which sums the depth in interleaved parts)
+        let horizontal = ast[2] == 1 && bst[1] == 1 && rows * cols <= 256;
+        if (vector || horizontal) && fused_in_order(rows, mm.k, cols, a, ast, b, bst, o, ost) {
+            if stage == Stage::ColsOfC {
+                transpose_to_rows(scratch as *const T, 1, rows as isize, rows, cols, out);
+            }
+            return;
+        }
         gemm::gemm(
             rows,
             cols,
@@ -97,6 +112,40 @@ pub(super) unsafe fn gemm_block<T: 'static + Copy + num_traits::Zero>(
         if stage == Stage::ColsOfC {
             // Rows of the block are contiguous rows of the product (all its columns).
             transpose_to_rows(scratch as *const T, 1, rows as isize, rows, cols, out);
+        }
+    }
+}
+
+/// `o = a · b` (`rows x k` by `k x cols`, the strides' row and column entries) with
+/// matrixmultiply, for f32 and f64; `false` (nothing written) for another type.
+///
+/// # Safety
+/// As [`gemm_block`]: the pointers cover the strides.
+#[allow(clippy::too_many_arguments)]
+unsafe fn fused_in_order<T: 'static>(
+    rows: usize,
+    k: usize,
+    cols: usize,
+    a: *const T,
+    ast: [isize; 3],
+    b: *const T,
+    bst: [isize; 3],
+    o: *mut T,
+    ost: [isize; 3],
+) -> bool {
+    use std::any::TypeId;
+    // SAFETY: the caller's; `T` is the type the pointers are cast to.
+    unsafe {
+        if TypeId::of::<T>() == TypeId::of::<f32>() {
+            let (a, b, o) = (a as *const f32, b as *const f32, o as *mut f32);
+            matrixmultiply::sgemm(rows, k, cols, 1.0, a, ast[1], ast[2], b, bst[1], bst[2], 0.0, o, ost[1], ost[2]);
+            true
+        } else if TypeId::of::<T>() == TypeId::of::<f64>() {
+            let (a, b, o) = (a as *const f64, b as *const f64, o as *mut f64);
+            matrixmultiply::dgemm(rows, k, cols, 1.0, a, ast[1], ast[2], b, bst[1], bst[2], 0.0, o, ost[1], ost[2]);
+            true
+        } else {
+            false
         }
     }
 }
