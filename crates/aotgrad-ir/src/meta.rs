@@ -30,17 +30,35 @@ pub struct TensorMeta {
 
 /// Row-major (C-contiguous) strides for a shape; size-0/1 dims follow PyTorch
 /// (the stride of a dim is the product of the later sizes, each at least 1).
+///
+/// For shapes a trace made (whose strides fit, as its tensors exist); a shape read from
+/// anywhere else goes through [`checked_contiguous_strides`].
 pub fn contiguous_strides(shape: &[Dim]) -> Dims {
+    checked_contiguous_strides(shape).unwrap_or_else(|| {
+        panic!(
+            "the contiguous strides of {} overflow i64 (a bug: shapes from input use the checked form)",
+            DimList(shape)
+        )
+    })
+}
+
+/// [`contiguous_strides`], or `None` when a stride overflows i64 (a shape with a size
+/// near `i64::MAX`, or with a zero size beside huge ones: its strides are products of
+/// the later sizes, each taken as at least 1).
+pub fn checked_contiguous_strides(shape: &[Dim]) -> Option<Dims> {
     let mut strides: Dims = smallvec::smallvec![Dim::Const(1); shape.len()];
     let mut acc = Dim::Const(1);
     for i in (0..shape.len()).rev() {
         strides[i] = acc.clone();
+        if i == 0 {
+            break;
+        }
         acc = match &shape[i] {
-            Dim::Const(c) => acc.mul(&Dim::Const((*c).max(1))),
-            d => acc.mul(d),
+            Dim::Const(c) => acc.checked_mul(&Dim::Const((*c).max(1)))?,
+            d => acc.checked_mul(d)?,
         };
     }
-    strides
+    Some(strides)
 }
 
 impl TensorMeta {
@@ -65,7 +83,10 @@ impl TensorMeta {
     /// True when the strides are the row-major ones for the shape (dims of size 1 may
     /// have any stride, as in PyTorch).
     pub fn is_contiguous(&self) -> bool {
-        let want = contiguous_strides(&self.shape);
+        let Some(want) = checked_contiguous_strides(&self.shape) else {
+            // Strides that overflow describe no tensor but an empty one.
+            return self.shape.contains(&Dim::Const(0));
+        };
         self.shape.iter().zip(self.strides.iter().zip(&want)).all(|(s, (a, b))| *s == Dim::Const(1) || a == b)
             || self.shape.contains(&Dim::Const(0))
     }
@@ -152,7 +173,9 @@ impl fmt::Display for TensorMeta {
     /// `f32[4, 3] strides=[1, 4] offset=2`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}{}", self.dtype, DimList(&self.shape))?;
-        if self.strides != contiguous_strides(&self.shape) {
+        // (A forged or parsed shape may have no contiguous strides that fit: then the
+        // strides are printed.)
+        if checked_contiguous_strides(&self.shape).is_none_or(|c| self.strides != c) {
             write!(f, " strides={}", DimList(&self.strides))?;
         }
         if self.offset != Dim::Const(0) {
@@ -165,6 +188,25 @@ impl fmt::Display for TensorMeta {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shapes_whose_strides_overflow_print_and_compare_without_panicking() {
+        // Sizes near i64::MAX come from parsed programs and forged files; their
+        // contiguous strides do not fit, and printing them is what an error does.
+        for (shape, fits) in
+            [(vec![i64::MAX, 3], true), (vec![3, i64::MAX, 2], false), (vec![0, i64::MAX / 2, 4], false)]
+        {
+            let shape: Dims = shape.into_iter().map(Dim::Const).collect();
+            let m =
+                TensorMeta { strides: shape.clone(), shape: shape.clone(), offset: Dim::Const(0), dtype: DType::F32 };
+            assert_eq!(checked_contiguous_strides(&shape).is_some(), fits);
+            assert!(m.to_string().contains("strides="), "{m}");
+            assert_eq!(m.is_contiguous(), m.shape.contains(&Dim::Const(0)));
+        }
+        // The first size never enters a stride.
+        let strides = checked_contiguous_strides(&[Dim::Const(i64::MAX), Dim::Const(3)]).unwrap();
+        assert_eq!(strides.as_slice(), &[Dim::Const(3), Dim::Const(1)]);
+    }
 
     #[test]
     fn contiguous_strides_and_display() {

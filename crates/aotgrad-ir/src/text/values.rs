@@ -5,7 +5,7 @@ use super::lex::Tok;
 use super::parse::{syn, Cx, PResult, Parser};
 use crate::dtype::{DType, Scalar};
 use crate::meta::Dims;
-use crate::meta::{contiguous_strides, DimList, TensorMeta};
+use crate::meta::{checked_contiguous_strides, DimList, TensorMeta};
 use crate::sym::{Dim, SymId};
 use std::collections::BTreeMap;
 
@@ -256,7 +256,9 @@ impl Parser<'_> {
             self.expect_punct('=', "after `strides`")?;
             self.dim_list(syn("the strides"))?
         } else {
-            contiguous_strides(&shape)
+            checked_contiguous_strides(&shape).ok_or_else(|| {
+                self.err_at(shape_at, format!("the shape {} has strides that do not fit in i64", DimList(&shape)))
+            })?
         };
         let offset = if self.eat_ident("offset")? {
             self.expect_punct('=', "after `offset`")?;
