@@ -45,11 +45,14 @@ pub struct Candidate {
 pub struct Lookup {
     /// Valid entries under the key.
     pub candidates: Vec<Candidate>,
-    /// Entries rejected (corrupt, truncated, wrong version, foreign, bad MAC), with why.
-    /// A rejected local entry was removed, except one signed with a cache key this
-    /// cache lacks: it cannot be checked here, but it is not corrupt, so it is left
-    /// for the processes that hold the key.
+    /// Entries rejected (corrupt, truncated, wrong version, foreign, bad MAC,
+    /// inconsistent contents), with why; a lookup removes rejected local entries.
     pub rejected: Vec<String>,
+    /// Entries written by a process with another cache key, or (for a signed cache)
+    /// without one: their ids say whose they are ([`Cache::lookup`]). They are not
+    /// checked, used, removed or replaced here, but left for the processes that can
+    /// check them.
+    pub skipped: Vec<String>,
     /// The store could not be read (a logged miss).
     pub error: Option<String>,
 }
@@ -65,6 +68,8 @@ pub struct Cache {
     remotes: Vec<Box<dyn Store>>,
     flavour: Flavour,
     mac_key: Option<[u8; 32]>,
+    /// The public id of the key (see [`key_id`]), empty when unsigned.
+    key_id: String,
     /// Whether the "remote tiers are off: unsigned" warning was logged.
     warned_unsigned: std::sync::atomic::AtomicBool,
 }
@@ -93,6 +98,7 @@ impl Cache {
             remotes: Vec::new(),
             flavour: Flavour::Bundled,
             mac_key: None,
+            key_id: String::new(),
             warned_unsigned: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -221,8 +227,35 @@ impl Cache {
 
     /// Sign entries with a MAC keyed by `secret` and refuse entries without it.
     pub fn signed(mut self, secret: &[u8]) -> Cache {
-        self.mac_key = Some(mac_key_from_secret(secret));
+        let key = mac_key_from_secret(secret);
+        self.key_id = key_id(&key);
+        self.mac_key = Some(key);
         self
+    }
+
+    /// The suffix this cache's ids carry: `-<key id>` when signed, nothing when not.
+    fn suffix(&self) -> String {
+        if self.key_id.is_empty() {
+            String::new()
+        } else {
+            format!("-{}", self.key_id)
+        }
+    }
+
+    /// Whether stored blob `name` (an entry id or an artifact name) was written by a
+    /// cache with this one's key (or, unsigned, by an unsigned one): only those are
+    /// checked, used, removed or replaced here. The others are left for the processes
+    /// that hold their key.
+    fn owns(&self, name: &str) -> bool {
+        match name.split_once('-') {
+            None => self.key_id.is_empty(),
+            Some((_, id)) => id == self.key_id,
+        }
+    }
+
+    /// The store name of the artifact with content hash `hash`.
+    fn artifact_name(&self, hash: &str) -> String {
+        format!("{hash}{}", self.suffix())
     }
 
     /// The store's description.
@@ -244,7 +277,14 @@ impl Cache {
     }
 
     /// The valid entries under `key` in the local store; invalid ones are logged,
-    /// removed and listed.
+    /// removed and listed. Entry ids say whose an entry is: a hash of its guards,
+    /// followed for a signed cache by `-` and the key's public id (12 hex digits of a
+    /// keyed hash, which reveal nothing of the key). A cache checks, uses, removes and
+    /// replaces only the entries written with its own key (or, unsigned, those written
+    /// without one); it skips the others and stores its own beside them, so processes
+    /// with different keys (or none) share a directory without destroying each other's
+    /// entries, and a flipped "signed" bit in an unsigned cache's entry is an entry
+    /// that fails its check, removed and replaced.
     pub fn lookup(&self, key: &CacheKey) -> Lookup {
         self.lookup_tier(0, key)
     }
@@ -266,7 +306,7 @@ impl Cache {
     fn find(&self, tier: usize, key: &CacheKey, remove: bool) -> Lookup {
         let mut out = Lookup::default();
         let Some(store) = self.tier(tier) else { return out };
-        let blobs = match store.entries(&key.hex) {
+        let (blobs, others) = match store.entries_where(&key.hex, &|id| self.owns(id)) {
             Ok(b) => b,
             Err(e) => {
                 tracing::warn!(target: "aotgrad::cache", "cache read failed (a miss): {e}");
@@ -274,19 +314,27 @@ impl Cache {
                 return out;
             }
         };
-        for (id, bytes) in blobs {
-            // One check of the envelope (its checksum or MAC covers the whole blob).
-            let decoded = match self.open_blob(&bytes, Kind::Entry) {
-                Err(envelope::EnvelopeError::NoKey) => {
-                    // Signed with a key this cache lacks: not checkable here, not corrupt.
-                    let why = "signed with a cache key this process does not have (left in place)";
-                    tracing::warn!(target: "aotgrad::cache", "skipped cache entry {}/{id} in {}: {why}", key.hex, store.describe());
-                    out.rejected.push(format!("{}/{id} ({}): {why}", key.hex, store.describe()));
-                    continue;
-                }
-                Err(e) => Err(e.to_string()),
-                Ok(payload) => codec::decode::<StoredEntry>("cache entry", payload).map_err(|e| e.to_string()),
+        for id in others {
+            // Another key's entry (or an unsigned one, for a signed cache): not
+            // checkable here, and not this cache's to judge; not even read.
+            let why = match id.split_once('-') {
+                Some(_) => "written with another cache key (left in place)",
+                None => "written without a cache key, which this cache requires (left in place)",
             };
+            tracing::debug!(target: "aotgrad::cache", "skipped cache entry {}/{id} in {}: {why}", key.hex, store.describe());
+            out.skipped.push(format!("{}/{id} ({}): {why}", key.hex, store.describe()));
+        }
+        for (id, bytes) in blobs {
+            // One check of the envelope (its checksum or MAC covers the whole blob),
+            // then of the contents.
+            let decoded = self
+                .open_blob(&bytes, Kind::Entry)
+                .map_err(|e| e.to_string())
+                .and_then(|payload| codec::decode::<StoredEntry>("cache entry", payload).map_err(|e| e.to_string()));
+            let decoded = decoded.and_then(|entry| {
+                entry.result.validate().map_err(|e| format!("inconsistent contents: {e}"))?;
+                Ok(entry)
+            });
             match decoded {
                 Ok(entry) if entry.key.hex == key.hex => {
                     let blob = if tier > 0 { bytes } else { Vec::new() };
@@ -333,21 +381,26 @@ impl Cache {
         }
     }
 
-    /// Check and decode one entry blob.
+    /// Check and decode one entry blob (its envelope, then its contents).
     pub fn decode_entry(&self, bytes: &[u8]) -> Result<StoredEntry, String> {
         let payload = self.open_blob(bytes, Kind::Entry).map_err(|e| e.to_string())?;
-        codec::decode::<StoredEntry>("cache entry", payload).map_err(|e| e.to_string())
+        let entry = codec::decode::<StoredEntry>("cache entry", payload).map_err(|e| e.to_string())?;
+        entry.result.validate().map_err(|e| format!("inconsistent contents: {e}"))?;
+        Ok(entry)
     }
 
     /// A referenced artifact's bytes, checked against its hash: the first tier holding
     /// a valid copy wins. A local copy that fails its check is logged and removed (the
     /// recompile that follows a failed load writes it again); a remote copy is copied
-    /// into the tiers above it only once it has passed.
+    /// into the tiers above it only once it has passed. Artifacts are stored per key
+    /// like entries (`<hash>-<key id>` when signed), so this only ever reads, removes
+    /// or replaces copies this cache's key wrote.
     pub fn fetch_artifact(&self, hash: &str, len: u64) -> Result<Vec<u8>, String> {
         let mut problems = Vec::new();
+        let name = self.artifact_name(hash);
         for t in 0..self.tiers() {
             let Some(store) = self.tier(t) else { continue };
-            let blob = match store.artifact(hash) {
+            let blob = match store.artifact(&name) {
                 Ok(Some(b)) => b,
                 Ok(None) => continue,
                 Err(e) => {
@@ -355,28 +408,26 @@ impl Cache {
                     continue;
                 }
             };
-            // (why, whether to remove it: not one signed with a key this cache lacks)
             let checked = match self.open_blob(&blob, Kind::Artifact) {
-                Err(e @ envelope::EnvelopeError::NoKey) => Err((format!("{e} (left in place)"), false)),
-                Err(e) => Err((e.to_string(), true)),
+                Err(e) => Err(e.to_string()),
                 Ok(p) if p.len() as u64 != len || blake3::hash(p).to_hex().as_str() != hash => {
-                    Err(("does not match its hash".to_string(), true))
+                    Err("does not match its hash".to_string())
                 }
                 Ok(p) => Ok(p),
             };
             match checked {
                 Ok(payload) => {
                     for above in 0..t {
-                        if let Some(Err(e)) = self.tier(above).map(|s| s.put_artifact(hash, &blob)) {
+                        if let Some(Err(e)) = self.tier(above).map(|s| s.put_artifact(&name, &blob)) {
                             tracing::warn!(target: "aotgrad::cache", "could not copy a remote artifact: {e}");
                         }
                     }
                     return Ok(payload.to_vec());
                 }
-                Err((why, remove)) => {
-                    tracing::warn!(target: "aotgrad::cache", "rejected artifact {hash} in {}: {why}", store.describe());
-                    if t == 0 && remove {
-                        if let Err(e) = store.remove_artifact(hash) {
+                Err(why) => {
+                    tracing::warn!(target: "aotgrad::cache", "rejected artifact {name} in {}: {why}", store.describe());
+                    if t == 0 {
+                        if let Err(e) = store.remove_artifact(&name) {
                             tracing::warn!(target: "aotgrad::cache", "{e}");
                         }
                     }
@@ -405,29 +456,18 @@ impl Cache {
             Flavour::Referencing => {
                 let hash = blake3::hash(bytes).to_hex().to_string();
                 let blob = envelope::seal(Kind::Artifact, bytes, self.mac_key.as_ref());
-                let signed_there = || matches!(self.store.artifact(&hash), Ok(Some(b)) if envelope::is_signed(&b));
-                if self.mac_key.is_none() && signed_there() {
-                    tracing::info!(target: "aotgrad::cache", "left the signed artifact {hash} in place (no cache key here)");
-                    return Some(StoredArtifact::Referenced { hash, len: bytes.len() as u64 });
-                }
+                let name = self.artifact_name(&hash);
                 for t in 0..self.tiers() {
-                    if let Some(Err(e)) = self.tier(t).map(|s| s.put_artifact(&hash, &blob)) {
+                    if let Some(Err(e)) = self.tier(t).map(|s| s.put_artifact(&name, &blob)) {
                         failed.get_or_insert(e);
                     }
                 }
                 Some(StoredArtifact::Referenced { hash, len: bytes.len() as u64 })
             }
         });
-        let id = entry_id(&stored);
-        // A cache without the key does not replace an entry signed by one with it (it
-        // could not check it, which does not make it bad).
-        if self.mac_key.is_none() {
-            let held = self.store.entries(&key.hex).unwrap_or_default();
-            if held.iter().any(|(i, b)| *i == id && envelope::is_signed(b)) {
-                tracing::info!(target: "aotgrad::cache", "left the signed entry {}/{id} in place (no cache key here)", key.hex);
-                return Ok(());
-            }
-        }
+        // The id says whose entry it is: a cache with another key (or none) stores
+        // beside it and never replaces it.
+        let id = format!("{}{}", entry_id(&stored), self.suffix());
         let entry = StoredEntry { key: key.clone(), result: stored };
         let payload = codec::encode("cache entry", &entry)
             .map_err(|e| StoreError { store: self.store.describe(), msg: e.to_string() })?;
@@ -494,6 +534,7 @@ impl Cache {
             "ingredients": key.ingredients,
             "entries": entries,
             "rejected": found.rejected,
+            "skipped": found.skipped,
         }))
     }
 
@@ -518,10 +559,18 @@ fn graphs_json(graphs: &[Option<aotgrad_ir::codec::Bytes>; 5]) -> serde_json::Va
 }
 
 /// An entry's id within its key: a hash of its guards (a recompile with the same
-/// guards replaces it; different guards live side by side).
+/// guards replaces it; different guards live side by side), to which a signed cache
+/// adds `-<key id>`.
 fn entry_id(stored: &StoredResult) -> String {
     let h = blake3::hash(stored.meta.guard_expr().as_bytes()).to_hex();
     h[..32].to_string()
+}
+
+/// The public id of a MAC key: 12 hex digits of a keyed hash of a constant. It tells
+/// whose entry a file is without saying anything about the key (finding a key with a
+/// given id is a preimage search on blake3).
+fn key_id(key: &[u8; 32]) -> String {
+    blake3::keyed_hash(key, b"aotgrad cache key id").to_hex()[..12].to_string()
 }
 
 fn short(hex: &str) -> &str {
@@ -551,17 +600,30 @@ fn read_key_file(p: &std::path::Path) -> Result<Vec<u8>, String> {
     Ok(bytes)
 }
 
-/// Seal bundled results as a precompiled-function file (for deployment).
-pub fn encode_precompiled<T>(results: &[&AotResult<T>]) -> Result<Vec<u8>, String> {
-    let stored: Vec<StoredResult> = results.iter().map(|r| r.to_stored(|_| None)).collect();
-    let payload = codec::encode("precompiled function", &stored).map_err(|e| e.to_string())?;
-    Ok(envelope::seal(Kind::Precompiled, &payload, None))
+/// The MAC key the environment gives (`AOTGRAD_CACHE_KEY` or `AOTGRAD_CACHE_KEY_FILE`),
+/// the one a cache and precompiled files are signed with; `None` when neither is set.
+pub fn mac_key_from_env() -> Result<Option<[u8; 32]>, String> {
+    Ok(secret_from_env()?.map(|s| mac_key_from_secret(&s)))
 }
 
-/// Check and decode a precompiled-function file.
-pub fn decode_precompiled(bytes: &[u8]) -> Result<Vec<StoredResult>, String> {
-    let payload = envelope::open(bytes, Kind::Precompiled, None, false).map_err(|e| e.to_string())?;
-    codec::decode("precompiled function", payload).map_err(|e| e.to_string())
+/// Seal bundled results as a precompiled-function file (for deployment), signed with
+/// `key` when given.
+pub fn encode_precompiled<T>(results: &[&AotResult<T>], key: Option<&[u8; 32]>) -> Result<Vec<u8>, String> {
+    let stored: Vec<StoredResult> = results.iter().map(|r| r.to_stored(|_| None)).collect();
+    let payload = codec::encode("precompiled function", &stored).map_err(|e| e.to_string())?;
+    Ok(envelope::seal(Kind::Precompiled, &payload, key))
+}
+
+/// Check and decode a precompiled-function file: its envelope (with `key`, the file
+/// must be signed with it; without, a signed file is refused, since it cannot be
+/// checked), then every result's contents ([`StoredResult::validate`]).
+pub fn decode_precompiled(bytes: &[u8], key: Option<&[u8; 32]>) -> Result<Vec<StoredResult>, String> {
+    let payload = envelope::open(bytes, Kind::Precompiled, key, key.is_some()).map_err(|e| e.to_string())?;
+    let stored: Vec<StoredResult> = codec::decode("precompiled function", payload).map_err(|e| e.to_string())?;
+    for (i, r) in stored.iter().enumerate() {
+        r.validate().map_err(|e| format!("specialization {i} has inconsistent contents: {e}"))?;
+    }
+    Ok(stored)
 }
 
 #[cfg(test)]

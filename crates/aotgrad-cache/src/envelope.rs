@@ -104,8 +104,8 @@ pub fn seal(kind: Kind, payload: &[u8], key: Option<&[u8; 32]>) -> Vec<u8> {
 }
 
 /// Whether `bytes` carries an aotgrad header of this format version that says it is
-/// signed (nothing else about it is checked): what a cache without the key must not
-/// overwrite.
+/// signed (nothing else about it is checked; for tools and tests: a cache tells whose
+/// an entry is by its id, not by this flag).
 pub fn is_signed(bytes: &[u8]) -> bool {
     bytes.len() >= HEADER_LEN && &bytes[..8] == MAGIC && bytes[8..12] == FORMAT_VERSION.to_le_bytes() && bytes[13] == 1
 }

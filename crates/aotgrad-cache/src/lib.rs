@@ -24,7 +24,9 @@ pub mod result;
 pub mod sig;
 pub mod store;
 
-pub use cache::{decode_precompiled, encode_precompiled, Cache, Candidate, Flavour, Lookup, StoredEntry};
+pub use cache::{
+    decode_precompiled, encode_precompiled, mac_key_from_env, Cache, Candidate, Flavour, Lookup, StoredEntry,
+};
 pub use key::{CacheKey, KeyBuilder, FORMAT_VERSION};
 pub use redis_store::RedisStore;
 pub use result::{
@@ -32,4 +34,4 @@ pub use result::{
     StoredResult, TrainingMeta,
 };
 pub use sig::{ArgSig, CallSig, Leafness};
-pub use store::{BlobInfo, DiskStore, Store, StoreError};
+pub use store::{read_regular_file, BlobInfo, DiskStore, Store, StoreError, MAX_BLOB_BYTES};

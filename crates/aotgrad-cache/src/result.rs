@@ -389,3 +389,257 @@ impl<T> AotResult<T> {
         Ok(AotResult { meta: stored.meta, forward, backward, graphs })
     }
 }
+
+/// The largest rank a stored tensor's metadata may have (far above any real tensor;
+/// the bound keeps a forged one from making loops and allocations over its dims huge).
+const MAX_STORED_RANK: usize = 64;
+
+/// Why a decoded result is not self-consistent.
+fn bad(msg: impl Into<String>) -> String {
+    msg.into()
+}
+
+fn check_meta(what: &str, m: &TensorMeta) -> Result<(), String> {
+    if m.shape.len() != m.strides.len() {
+        return Err(bad(format!("{what}: {} sizes but {} strides", m.shape.len(), m.strides.len())));
+    }
+    if m.shape.len() > MAX_STORED_RANK {
+        return Err(bad(format!("{what}: rank {} (at most {MAX_STORED_RANK})", m.shape.len())));
+    }
+    if let Some(d) = m.shape.iter().find(|d| matches!(d, aotgrad_ir::Dim::Const(v) if *v < 0)) {
+        return Err(bad(format!("{what}: negative size {d}")));
+    }
+    if matches!(m.offset, aotgrad_ir::Dim::Const(v) if v < 0) {
+        return Err(bad(format!("{what}: negative storage offset {}", m.offset)));
+    }
+    // The runtime makes contiguous layouts of these (tangents, gradients).
+    if aotgrad_ir::meta::checked_contiguous_strides(&m.shape).is_none() {
+        return Err(bad(format!("{what}: the sizes {} have no strides that fit", aotgrad_ir::DimList(&m.shape))));
+    }
+    Ok(())
+}
+
+fn check_index(what: &str, i: usize, len: usize) -> Result<(), String> {
+    if i >= len {
+        return Err(bad(format!("{what} {i} is out of range (there are {len})")));
+    }
+    Ok(())
+}
+
+impl ResultMeta {
+    /// Check that the metadata is self-consistent: every index in range, every count
+    /// in agreement with what it counts, every reference acyclic. The runtime indexes
+    /// with these fields without checking again, so a result read from anywhere (a
+    /// cache entry, a precompiled file) passes this before anything uses it; a fresh
+    /// compile's metadata always does.
+    pub fn validate(&self) -> Result<(), String> {
+        use aotgrad_meta::{ArgSlot, OutputKind};
+        let n_args = self.sig.args.len();
+        let n_traced = self.convention.args.len();
+        let n_user = self.traced_args.len();
+        let n_graph = self.graph_inputs;
+        let n_out = self.meta.outputs.len();
+        // (Counted with care: the counts are the bytes' word.)
+        let n_graph_out = self
+            .meta
+            .mutated_inputs
+            .len()
+            .checked_add(n_out)
+            .and_then(|n| n.checked_add(self.meta.num_intermediate_bases))
+            .ok_or_else(|| bad("the graph output counts overflow"))?;
+        // Arguments to traced inputs.
+        if self.slot_of_arg.len() != n_args {
+            return Err(bad(format!("{} argument slots for {n_args} arguments", self.slot_of_arg.len())));
+        }
+        if n_user > n_traced {
+            return Err(bad(format!("{n_user} tensor arguments but {n_traced} traced inputs")));
+        }
+        for (k, &i) in self.traced_args.iter().enumerate() {
+            check_index("traced input's argument", i, n_args)?;
+            if !matches!(self.sig.args[i], crate::sig::ArgSig::Tensor { .. }) {
+                return Err(bad(format!("traced input {k} is argument {i}, which is not a tensor")));
+            }
+            if self.slot_of_arg[i] != Some(k) {
+                return Err(bad(format!(
+                    "argument {i} is traced input {k}, but its slot says {:?}",
+                    self.slot_of_arg[i]
+                )));
+            }
+        }
+        for (i, s) in self.slot_of_arg.iter().enumerate() {
+            if let Some(k) = *s {
+                check_index(&format!("argument {i}'s traced input"), k, n_user)?;
+            }
+        }
+        if self.input_metas.len() != n_traced || self.meta.inputs.len() != n_traced {
+            return Err(bad(format!(
+                "{n_traced} traced inputs, but {} input metadata and {} input infos",
+                self.input_metas.len(),
+                self.meta.inputs.len()
+            )));
+        }
+        for (k, m) in self.input_metas.iter().enumerate() {
+            check_meta(&format!("traced input {k}"), m)?;
+        }
+        if let Some(r) = &self.rng {
+            for (what, k) in [("seed", r.seed_input), ("generator offset", r.base_input)] {
+                if k < n_user || k >= n_traced {
+                    return Err(bad(format!("the random generator's {what} input {k} is not an added traced input")));
+                }
+            }
+            if r.seed_input == r.base_input {
+                return Err(bad("the random generator's seed and offset share an input"));
+            }
+        }
+        // Traced inputs to graph inputs: each graph input set exactly once.
+        let conv = &self.convention;
+        if conv.num_graph_inputs != n_graph || n_graph > n_traced {
+            return Err(bad(format!(
+                "{n_graph} graph inputs (the convention says {}) for {n_traced} traced inputs",
+                conv.num_graph_inputs
+            )));
+        }
+        let mut set = vec![false; n_graph];
+        let mut claim = |g: usize, what: String| -> Result<(), String> {
+            check_index(&what, g, n_graph)?;
+            if std::mem::replace(&mut set[g], true) {
+                return Err(bad(format!("{what}: graph input {g} is given twice")));
+            }
+            Ok(())
+        };
+        for (k, slot) in conv.args.iter().enumerate() {
+            match slot {
+                ArgSlot::Input(g) => claim(*g, format!("traced input {k}'s graph input"))?,
+                ArgSlot::ViewOfBase { base } => {
+                    check_index(&format!("traced input {k}'s synthetic base"), *base, conv.bases.len())?;
+                    if !conv.bases[*base].members.contains(&k) {
+                        return Err(bad(format!("traced input {k} views base {base}, which does not list it")));
+                    }
+                }
+            }
+        }
+        for (b, base) in conv.bases.iter().enumerate() {
+            claim(base.input, format!("synthetic base {b}'s graph input"))?;
+            if base.members.is_empty() {
+                return Err(bad(format!("synthetic base {b} has no members")));
+            }
+            for &k in &base.members {
+                check_index(&format!("synthetic base {b}'s member"), k, n_traced)?;
+                if conv.args[k] != (ArgSlot::ViewOfBase { base: b }) {
+                    return Err(bad(format!("synthetic base {b} lists traced input {k}, which is not its view")));
+                }
+            }
+            if base.offset.checked_add(base.len).is_none_or(|end| i64::try_from(end).is_err()) {
+                return Err(bad(format!("synthetic base {b}'s storage range overflows")));
+            }
+        }
+        if let Some(g) = set.iter().position(|s| !s) {
+            return Err(bad(format!("graph input {g} is given by no traced input")));
+        }
+        // Side effects and outputs.
+        let vm = &self.meta;
+        for (k, info) in vm.inputs.iter().enumerate() {
+            if info.final_meta.is_some() != info.mutates_metadata {
+                return Err(bad(format!("traced input {k}: a final metadata exactly when its metadata changes")));
+            }
+            if let Some(m) = &info.final_meta {
+                check_index("a traced input with new metadata", k, n_user)?;
+                check_meta(&format!("traced input {k}'s new metadata"), m)?;
+            }
+        }
+        for &g in &vm.mutated_inputs {
+            check_index("mutated graph input", g, n_graph)?;
+        }
+        for (j, o) in vm.outputs.iter().enumerate() {
+            check_meta(&format!("output {j}"), &o.meta)?;
+            match o.kind {
+                OutputKind::NonAlias => {}
+                OutputKind::IsInput(k) | OutputKind::AliasOfInput(k) => {
+                    check_index(&format!("output {j}'s input"), k, n_user)?
+                }
+                OutputKind::AliasOfIntermediate(b) => {
+                    check_index(&format!("output {j}'s intermediate base"), b, vm.num_intermediate_bases)?
+                }
+                OutputKind::AliasOfOutput(o2) | OutputKind::SameAs(o2) => {
+                    check_index(&format!("output {j}'s output"), o2, n_out)?;
+                    // The epilogue makes these after the outputs of other kinds, in
+                    // order: one that refers to another of them refers to an earlier
+                    // one (so references never form a cycle).
+                    let second = matches!(vm.outputs[o2].kind, OutputKind::AliasOfOutput(_) | OutputKind::SameAs(_));
+                    if second && o2 >= j {
+                        return Err(bad(format!("output {j} refers to output {o2}, which is not made before it")));
+                    }
+                }
+            }
+        }
+        if self.graph_output_metas.len() != n_graph_out {
+            return Err(bad(format!(
+                "{} graph output metadata for {n_graph_out} graph outputs",
+                self.graph_output_metas.len()
+            )));
+        }
+        for (go, m) in self.graph_output_metas.iter().enumerate() {
+            check_meta(&format!("graph output {go}"), m)?;
+        }
+        // Each user output is also a graph output (aliases too, so that backends see
+        // the view ops): the tensor the epilogue returns has that output's shape.
+        for (j, o) in vm.outputs.iter().enumerate() {
+            let g = &self.graph_output_metas[vm.user_output_index(j)];
+            if g.shape != o.meta.shape || g.dtype != o.meta.dtype {
+                return Err(bad(format!("output {j} is {}, but its graph output is {g}", o.meta)));
+            }
+        }
+        let tensors = self.output_layout.iter().filter(|s| matches!(s, OutputSlot::Tensor)).count();
+        if tensors != n_out {
+            return Err(bad(format!("the output layout has {tensors} tensors for {n_out} outputs")));
+        }
+        for &k in &self.made_requires_grad {
+            check_index("input made to require grad", k, n_user)?;
+        }
+        for &(k, _) in &self.version_bumps {
+            check_index("input with a version bump", k, n_user)?;
+        }
+        for e in &self.backward_errors {
+            for &o in &e.outputs {
+                check_index("backward error's output", o, n_out)?;
+            }
+            for &k in &e.inputs {
+                check_index("backward error's input", k, n_traced)?;
+            }
+        }
+        if let Some(t) = &self.training {
+            if t.num_fw_outputs != n_graph_out {
+                return Err(bad(format!("{} forward outputs for {n_graph_out} graph outputs", t.num_fw_outputs)));
+            }
+            if t.num_primals != n_graph || t.num_tangents != t.tangent_outputs.len() {
+                return Err(bad(format!(
+                    "the joint graph's {} primals and {} tangents do not match {n_graph} graph inputs and {} \
+                     tangent outputs",
+                    t.num_primals,
+                    t.num_tangents,
+                    t.tangent_outputs.len()
+                )));
+            }
+            for &go in &t.tangent_outputs {
+                check_index("tangent output", go, n_graph_out)?;
+            }
+            for &g in &t.grad_primals {
+                check_index("graph input with a gradient", g, n_graph)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl StoredResult {
+    /// Check a decoded result before anything uses it: its metadata
+    /// ([`ResultMeta::validate`]) and its shape (a training result has a backward
+    /// artifact, an inference result none). The artifacts are checked against the
+    /// metadata when the backend loads them (see the runtime's `Entry::instantiate`).
+    pub fn validate(&self) -> Result<(), String> {
+        if self.meta.training.is_some() != self.backward.is_some() {
+            return Err(bad("a training result needs a backward artifact and an inference result has none"));
+        }
+        self.meta.validate()
+    }
+}

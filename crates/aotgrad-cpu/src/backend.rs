@@ -46,4 +46,7 @@ impl CompiledGraph<CpuTensor> for InterpretedGraph {
     fn serialize(&self) -> Vec<u8> {
         print_graph(&self.graph).into_bytes()
     }
+    fn signature(&self) -> Option<(Vec<aotgrad_ir::TensorMeta>, usize)> {
+        Some((self.graph.inputs.iter().map(|i| i.meta.clone()).collect(), self.graph.outputs.len()))
+    }
 }

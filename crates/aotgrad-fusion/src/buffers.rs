@@ -102,10 +102,12 @@ pub fn plan_slots(plan: &KernelPlan, extents: &[usize]) -> SlotPlan {
                 if let Some(d) = buf.def {
                     defs.push((d, b));
                     ends.push((buf.last_use.unwrap_or(d).max(d) + 1, b));
-                    unshared += extents[b] * buf.layout.dtype.size_bytes();
+                    unshared = unshared.saturating_add(extents[b].saturating_mul(buf.layout.dtype.size_bytes()));
                 }
             }
-            BufferKind::Output => output_bytes += extents[b] * buf.layout.dtype.size_bytes(),
+            BufferKind::Output => {
+                output_bytes = output_bytes.saturating_add(extents[b].saturating_mul(buf.layout.dtype.size_bytes()))
+            }
             _ => {}
         }
     }
@@ -142,7 +144,7 @@ pub fn plan_slots(plan: &KernelPlan, extents: &[usize]) -> SlotPlan {
             slot_of[b] = Some(s);
         }
     }
-    let arena_bytes = slots.iter().map(|s| s.elems * s.dtype.size_bytes()).sum();
+    let arena_bytes = slots.iter().fold(0usize, |t, s| t.saturating_add(s.elems.saturating_mul(s.dtype.size_bytes())));
     SlotPlan { slot_of, slots, arena_bytes, output_bytes, unshared_bytes: unshared }
 }
 

@@ -25,6 +25,7 @@ mod classify;
 mod group;
 mod plan;
 mod print;
+mod validate;
 mod wire;
 
 pub use buffers::{extent, plan_slots, Slot, SlotPlan};

@@ -118,4 +118,13 @@ pub trait CompiledGraph<T>: Send + Sync {
     }
     /// The artifact as bytes, for an on-disk cache.
     fn serialize(&self) -> Vec<u8>;
+    /// The metadata of the inputs the graph takes and the number of outputs it
+    /// returns, when the backend can say (every aotgrad backend can; the default says
+    /// nothing). A stored result's artifacts are checked against the metadata that
+    /// calls them before they are used: an artifact that takes other inputs or
+    /// returns another count is rejected at load, not met as an error in the middle of
+    /// a call.
+    fn signature(&self) -> Option<(Vec<TensorMeta>, usize)> {
+        None
+    }
 }

@@ -49,40 +49,54 @@ fn concrete_dims(m: &TensorMeta) -> (Vec<usize>, Vec<usize>, usize) {
     (m.concrete_shape().unwrap_or_default(), m.concrete_strides().unwrap_or_default(), m.concrete_offset().unwrap_or(0))
 }
 
-/// The storage position of every element of a concrete layout, in row-major order.
-fn positions(m: &TensorMeta) -> Vec<usize> {
+/// The storage position of every element of a concrete layout, in row-major order
+/// (an error when a position overflows: a layout no tensor has, read from a damaged
+/// or forged result).
+fn positions(m: &TensorMeta) -> Result<Vec<usize>> {
     let (shape, strides, offset) = concrete_dims(m);
-    let n: usize = shape.iter().product();
+    let overflow = || Error::Cache(format!("the layout {m} addresses elements past any storage"));
+    let n = shape.iter().try_fold(1usize, |n, &s| n.checked_mul(s)).ok_or_else(overflow)?;
     let mut out = Vec::with_capacity(n);
     for e in 0..n {
         let (mut rest, mut pos) = (e, offset);
         for d in (0..shape.len()).rev() {
-            pos += (rest % shape[d]) * strides[d];
+            pos = (rest % shape[d]).checked_mul(strides[d]).and_then(|x| pos.checked_add(x)).ok_or_else(overflow)?;
             rest /= shape[d];
         }
         out.push(pos);
     }
-    out
+    Ok(out)
 }
 
 /// Move gradient `g`, laid out as view `view` of a storage, to layout `target` of the
 /// same storage: element `e` of the result is the sum of `g` over the elements of
 /// `view` at `target[e]`'s storage position (0 where `view` does not reach). This is
 /// the transpose of reading `view` off a storage laid out as `target`, overlaps and
-/// repeated elements included.
+/// repeated elements included. Positions are summed in a dense image of the range
+/// both cover, or by position where that range is sparse (views far apart in a large
+/// storage).
 fn storage_scatter(g: &Tensor, view: &TensorMeta, target: &TensorMeta) -> Result<Tensor> {
     let values = g.to_vec_f64()?;
-    let (vp, tp) = (positions(view), positions(target));
-    if values.len() != vp.len() {
+    let numel = view.concrete_shape().and_then(|s| s.iter().try_fold(1usize, |n, &d| n.checked_mul(d)));
+    if numel != Some(values.len()) {
         return Err(Error::Internal(format!("gradient of {} values for view {view}", values.len())));
     }
+    let (vp, tp) = (positions(view)?, positions(target)?);
     let lo = vp.iter().chain(&tp).copied().min().unwrap_or(0);
     let hi = vp.iter().chain(&tp).copied().max().map_or(0, |m| m + 1);
-    let mut image = vec![0.0; hi - lo];
-    for (p, x) in vp.iter().zip(&values) {
-        image[p - lo] += x;
-    }
-    let out: Vec<f64> = tp.iter().map(|p| image[p - lo]).collect();
+    let out: Vec<f64> = if hi - lo <= 4 * (vp.len() + tp.len()) + 64 {
+        let mut image = vec![0.0; hi - lo];
+        for (p, x) in vp.iter().zip(&values) {
+            image[p - lo] += x;
+        }
+        tp.iter().map(|p| image[p - lo]).collect()
+    } else {
+        let mut image: std::collections::HashMap<usize, f64> = std::collections::HashMap::new();
+        for (p, x) in vp.iter().zip(&values) {
+            *image.entry(*p).or_insert(0.0) += x;
+        }
+        tp.iter().map(|p| image.get(p).copied().unwrap_or(0.0)).collect()
+    };
     Ok(Tensor::from_f64(&out, &target.concrete_shape().unwrap_or_default(), g.dtype())?)
 }
 
@@ -390,7 +404,7 @@ impl PendingBackward {
             // member reads its elements back.
             let mut image: std::collections::HashMap<usize, f64> = std::collections::HashMap::new();
             let mut scatter = |g: &Tensor, m: &TensorMeta| -> Result<()> {
-                for (p, v) in positions(m).into_iter().zip(g.to_vec_f64()?) {
+                for (p, v) in positions(m)?.into_iter().zip(g.to_vec_f64()?) {
                     *image.entry(p).or_insert(0.0) += v;
                 }
                 Ok(())
@@ -423,7 +437,7 @@ impl PendingBackward {
             for &k in members {
                 if meta.inputs[k].requires_grad {
                     let m = &self.input_metas[k];
-                    let pos = positions(m);
+                    let pos = positions(m)?;
                     let mine: std::collections::HashSet<usize> =
                         pos.iter().copied().filter(|p| !owned.contains(p)).collect();
                     let vals: Vec<f64> = pos

@@ -24,12 +24,15 @@ pub struct CacheStats {
     pub guard_misses: u64,
     /// Specializations compiled without consulting the cache, with why.
     pub bypasses: u64,
-    /// Stored entries rejected as corrupt, truncated, foreign, wrongly signed or from
-    /// another version, or whose artifacts or backend load failed. A local one was
-    /// removed, or overwritten by the recompile's entry; a remote one is left to its
-    /// TTL and to the entry this process writes; one signed with a key this process
-    /// lacks is left in place.
+    /// Stored entries rejected as corrupt, truncated, foreign, wrongly signed,
+    /// inconsistent or from another version, or whose artifacts or backend load
+    /// failed. A local one was removed, or overwritten by the recompile's entry; a
+    /// remote one is left to its TTL and to the entry this process writes.
     pub rejected: u64,
+    /// Stored entries written with another cache key (or, for a signed cache,
+    /// without one): not checked or used here, and left in place for the processes
+    /// that hold their key (this process stores its own beside them).
+    pub skipped: u64,
     /// Failed cache writes (the compiled result is used all the same).
     pub write_errors: u64,
     /// Why each miss, guard miss, bypass, rejection and write error happened, in order.
@@ -106,14 +109,23 @@ impl CacheState {
         let mut any = false;
         // Entries under the key that were found but could not be used.
         let mut unusable = 0usize;
+        // Entries under the key written with another cache key (or none).
+        let mut others = 0usize;
         let mut errors = Vec::new();
         for tier in 0..cache.tiers() {
             let found = cache.lookup_tier(tier, key);
             unusable += found.rejected.len();
+            others += found.skipped.len();
             for why in &found.rejected {
                 self.note(|s| {
                     s.rejected += 1;
                     format!("rejected {why}")
+                });
+            }
+            for why in &found.skipped {
+                self.note(|s| {
+                    s.skipped += 1;
+                    format!("skipped {why}")
                 });
             }
             if let Some(e) = found.error {
@@ -166,6 +178,12 @@ impl CacheState {
                 "miss: key {} is stored, but its {unusable} entr{} could not be used (rejected: see above)",
                 &key.hex[..16],
                 if unusable == 1 { "y" } else { "ies" }
+            )
+        } else if others > 0 {
+            format!(
+                "miss: key {} holds only entries written with another cache key (or without one); this process \
+                 stores its own beside them",
+                &key.hex[..16]
             )
         } else {
             format!("miss: key {} not stored; {}", &key.hex[..16], cache.explain_miss(key))

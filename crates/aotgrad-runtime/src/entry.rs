@@ -66,12 +66,30 @@ impl Entry {
                 )));
             }
         }
+        // A stored result is checked before anything indexes with its numbers; a
+        // fresh one too in debug builds, so that the test suite holds every result the
+        // compiler makes to the rules a stored one must pass.
+        let check = source != EntrySource::Compiled || cfg!(debug_assertions);
+        if check {
+            m.validate().map_err(|e| match source {
+                EntrySource::Compiled => Error::Internal(format!("a fresh result fails the stored-result check: {e}")),
+                _ => Error::Cache(format!("inconsistent result: {e}")),
+            })?;
+        }
         let fw = result.forward.load(backend)?;
         let (compiled, training) = match (&m.training, &result.backward) {
             (Some(_), Some(bw)) => (None, Some(TrainingParts { fw, bw: bw.load(backend)? })),
             (None, None) => (Some(fw), None),
             _ => return Err(Error::Cache("a training result needs exactly one backward artifact".into())),
         };
+        if check {
+            check_artifacts(m, compiled.as_ref(), training.as_ref()).map_err(|e| match (source, e) {
+                (EntrySource::Compiled, e) => {
+                    Error::Internal(format!("a fresh result fails the stored-result check: {e}"))
+                }
+                (_, e) => e,
+            })?;
+        }
         Ok(Entry { result, compiled, training, source })
     }
 
@@ -123,6 +141,63 @@ impl CompileReport {
     pub fn total_seconds(&self) -> f64 {
         self.stages.iter().map(|(_, s)| s).sum()
     }
+}
+
+/// Check a loaded result's artifacts against the metadata that calls them: each takes
+/// the inputs the runtime will give it (metadata equal to what the calling convention
+/// and the partition record) and returns as many outputs as the runtime reads.
+fn check_artifacts(
+    m: &ResultMeta,
+    compiled: Option<&Arc<dyn CompiledGraph<CpuTensor>>>,
+    training: Option<&TrainingParts>,
+) -> Result<()> {
+    let check = |what: &str, g: &Arc<dyn CompiledGraph<CpuTensor>>, inputs: &[TensorMeta], outputs: usize| {
+        let Some((have, n)) = g.signature() else { return Ok(()) };
+        let why = if have.len() != inputs.len() {
+            format!("takes {} inputs, and its metadata gives it {}", have.len(), inputs.len())
+        } else if let Some(i) = (0..have.len()).find(|&i| have[i] != inputs[i]) {
+            format!("takes input {i} as {}, and its metadata gives it {}", have[i], inputs[i])
+        } else if n != outputs {
+            format!("returns {n} outputs, and its metadata reads {outputs}")
+        } else {
+            return Ok(());
+        };
+        Err(Error::Cache(format!("inconsistent result: the {what} artifact {why}")))
+    };
+    // The graph inputs, as the runtime makes them (see `bind::graph_inputs`).
+    let conv = &m.convention;
+    let mut graph_inputs: Vec<Option<TensorMeta>> = vec![None; m.graph_inputs];
+    for (k, slot) in conv.args.iter().enumerate() {
+        if let (aotgrad_meta::ArgSlot::Input(g), Some(meta)) = (slot, m.input_metas.get(k)) {
+            if let Some(s) = graph_inputs.get_mut(*g) {
+                *s = Some(meta.clone());
+            }
+        }
+    }
+    for b in &conv.bases {
+        let dtype = b.members.first().and_then(|&k| m.input_metas.get(k)).map(|t| t.dtype);
+        if let (Some(s), Some(dtype)) = (graph_inputs.get_mut(b.input), dtype) {
+            *s = Some(b.meta(dtype));
+        }
+    }
+    let graph_inputs: Vec<TensorMeta> = graph_inputs
+        .into_iter()
+        .collect::<Option<_>>()
+        .ok_or_else(|| Error::Cache("inconsistent result: a graph input is given by no traced input".into()))?;
+    let graph_outputs = m.meta.num_graph_outputs();
+    if let Some(c) = compiled {
+        check("inference", c, &graph_inputs, graph_outputs)?;
+    }
+    if let (Some(t), Some(tm)) = (training, &m.training) {
+        let saved: Vec<TensorMeta> = tm.partition.saved.iter().map(|(_, meta, _)| meta.clone()).collect();
+        check("forward", &t.fw, &graph_inputs, tm.num_fw_outputs + saved.len())?;
+        let mut bw_inputs = saved;
+        for &go in &tm.tangent_outputs {
+            bw_inputs.extend(m.graph_output_metas.get(go).map(TensorMeta::to_contiguous));
+        }
+        check("backward", &t.bw, &bw_inputs, tm.grad_primals.len())?;
+    }
+    Ok(())
 }
 
 /// The runnable training graphs of one entry.

@@ -448,7 +448,9 @@ impl AotFunction {
 
     /// Save every specialization compiled so far as one bundled, checksummed file that
     /// [`AotFunction::load_precompiled`] turns back into a callable in another
-    /// process, without the user's function (deployment).
+    /// process, without the user's function (deployment). With a cache key in the
+    /// environment (`AOTGRAD_CACHE_KEY` or `AOTGRAD_CACHE_KEY_FILE`, as for the cache)
+    /// the file is signed with it, and only a process holding the key loads it.
     pub fn save_precompiled(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         let entries = self.lock_entries();
@@ -463,7 +465,8 @@ impl AotFunction {
                 r.meta.backend
             )));
         }
-        let bytes = aotgrad_cache::encode_precompiled(&results).map_err(Error::Cache)?;
+        let key = aotgrad_cache::mac_key_from_env().map_err(Error::Cache)?;
+        let bytes = aotgrad_cache::encode_precompiled(&results, key.as_ref()).map_err(Error::Cache)?;
         let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
         std::fs::write(&tmp, &bytes)
             .and_then(|()| std::fs::rename(&tmp, path))
@@ -474,11 +477,15 @@ impl AotFunction {
     /// runs the saved specializations with `config`'s backend, which must match the
     /// one that compiled them (name, artifact format, target features, version). A
     /// call that no saved specialization accepts is an error (there is nothing to
-    /// trace).
+    /// trace). With a cache key in the environment the file must be signed with it;
+    /// without one, a signed file is refused (it cannot be checked). Every result is
+    /// checked for consistency, and its artifacts against it, before it is used.
     pub fn load_precompiled(path: impl AsRef<Path>, config: AotConfig) -> Result<AotFunction> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|e| Error::Cache(format!("cannot read {}: {e}", path.display())))?;
-        let stored = aotgrad_cache::decode_precompiled(&bytes)
+        let bytes = aotgrad_cache::read_regular_file(path, aotgrad_cache::MAX_BLOB_BYTES)
+            .map_err(|e| Error::Cache(format!("cannot read {}: {e}", path.display())))?;
+        let key = aotgrad_cache::mac_key_from_env().map_err(Error::Cache)?;
+        let stored = aotgrad_cache::decode_precompiled(&bytes, key.as_ref())
             .map_err(|e| Error::Cache(format!("{} is not a usable precompiled function: {e}", path.display())))?;
         let mut entries = Vec::with_capacity(stored.len());
         let mut arity = None;

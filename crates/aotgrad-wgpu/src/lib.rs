@@ -113,9 +113,6 @@ impl Backend<CpuTensor> for WgpuBackend {
     fn deserialize(&self, bytes: &[u8]) -> Result<Box<dyn CompiledGraph<CpuTensor>>, BackendError> {
         Ok(Box::new(WgpuCompiledGraph::from_untrusted(bytes).map_err(backend_err)?))
     }
-    fn load_verified(&self, bytes: &[u8]) -> Result<Box<dyn CompiledGraph<CpuTensor>>, BackendError> {
-        Ok(Box::new(WgpuCompiledGraph::from_trusted(bytes).map_err(backend_err)?))
-    }
     fn cache_identity(&self) -> Option<String> {
         // The artifact's shaders were generated for this adapter (and its features): a
         // different adapter compiles afresh.

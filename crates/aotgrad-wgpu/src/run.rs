@@ -32,9 +32,12 @@ pub const ARTIFACT_FORMAT: &str = "aotgrad-wgpu/4";
 /// graph's text, the adapter features its kernels need, and for a static planned
 /// graph its kernel plan, the WGSL sources with their launch plan (steps in order:
 /// entry point, bindings, workgroups; host steps), and the buffer plan.
-/// [`aotgrad_ir::Backend::deserialize`] plans the graph again and rejects an artifact
-/// whose stored plan differs; [`aotgrad_ir::Backend::load_verified`] (a checked cache
-/// entry) creates the pipelines from the stored sources without planning or lowering.
+/// Loading it ([`aotgrad_ir::Backend::deserialize`], and `load_verified` too: a checked
+/// cache entry is no exception) plans the graph again and rejects an artifact whose
+/// stored plan and shaders differ: WGSL goes to the GPU driver, so stored shader text
+/// is never trusted, and a checksum only says that nobody changed the bytes by
+/// accident (an unsigned cache's writer can recompute it). Planning is a small part
+/// of a load next to creating the pipelines.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct WgpuArtifact {
     /// [`ARTIFACT_FORMAT`].
@@ -149,41 +152,6 @@ impl WgpuCompiledGraph {
             });
         }
         Ok(fresh)
-    }
-
-    /// Rebuild from a checked cache entry: a static graph's pipelines come from the
-    /// stored WGSL, with no planning or lowering (the features they need are checked
-    /// against the adapter).
-    pub(crate) fn from_trusted(bytes: &[u8]) -> Result<WgpuCompiledGraph, WgpuError> {
-        let a = Self::decode_artifact(bytes)?;
-        let graph = aotgrad_ir::text::parse_graph(&a.graph).map_err(|e| WgpuError::Unsupported {
-            what: "artifact".into(),
-            reason: format!("its graph does not parse: {e}"),
-        })?;
-        let Some(k) = a.kernels else {
-            return WgpuCompiledGraph::new(graph);
-        };
-        let g = gpu()?;
-        for f in &a.features {
-            let has = match f.as_str() {
-                "shader-f16" => g.summary.shader_f16,
-                _ => false,
-            };
-            if !has {
-                return Err(WgpuError::Unsupported {
-                    what: "artifact".into(),
-                    reason: format!("its kernels need the adapter feature {f}, which {} lacks", g.summary.name),
-                });
-            }
-        }
-        let inst = Instance::from_lowered(g, k.plan.clone(), k.steps, Some(k.slots))?;
-        Ok(WgpuCompiledGraph {
-            graph,
-            plan: Some(k.plan),
-            fallback: None,
-            fixed: Some(Arc::new(inst)),
-            by_binding: Mutex::new(HashMap::new()),
-        })
     }
 
     /// Why the graph runs on the reference interpreter, when it does.
@@ -478,6 +446,9 @@ fn run_steps(gpu: &Gpu, inst: &Instance, arena: &Arena, inputs: &[CpuTensor]) ->
 }
 
 impl CompiledGraph<CpuTensor> for WgpuCompiledGraph {
+    fn signature(&self) -> Option<(Vec<aotgrad_ir::TensorMeta>, usize)> {
+        Some((self.graph.inputs.iter().map(|i| i.meta.clone()).collect(), self.graph.outputs.len()))
+    }
     fn run_with_symbols(&self, inputs: &[CpuTensor], symbols: &[(SymId, i64)]) -> Result<Vec<CpuTensor>, BackendError> {
         if self.plan.is_none() {
             return aotgrad_cpu::interpret_with_symbols(&self.graph, inputs, symbols).map_err(backend_err);

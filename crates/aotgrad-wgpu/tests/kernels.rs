@@ -300,8 +300,8 @@ fn artifacts_hold_the_wgsl_launch_and_buffer_plans_and_reload() {
     let bytes = c.serialize();
     let ins: Vec<_> = g.inputs.iter().enumerate().map(|(i, x)| tensor_for(&x.meta, i as f64, false)).collect();
     let want = c.run(&ins).unwrap()[0].to_vec_f64();
-    // A checked cache entry: pipelines from the stored sources; an untrusted one:
-    // planned again and compared with what it stores.
+    // Bytes from a checked cache entry and bytes from anywhere alike: planned again
+    // and compared with what they store.
     for loaded in [WgpuBackend::new().load_verified(&bytes).unwrap(), WgpuBackend::new().deserialize(&bytes).unwrap()] {
         assert_eq!(loaded.run(&ins).unwrap()[0].to_vec_f64(), want);
         assert_eq!(loaded.serialize(), bytes, "a loaded graph saves the same artifact");
@@ -315,8 +315,9 @@ fn artifacts_hold_the_wgsl_launch_and_buffer_plans_and_reload() {
         Ok(_) => panic!("loaded"),
         Err(e) => e.to_string(),
     };
-    let e = err(WgpuBackend::new().deserialize(&forged));
-    assert!(e.contains("stored kernels differ"), "{e}");
+    for e in [err(WgpuBackend::new().deserialize(&forged)), err(WgpuBackend::new().load_verified(&forged))] {
+        assert!(e.contains("stored kernels differ"), "{e}");
+    }
     // Another format, or bytes that are no artifact: clear errors.
     let mut old = a.clone();
     old.format = "aotgrad-wgpu/1".into();

@@ -121,22 +121,29 @@ fn an_entry_without_the_fleet_key_is_rejected_never_run() {
     let Some(server) = RedisServer::start() else { return };
     let (_a_dir, a) = machine(&server, "alpha");
     let want = run(&function(&a));
+    let store = server.store(3600);
+    let keys = store.keys().expect("keys");
+    let key = keys.first().expect("a key");
+    let alpha_ids: Vec<String> = store.entries(&key.hex).expect("entries").into_iter().map(|(id, _)| id).collect();
+    // Another key's entry is never checked or run, nor deleted: beta stores its own.
     let (_b_dir, b) = machine(&server, "beta");
     let f = function(&b);
     assert_eq!(run(&f), want);
     let s = f.cache_stats();
-    assert_eq!((s.hits, s.rejected), (0, 1), "{s:?}");
-    assert!(s.reasons.iter().any(|r| r.contains("MAC mismatch")), "{s:?}");
-    // A forged, unsigned entry written straight into Redis under a real key.
-    let store = server.store(3600);
-    let keys = store.keys().expect("keys");
-    let key = keys.first().expect("a key");
+    assert_eq!((s.hits, s.rejected, s.skipped), (0, 0, 1), "{s:?}");
+    assert!(s.reasons.iter().any(|r| r.contains("written with another cache key")), "{s:?}");
+    let held = store.entries(&key.hex).expect("entries");
+    assert_eq!(held.len(), 2, "alpha's entry and beta's");
+    let beta_id = held.iter().map(|(id, _)| id.clone()).find(|id| !alpha_ids.contains(id)).expect("beta's id");
+    // A forged, unsigned entry written straight into Redis in place of beta's.
     let forged = envelope::seal(envelope::Kind::Entry, b"not even an entry", None);
-    store.put_entry(key, "forged", &forged).expect("write");
+    store.put_entry(key, &beta_id, &forged).expect("write");
     let (_c_dir, c) = machine(&server, "beta");
     let g = function(&c);
     assert_eq!(run(&g), want);
-    assert!(g.cache_stats().reasons.iter().any(|r| r.contains("not signed")), "{:?}", g.cache_stats());
+    let s = g.cache_stats();
+    assert_eq!((s.hits, s.rejected), (0, 1), "{s:?}");
+    assert!(s.reasons.iter().any(|r| r.contains("not signed")), "{s:?}");
 }
 
 #[test]

@@ -278,10 +278,52 @@ impl Lowered {
             if c.need[b] > cap {
                 return Err(bad(format!("accesses of buffer b{b} reach {} of its {cap} elements", c.need[b])));
             }
+            // Memory the plan allocates is memory its kernels use: a buffer in the
+            // arena or handed out is no larger than what they touch (so a stored plan
+            // cannot ask for gigabytes that nothing reads or writes).
+            if matches!(loc, Loc::Slot(_) | Loc::Output(_)) && self.extents[b] > c.need[b] {
+                return Err(bad(format!(
+                    "buffer b{b} has {} elements, of which its kernels touch {}",
+                    self.extents[b], c.need[b]
+                )));
+            }
         }
-        for (b, _) in &self.outputs {
+        for (b, meta) in &self.outputs {
             if *b >= nb {
                 return Err(bad(format!("output buffer b{b} does not exist")));
+            }
+            if meta.dtype != self.dtypes[*b] {
+                return Err(bad(format!("output buffer b{b} of {:?} is viewed as {:?}", self.dtypes[*b], meta.dtype)));
+            }
+            // The output's view lies inside its buffer.
+            let cap = match self.loc[*b] {
+                Loc::Input(i) | Loc::Updated(i) => self.input_need.get(i).copied(),
+                Loc::Output(o) => self.out_bufs.get(o).map(|o| o.1),
+                Loc::Extern => Some(self.extents[*b]),
+                Loc::Slot(_) => None,
+            };
+            let concrete = meta.shape.len() == meta.strides.len()
+                && meta
+                    .shape
+                    .iter()
+                    .chain(&meta.strides)
+                    .chain([&meta.offset])
+                    .all(|d| d.as_const().is_some_and(|v| v >= 0));
+            match (concrete.then(|| aotgrad_fusion::extent(meta)).flatten(), cap) {
+                (Some(e), Some(cap)) if e > cap => {
+                    return Err(bad(format!("output buffer b{b}'s view reaches {e} of its {cap} elements")))
+                }
+                (None, _) => return Err(bad(format!("output buffer b{b}'s view {meta} is not a concrete layout"))),
+                _ => {}
+            }
+            // An output is handed to the caller: never arena memory, and an extern
+            // op's result only if some kernel makes it.
+            match self.loc[*b] {
+                Loc::Slot(_) => return Err(bad(format!("output buffer b{b} lives in the arena"))),
+                Loc::Extern if !self.kernels.iter().any(|k| matches!(k, CKernel::Extern(e) if e.out == *b)) => {
+                    return Err(bad(format!("output buffer b{b} is made by no kernel")))
+                }
+                _ => {}
             }
         }
         // Kernels of one dispatch run at the same time: in order, apart, pointwise

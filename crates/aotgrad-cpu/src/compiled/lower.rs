@@ -98,6 +98,15 @@ fn not_a_size(d: &Dim, what: &str) -> CpuError {
     CpuError::Internal(format!("kernel plan {what} {d} is not a concrete non-negative size"))
 }
 
+/// The product of `sizes`, or an error when it overflows (a stored plan's sizes are
+/// whatever its bytes say).
+fn count(sizes: impl IntoIterator<Item = usize>) -> Result<usize> {
+    sizes
+        .into_iter()
+        .try_fold(1usize, |n, s| n.checked_mul(s))
+        .ok_or_else(|| CpuError::kernel("plan", "a kernel's space has more elements than fit in memory"))
+}
+
 fn ints(ds: &[Dim], what: &str) -> Result<Idx> {
     let mut out = Idx::new();
     ints_into(ds, what, &mut out)?;
@@ -262,7 +271,7 @@ impl Lowering {
         let r = &r;
         let (shape, body, dst, flags) = self.body(&r.body, &r.shape, &[&r.dst], &[last], Some(&r.reduced), None)?;
         let full = ints(&r.shape, "size")?;
-        let count = full.iter().zip(&r.reduced).filter(|(_, red)| **red).map(|(s, _)| *s).product();
+        let count = count(full.iter().zip(&r.reduced).filter(|(_, red)| **red).map(|(s, _)| *s))?;
         let dst = dst.into_iter().next().ok_or_else(|| CpuError::Internal("reduction without a result".into()))?;
         let dst_extent = extent(&buffers[dst.buf].layout).unwrap_or(0);
         let value = body.phys[0];
@@ -284,8 +293,8 @@ impl Lowering {
     /// A row group and the f64 scratch its reductions need.
     fn rows(&mut self, g: &RowsKernel, buffers: &[aotgrad_fusion::Buffer]) -> Result<(CRows, usize)> {
         let shape = ints(&g.shape, "size")?;
-        let rows: usize = shape[..g.outer].iter().product();
-        let row_len: usize = shape[g.outer..].iter().product();
+        let rows = count(shape[..g.outer].iter().copied())?;
+        let row_len = count(shape[g.outer..].iter().copied())?;
         let mut stages = Vec::with_capacity(g.stages.len());
         let mut acc = 0usize;
         for st in &g.stages {
@@ -325,7 +334,7 @@ impl Lowering {
         let keep: smallvec::SmallVec<[usize; 4]> = p.stores.iter().map(|s| s.reg).collect();
         let order_by = (free_order && !p.stores.is_empty()).then_some(p.body.loads.len());
         let (shape, body, dsts, _) = self.body(&p.body, &p.shape, &extra, &keep, None, order_by)?;
-        let numel = shape.iter().product();
+        let numel = count(shape.iter().copied())?;
         let stores = dsts.into_iter().enumerate().map(|(i, a)| (body.phys[i], a)).collect();
         Ok(CPointwise { shape, numel, body, stores, jit: None })
     }
@@ -558,8 +567,8 @@ pub(crate) fn lower(plan: &KernelPlan) -> Result<Lowered> {
                 None => Loc::Extern,
             },
             BufferKind::Output => {
-                let numel: usize = buf.layout.concrete_shape().map(|s| s.iter().product()).unwrap_or(0);
-                out_bufs.push((buf.layout.dtype, extents[b], numel == extents[b]));
+                let numel = buf.layout.concrete_shape().and_then(|s| count(s).ok());
+                out_bufs.push((buf.layout.dtype, extents[b], numel == Some(extents[b])));
                 Loc::Output(out_bufs.len() - 1)
             }
             BufferKind::Extern => Loc::Extern,
@@ -594,7 +603,7 @@ fn splits(k: &CKernel) -> bool {
     use super::exec;
     match k {
         CKernel::Pointwise(p) => p.numel >= 2 * exec::task_elements(p, p.jit.is_some()),
-        CKernel::Reduce(r) => r.shape.iter().product::<usize>() >= 64 * 1024,
+        CKernel::Reduce(r) => r.shape.iter().fold(1usize, |n, &s| n.saturating_mul(s)) >= 64 * 1024,
         CKernel::Rows(g) => g.rows.saturating_mul(g.row_len) >= 32 * 1024,
         CKernel::Matmul(m) => {
             m.batch >= 2 && m.n.saturating_mul(m.m) >= 16 * 1024

@@ -119,18 +119,21 @@ fn pool_for(threads: usize) -> Result<Option<Arc<pool::Pool>>, BackendError> {
 struct LazyPlan {
     plan: OnceLock<KernelPlan>,
     encoded: OnceLock<Vec<u8>>,
+    /// Read from an artifact (not planned in this process): what lowering it finds
+    /// wrong is the artifact's fault, not a bug.
+    stored: bool,
 }
 
 impl LazyPlan {
     fn new(plan: KernelPlan) -> LazyPlan {
         let cell = OnceLock::new();
         let _ = cell.set(plan);
-        LazyPlan { plan: cell, encoded: OnceLock::new() }
+        LazyPlan { plan: cell, encoded: OnceLock::new(), stored: false }
     }
     fn encoded_only(bytes: Vec<u8>) -> LazyPlan {
         let encoded = OnceLock::new();
         let _ = encoded.set(bytes);
-        LazyPlan { plan: OnceLock::new(), encoded }
+        LazyPlan { plan: OnceLock::new(), encoded, stored: true }
     }
     /// The plan (decoded from its encoding on first use).
     fn get(&self) -> Result<&KernelPlan, CpuError> {
@@ -139,7 +142,9 @@ impl LazyPlan {
         }
         let bytes = self.encoded.get().map(Vec::as_slice).unwrap_or_default();
         let p: KernelPlan = aotgrad_ir::codec::decode("cpu artifact plan", bytes)
-            .map_err(|e| CpuError::Internal(format!("the artifact's kernel plan does not decode: {e}")))?;
+            .map_err(|e| CpuError::kernel("artifact", format!("its kernel plan does not decode: {e}")))?;
+        // Indices in a stored plan are checked before anything indexes with them.
+        p.validate().map_err(|e| CpuError::kernel("artifact", format!("its kernel plan is invalid: {e}")))?;
         Ok(self.plan.get_or_init(|| p))
     }
     /// The plan, or `None` (logged) when a stored one does not decode.
@@ -279,7 +284,11 @@ impl CpuCompiledGraph {
             let low: Lowered = aotgrad_ir::codec::decode("cpu artifact lowered plan", &a.lowered)
                 .map_err(|e| err(format!("the artifact's lowered plan does not decode: {e}")))?;
             let inputs: Vec<aotgrad_ir::DType> = a.inputs.iter().map(|i| i.meta.dtype).collect();
-            low.check(&inputs).map_err(err)?;
+            // Inconsistent here is a damaged or forged artifact, not a bug.
+            low.check(&inputs).map_err(|e| match e {
+                CpuError::Internal(msg) => err(format!("the artifact's {msg}")),
+                e => err(e),
+            })?;
             // Only the inputs the caller let it update may be written.
             let allowed = |i: usize| a.input_updates.iter().any(|&(o, j)| j == i && o < low.outputs.len());
             if low.loc.iter().any(|l| matches!(*l, Loc::Updated(i) if !allowed(i))) {
@@ -288,6 +297,14 @@ impl CpuCompiledGraph {
             Some(Arc::new(Instance::loaded(low, jit)))
         };
         let plan = LazyPlan::encoded_only(std::mem::take(&mut a.plan));
+        if fixed.is_none() {
+            // A symbolic plan is lowered per binding of its symbols: decoded and
+            // checked now, so a bad one is refused at load, not at a call.
+            let p = plan.get().map_err(err)?;
+            if p.inputs.len() != a.inputs.len() || p.inputs.iter().zip(&a.inputs).any(|(m, i)| *m != i.meta) {
+                return Err(err("the artifact's kernel plan does not take its graph's inputs"));
+            }
+        }
         let updates = std::mem::take(&mut a.input_updates);
         Self::assemble(LazyGraph::from_artifact(a), Some(plan), updates, fixed, None, threads, jit)
     }
@@ -415,7 +432,8 @@ impl CpuCompiledGraph {
         if let Some(i) = &self.fixed {
             return Ok(i.clone());
         }
-        let plan = self.plan.as_ref().ok_or_else(|| CpuError::Internal("no plan to lower".into()))?.get()?;
+        let lazy = self.plan.as_ref().ok_or_else(|| CpuError::Internal("no plan to lower".into()))?;
+        let plan = lazy.get()?;
         let mut key: Binding = env.iter().map(|(k, v)| (*k, *v)).collect();
         key.sort();
         let mut cache = self.by_binding.lock().unwrap_or_else(|e| e.into_inner());
@@ -425,7 +443,15 @@ impl CpuCompiledGraph {
         let bound = plan
             .map_dims(&|d: &Dim| d.checked_subst(&|s| env.get(&s).copied()))
             .ok_or_else(|| CpuError::kernel("plan", "a size overflows i64 for the symbol values of these inputs"))?;
-        let inst = Arc::new(Instance::lower(&bound, self.jit)?);
+        let inst = Arc::new(Instance::lower(&bound, self.jit).map_err(|e| match e {
+            // A stored symbolic plan is checked structurally at load; what only these
+            // sizes show (an access past a buffer, a size that is no size) is the
+            // artifact's fault.
+            CpuError::Internal(msg) if lazy.stored => {
+                CpuError::kernel("artifact", format!("its kernel plan does not lower for these sizes: {msg}"))
+            }
+            e => e,
+        })?);
         cache.insert(key, inst.clone());
         Ok(inst)
     }
@@ -451,6 +477,14 @@ impl CpuCompiledGraph {
 }
 
 impl CompiledGraph<CpuTensor> for CpuCompiledGraph {
+    fn signature(&self) -> Option<(Vec<aotgrad_ir::TensorMeta>, usize)> {
+        let outputs = match (&self.fixed, &self.plan) {
+            (Some(f), _) => f.lowered.outputs.len(),
+            (None, Some(p)) => p.get().ok()?.outputs.len(),
+            (None, None) => self.graph.full().ok()?.outputs.len(),
+        };
+        Some((self.graph.inputs.inputs.iter().map(|i| i.meta.clone()).collect(), outputs))
+    }
     fn run_with_symbols(&self, inputs: &[CpuTensor], symbols: &[(SymId, i64)]) -> Result<Vec<CpuTensor>, BackendError> {
         let _span = tracing::trace_span!("cpu_run", nodes = self.graph.nodes).entered();
         if self.plan.is_none() {

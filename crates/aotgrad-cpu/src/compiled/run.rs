@@ -110,7 +110,8 @@ impl Instance {
                 return Err(CpuError::Input { index: i, msg: "storage dtype differs from its metadata".into() });
             }
         }
-        let out_bytes: usize = low.out_bufs.iter().map(|(d, n, _)| d.size_bytes().saturating_mul(*n)).sum();
+        let out_bytes: usize =
+            low.out_bufs.iter().fold(0usize, |t, (d, n, _)| t.saturating_add(d.size_bytes().saturating_mul(*n)));
         crate::storage::check_alloc_bytes("the compiled graph's outputs", out_bytes as u128)?;
         let mut arena = inst.pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let mut allocated = (0usize, 0usize, 0usize);
@@ -118,8 +119,9 @@ impl Instance {
             Some(a) => a,
             None => {
                 crate::storage::check_alloc_bytes("the compiled graph's buffers", low.slots.arena_bytes as u128)?;
+                crate::storage::check_alloc_bytes("the reductions' accumulators", low.scratch as u128 * 8)?;
                 let slots: Vec<Buffer> = low.slots.slots.iter().map(|s| Buffer::zeros(s.dtype, s.elems)).collect();
-                allocated.0 = low.slots.arena_bytes + low.scratch * 8;
+                allocated.0 = low.slots.arena_bytes.saturating_add(low.scratch.saturating_mul(8));
                 Arena { slots, scratch: vec![0.0; low.scratch] }
             }
         };
@@ -129,7 +131,7 @@ impl Instance {
             .iter()
             .map(|(d, n, dense)| if *dense { take_recycled(*d, *n) } else { Buffer::zeros(*d, *n) })
             .collect();
-        allocated.1 = low.out_bufs.iter().map(|(d, n, _)| d.size_bytes() * n).sum();
+        allocated.1 = out_bytes;
         let mut externs: HashMap<usize, Arc<Storage>> = HashMap::new();
         let result =
             run_kernels(low, inputs, &mut arena, &mut outs, &mut externs, &mut allocated.2, threads, profile, ready);
