@@ -158,3 +158,80 @@ impl KernelPlan {
         Ok(())
     }
 }
+
+/// The largest element count or address a stored plan may reach once its symbols are
+/// bound (2^48 elements: beyond any memory, far inside the integer range, so lowering
+/// can multiply sizes and strides without overflowing).
+const MAX_REACH: u128 = 1 << 48;
+
+fn reach_of(a: &Access) -> Option<u128> {
+    let c = |d: &aotgrad_ir::Dim| d.as_const().and_then(|v| u128::try_from(v.unsigned_abs()).ok());
+    let mut far = c(&a.offset)?;
+    for (s, st) in a.shape.iter().zip(&a.strides) {
+        let s = c(s)?;
+        if s == 0 {
+            return Some(0);
+        }
+        far = far.checked_add((s - 1).checked_mul(c(st)?)?)?;
+    }
+    far.checked_add(1)
+}
+
+fn space_of(shape: &[aotgrad_ir::Dim]) -> Option<u128> {
+    shape.iter().try_fold(1u128, |n, d| n.checked_mul(u128::from(d.as_const()?.unsigned_abs())))
+}
+
+impl KernelPlan {
+    /// For a plan whose symbols are bound: every kernel's space and every access's
+    /// reach are concrete and at most 2^48, so lowering's arithmetic cannot overflow.
+    /// What a stored symbolic plan passes, for a call's sizes, before it is lowered.
+    pub fn validate_sizes(&self) -> Result<(), String> {
+        fn kernel(k: &Kernel) -> Result<(), String> {
+            let space = |shape: &[aotgrad_ir::Dim]| match space_of(shape) {
+                Some(n) if n <= MAX_REACH => Ok(()),
+                _ => Err(format!("a {} kernel's space of sizes {shape:?} is beyond any memory", k.kind_name())),
+            };
+            let access = |a: &Access| match reach_of(a) {
+                Some(n) if n <= MAX_REACH => Ok(()),
+                _ => Err(format!("an access of buffer b{} reaches beyond any memory", a.buf)),
+            };
+            let pointwise = |p: &PointwiseKernel| -> Result<(), String> {
+                space(&p.shape)?;
+                p.body.loads.iter().try_for_each(access)?;
+                p.stores.iter().try_for_each(|s| access(&s.dst))
+            };
+            match k {
+                Kernel::Pointwise(p) => pointwise(p),
+                Kernel::Reduce(r) => {
+                    space(&r.shape)?;
+                    r.body.loads.iter().try_for_each(access)?;
+                    access(&r.dst)
+                }
+                Kernel::Matmul(m) => {
+                    [&m.a, &m.b, &m.out].into_iter().try_for_each(|a| access(a).and_then(|()| space(&a.shape)))?;
+                    m.epilogue.as_ref().map_or(Ok(()), pointwise)
+                }
+                Kernel::Extern(e) => e.args.iter().try_for_each(access),
+                Kernel::Rows(r) => {
+                    space(&r.shape)?;
+                    r.stages.iter().try_for_each(kernel)
+                }
+            }
+        }
+        self.kernels.iter().try_for_each(kernel)?;
+        for (b, buf) in self.buffers.iter().enumerate() {
+            let l = &buf.layout;
+            let a = Access {
+                buf: b,
+                shape: l.shape.clone(),
+                strides: l.strides.clone(),
+                offset: l.offset.clone(),
+                dtype: l.dtype,
+            };
+            if reach_of(&a).is_none_or(|n| n > MAX_REACH) {
+                return Err(format!("buffer b{b}'s layout {l} reaches beyond any memory"));
+            }
+        }
+        Ok(())
+    }
+}

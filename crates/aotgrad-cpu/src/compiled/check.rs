@@ -216,6 +216,24 @@ impl Checker<'_> {
                         return Err(bad(format!("a {:?} product over a {:?} buffer", m.dtype, self.low.dtypes[*buf])));
                     }
                 }
+                // Each element of the result is written once (threads write blocks of
+                // it at the same time, and the GEMM libraries assume it): ordered by
+                // stride, each dim of more than one element steps past all the inner
+                // ones.
+                let mut dims: Vec<(usize, usize)> = [m.batch, m.n, m.m]
+                    .into_iter()
+                    .zip(m.out.1)
+                    .filter(|&(size, _)| size > 1)
+                    .map(|(size, st)| (st.unsigned_abs(), size))
+                    .collect();
+                dims.sort_unstable();
+                let mut inner = 0usize;
+                for (st, size) in dims {
+                    if st <= inner {
+                        return Err(bad("a product whose result overlaps itself"));
+                    }
+                    inner = add(inner, mul(size - 1, st, "a product's result")?, "a product's result")?;
+                }
                 self.written(m.out.0)?;
                 if let Some(e) = &m.epilogue {
                     self.pointwise(e)?;

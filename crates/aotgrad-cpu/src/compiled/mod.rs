@@ -443,6 +443,12 @@ impl CpuCompiledGraph {
         let bound = plan
             .map_dims(&|d: &Dim| d.checked_subst(&|s| env.get(&s).copied()))
             .ok_or_else(|| CpuError::kernel("plan", "a size overflows i64 for the symbol values of these inputs"))?;
+        if lazy.stored {
+            // Sizes only this binding shows: checked before lowering multiplies them.
+            bound
+                .validate_sizes()
+                .map_err(|e| CpuError::kernel("artifact", format!("its kernel plan does not fit these sizes: {e}")))?;
+        }
         let inst = Arc::new(Instance::lower(&bound, self.jit).map_err(|e| match e {
             // A stored symbolic plan is checked structurally at load; what only these
             // sizes show (an access past a buffer, a size that is no size) is the

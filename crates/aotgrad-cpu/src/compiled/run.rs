@@ -112,14 +112,15 @@ impl Instance {
         }
         let out_bytes: usize =
             low.out_bufs.iter().fold(0usize, |t, (d, n, _)| t.saturating_add(d.size_bytes().saturating_mul(*n)));
-        crate::storage::check_alloc_bytes("the compiled graph's outputs", out_bytes as u128)?;
         let mut arena = inst.pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        // What this call allocates, preflighted together (each part alone may fit when
+        // all of them do not).
+        let fresh_arena = if arena.is_none() { low.slots.arena_bytes as u128 + low.scratch as u128 * 8 } else { 0 };
+        crate::storage::check_alloc_bytes("the compiled graph's outputs and buffers", out_bytes as u128 + fresh_arena)?;
         let mut allocated = (0usize, 0usize, 0usize);
         let mut arena = match arena.take() {
             Some(a) => a,
             None => {
-                crate::storage::check_alloc_bytes("the compiled graph's buffers", low.slots.arena_bytes as u128)?;
-                crate::storage::check_alloc_bytes("the reductions' accumulators", low.scratch as u128 * 8)?;
                 let slots: Vec<Buffer> = low.slots.slots.iter().map(|s| Buffer::zeros(s.dtype, s.elems)).collect();
                 allocated.0 = low.slots.arena_bytes.saturating_add(low.scratch.saturating_mul(8));
                 Arena { slots, scratch: vec![0.0; low.scratch] }
