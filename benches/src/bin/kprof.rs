@@ -1,5 +1,5 @@
 //! Dev: time single fused kernels or products through `aot_function` inference, to
-//! profile the compiled CPU backend in isolation: `K=softmax|gelu|exp|copy|chain|
+//! profile the compiled CPU backend in isolation: `K=softmax|gelu|exp|copy|gemv|linear1|chain|
 //! linear|mm|mmcols`, `T` threads, `RUNS` calls per median; add
 //! `AOTGRAD_CPU_PROFILE=all` for the per-kernel times.
 use aotgrad::{aot_function, AotConfig};
@@ -23,6 +23,9 @@ fn main() -> anyhow::Result<()> {
         }),
         "linear" => (vec![r(&[64, 512], 0)?, r(&[512, 512], 1)?], |a| Ok(vec![a[0].matmul(&a[1].t()?)?])),
         "mm" => (vec![r(&[64, 512], 0)?, r(&[512, 512], 1)?], |a| Ok(vec![a[0].matmul(&a[1])?])),
+        // Batch-1 products (a single row): the GEMM libraries' vector shapes.
+        "gemv" => (vec![r(&[1, 1024], 0)?, r(&[1024, 1024], 1)?], |a| Ok(vec![a[0].matmul(&a[1])?])),
+        "linear1" => (vec![r(&[1, 1024], 0)?, r(&[1024, 1024], 1)?], |a| Ok(vec![a[0].matmul(&a[1].t()?)?])),
         "mmcols" => (vec![r(&[1024, 1024], 0)?], |a| {
             let g = Tensor::full(&[], 1.0, DType::F32)?.expand(&[1024, 256])?;
             Ok(vec![a[0].t()?.matmul(&g)?])

@@ -74,11 +74,15 @@ pub(super) unsafe fn gemm_block<T: 'static + Copy + num_traits::Zero>(
             return;
         }
         // The depth order and fusion rule (docs/ARCHITECTURE.md, "Products"): gemm's
-        // vector kernels, which it picks for a depth of 1 or 2 or a single row or
-        // column, add the products unfused or across the depth in another order; those
-        // blocks go to matrixmultiply, whose kernel (the eager mode's) fuses each
-        // multiply-add in depth order for every shape.
-        let vector = mm.k <= 2 || rows <= 1 || cols <= 1;
+        // kernel for a depth of 1 or 2 adds the products unfused, and its "horizontal"
+        // kernel sums the depth in interleaved parts; those blocks go to
+        // matrixmultiply, whose kernel (the eager mode's) fuses each multiply-add in
+        // depth order for every shape.
+        // Not a single row or column of depth 3 or more: gemm's vector kernels sum
+        // those in interleaved parts too, but at memory speed, which neither
+        // matrixmultiply nor an in-order loop reaches (4-5x slower measured on a
+        // batch-1 layer); see "Products" in docs/ARCHITECTURE.md.
+        let vector = mm.k <= 2;
         // (and its "horizontal" kernel for small blocks of a row-major left and a
         // column-major right operand, which sums the depth in interleaved parts)
         let horizontal = ast[2] == 1 && bst[1] == 1 && rows * cols <= 256;
