@@ -165,7 +165,7 @@ impl KernelPlan {
 const MAX_REACH: u128 = 1 << 48;
 
 fn reach_of(a: &Access) -> Option<u128> {
-    let c = |d: &aotgrad_ir::Dim| d.as_const().and_then(|v| u128::try_from(v.unsigned_abs()).ok());
+    let c = |d: &aotgrad_ir::Dim| d.as_const().map(|v| u128::from(v.unsigned_abs()));
     let mut far = c(&a.offset)?;
     for (s, st) in a.shape.iter().zip(&a.strides) {
         let s = c(s)?;
