@@ -325,17 +325,8 @@ impl Cache {
             out.skipped.push(format!("{}/{id} ({}): {why}", key.hex, store.describe()));
         }
         for (id, bytes) in blobs {
-            // One check of the envelope (its checksum or MAC covers the whole blob),
-            // then of the contents.
-            let decoded = self
-                .open_blob(&bytes, Kind::Entry)
-                .map_err(|e| e.to_string())
-                .and_then(|payload| codec::decode::<StoredEntry>("cache entry", payload).map_err(|e| e.to_string()));
-            let decoded = decoded.and_then(|entry| {
-                entry.result.validate().map_err(|e| format!("inconsistent contents: {e}"))?;
-                Ok(entry)
-            });
-            match decoded {
+            // The envelope (its checksum or MAC covers the whole blob), then the contents.
+            match self.decode_entry(&bytes) {
                 Ok(entry) if entry.key.hex == key.hex => {
                     let blob = if tier > 0 { bytes } else { Vec::new() };
                     out.candidates.push(Candidate { id, result: entry.result, blob });

@@ -367,9 +367,10 @@ impl<T> AotResult<T> {
         }
     }
 
-    /// Rebuild from the stored form of a sealed entry whose envelope check passed
-    /// (artifacts load with [`Backend::load_verified`]); `fetch` resolves referenced
-    /// artifacts (and checks them against their hashes).
+    /// Rebuild from the stored form of a sealed entry whose envelope check and
+    /// [`StoredResult::validate`] passed (artifacts load with
+    /// [`Backend::load_verified`]); `fetch` resolves referenced artifacts (and checks
+    /// them against their hashes).
     pub fn from_stored(
         stored: StoredResult,
         mut fetch: impl FnMut(&str, u64) -> Result<Vec<u8>, String>,
@@ -383,9 +384,6 @@ impl<T> AotResult<T> {
         let forward = artifact(stored.forward)?;
         let backward = stored.backward.map(&mut artifact).transpose()?;
         let graphs = GraphDumps::from_packed(stored.graphs.map(|g| g.map(|b| b.0)));
-        if stored.meta.training.is_some() != backward.is_some() {
-            return Err("a training entry needs a backward artifact and an inference entry has none".into());
-        }
         Ok(AotResult { meta: stored.meta, forward, backward, graphs })
     }
 }
