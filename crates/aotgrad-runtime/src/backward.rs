@@ -6,7 +6,11 @@
 //! an intermediate or another output; an input after a metadata mutation) and is
 //! needed for another layout of the same storage, it is moved element by element
 //! through storage positions, summing where the view names an element twice
-//! ([`storage_scatter`]).
+//! ([`storage_scatter`]); where the target layout names a storage element several
+//! times (an expanded argument), each of its elements gets an equal share, as
+//! PyTorch's `as_strided` backward divides by that count, so the caller's autograd,
+//! summing over the repeats (an `expand`'s backward), gets the element's gradient
+//! once.
 
 use crate::entry::Entry;
 use crate::error::{Error, Result};
@@ -70,9 +74,11 @@ fn positions(m: &TensorMeta) -> Result<Vec<usize>> {
 
 /// Move gradient `g`, laid out as view `view` of a storage, to layout `target` of the
 /// same storage: element `e` of the result is the sum of `g` over the elements of
-/// `view` at `target[e]`'s storage position (0 where `view` does not reach). This is
-/// the transpose of reading `view` off a storage laid out as `target`, overlaps and
-/// repeated elements included. Positions are summed in a dense image of the range
+/// `view` at `target[e]`'s storage position (0 where `view` does not reach), divided
+/// by the number of `target`'s elements at that position ([`shares`]). This is
+/// PyTorch's `as_strided` backward: the transpose of reading `view` off a storage
+/// laid out as `target` where `target` names every element once, and an equal share
+/// per repeat where it does not. Positions are summed in a dense image of the range
 /// both cover, or by position where that range is sparse (views far apart in a large
 /// storage).
 fn storage_scatter(g: &Tensor, view: &TensorMeta, target: &TensorMeta) -> Result<Tensor> {
@@ -97,7 +103,25 @@ fn storage_scatter(g: &Tensor, view: &TensorMeta, target: &TensorMeta) -> Result
         }
         tp.iter().map(|p| image.get(p).copied().unwrap_or(0.0)).collect()
     };
+    let out = shares(&tp, out);
     Ok(Tensor::from_f64(&out, &target.concrete_shape().unwrap_or_default(), g.dtype())?)
+}
+
+/// `vals`, one per element of a layout whose storage positions are `pos`, each divided
+/// by how many of the layout's elements share its position (unchanged for a layout
+/// naming every element once): the equal share of each repeat.
+fn shares(pos: &[usize], mut vals: Vec<f64>) -> Vec<f64> {
+    let mut count: std::collections::HashMap<usize, u32> = std::collections::HashMap::new();
+    for p in pos {
+        *count.entry(*p).or_insert(0) += 1;
+    }
+    if count.len() == pos.len() {
+        return vals;
+    }
+    for (v, p) in vals.iter_mut().zip(pos) {
+        *v /= f64::from(count[p]);
+    }
+    vals
 }
 
 impl PendingBackward {
@@ -444,6 +468,7 @@ impl PendingBackward {
                         .iter()
                         .map(|p| if mine.contains(p) { image.get(p).copied().unwrap_or(0.0) } else { 0.0 })
                         .collect();
+                    let vals = shares(&pos, vals);
                     owned.extend(mine);
                     out[k] = Some(Tensor::from_f64(&vals, &m.concrete_shape().unwrap_or_default(), m.dtype)?);
                 }

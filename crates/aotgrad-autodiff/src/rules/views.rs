@@ -112,10 +112,38 @@ pub(crate) fn disjoint(size: &[Dim], stride: &[Dim]) -> bool {
     Layout::of(&probe).is_some_and(|l| !l.may_repeat())
 }
 
-/// The gradient of an `as_strided` view that names some storage elements several
-/// times: `g` added into a flat buffer at each element's storage position
-/// (`scatter_add` over the positions, which are constants), then read back in the
-/// input's layout. Needs concrete sizes, strides and offsets.
+/// The storage position of every element of the concrete layout `(size, stride,
+/// offset)`, row-major, as a flat `i64` tensor: `offset + sum_d i_d * stride_d`, built
+/// from one `arange` per dim broadcast over the shape.
+fn positions(b: &mut Builder, size: &[i64], stride: &[i64], offset: i64) -> Result<ValueId> {
+    let (i64t, r) = (aotgrad_ir::DType::I64, size.len());
+    let n: i64 = size.iter().product();
+    let mut idx =
+        b.emit(Op::Full { shape: Dims::new(), value: aotgrad_ir::Scalar::Int(offset), dtype: i64t }, vec![])?;
+    for d in 0..r {
+        let ar = Op::Arange {
+            start: aotgrad_ir::Scalar::Int(0),
+            end: aotgrad_ir::Scalar::Int(size[d]),
+            step: aotgrad_ir::Scalar::Int(1),
+            dtype: i64t,
+        };
+        let a = b.emit(ar, vec![])?;
+        let shape: Dims = (0..r).map(|k| Dim::Const(if k == d { size[d] } else { 1 })).collect();
+        let a = b.emit(Op::View(shape), vec![a])?;
+        let a = b.emit(Op::BinaryScalar(aotgrad_ir::BinaryOp::Mul, aotgrad_ir::Scalar::Int(stride[d])), vec![a])?;
+        idx = b.emit(Op::Binary(aotgrad_ir::BinaryOp::Add), vec![idx, a])?;
+    }
+    let idx = b.contiguous(idx)?;
+    b.emit(Op::View(aotgrad_ir::dims![Dim::Const(n)]), vec![idx])
+}
+
+/// The gradient of an `as_strided` view where the view or its input names some
+/// storage elements several times (PyTorch's `as_strided_backward`): `g` added into a
+/// flat buffer at each view element's storage position (`scatter_add` over the
+/// positions, which are constants); where the input repeats elements, each storage
+/// element's sum divided by how many input elements name it (an equal share per
+/// repeat, so an `expand`'s backward summing over the repeats gets it once); then
+/// read back in the input's layout. Needs concrete sizes, strides and offsets.
 fn overlapping_as_strided(
     b: &mut Builder,
     xm: &TensorMeta,
@@ -126,41 +154,38 @@ fn overlapping_as_strided(
     dtype: aotgrad_ir::DType,
 ) -> Result<ValueId> {
     let consts = |ds: &[Dim]| ds.iter().map(Dim::as_const).collect::<Option<Vec<i64>>>();
-    let (Some(sz), Some(st), Some(off), Some(len)) = (
+    let (Some(sz), Some(st), Some(off), Some(xsz), Some(xst), Some(xoff), Some(len)) = (
         consts(size),
         consts(stride),
         offset.as_const(),
+        consts(&xm.shape),
+        consts(&xm.strides),
+        xm.offset.as_const(),
         extent(&xm.shape, &xm.strides, &xm.offset).zip(extent(size, stride, offset)).map(|(a, v)| a.max(v)),
     ) else {
         return Err(not_diff(format!(
-            "the view (size {size:?}, stride {stride:?}) repeats elements and has symbolic geometry; its \
-             gradient needs concrete positions to accumulate"
+            "the view (size {size:?}, stride {stride:?}) or its input {xm} repeats elements and has symbolic \
+             geometry; its gradient needs concrete positions to accumulate"
         )));
     };
-    // The storage position of every element of the view: `offset + sum_d i_d *
-    // stride_d`, built from one `arange` per dim broadcast over the view's shape.
-    let (i64t, r) = (aotgrad_ir::DType::I64, sz.len());
     let n: i64 = sz.iter().product();
-    let mut idx = b.emit(Op::Full { shape: Dims::new(), value: aotgrad_ir::Scalar::Int(off), dtype: i64t }, vec![])?;
-    for d in 0..r {
-        let ar = Op::Arange {
-            start: aotgrad_ir::Scalar::Int(0),
-            end: aotgrad_ir::Scalar::Int(sz[d]),
-            step: aotgrad_ir::Scalar::Int(1),
-            dtype: i64t,
-        };
-        let a = b.emit(ar, vec![])?;
-        let shape: Dims = (0..r).map(|k| Dim::Const(if k == d { sz[d] } else { 1 })).collect();
-        let a = b.emit(Op::View(shape), vec![a])?;
-        let a = b.emit(Op::BinaryScalar(aotgrad_ir::BinaryOp::Mul, aotgrad_ir::Scalar::Int(st[d])), vec![a])?;
-        idx = b.emit(Op::Binary(aotgrad_ir::BinaryOp::Add), vec![idx, a])?;
-    }
-    let idx = b.contiguous(idx)?;
-    let idx = b.emit(Op::View(aotgrad_ir::dims![Dim::Const(n)]), vec![idx])?;
+    let idx = positions(b, &sz, &st, off)?;
     let flat_g = b.contiguous(g)?;
     let flat_g = b.emit(Op::View(aotgrad_ir::dims![Dim::Const(n)]), vec![flat_g])?;
     let flat = b.zeros(aotgrad_ir::dims![Dim::Const(len)], dtype)?;
-    let acc = b.emit(Op::ScatterAdd(0), vec![flat, idx, flat_g])?;
+    let mut acc = b.emit(Op::ScatterAdd(0), vec![flat, idx, flat_g])?;
+    if !disjoint(&xm.shape, &xm.strides) {
+        let xn: i64 = xsz.iter().product();
+        let xidx = positions(b, &xsz, &xst, xoff)?;
+        let ones = b.emit(
+            Op::Full { shape: aotgrad_ir::dims![Dim::Const(xn)], value: aotgrad_ir::Scalar::Float(1.0), dtype },
+            vec![],
+        )?;
+        let zeros = b.zeros(aotgrad_ir::dims![Dim::Const(len)], dtype)?;
+        let count = b.emit(Op::ScatterAdd(0), vec![zeros, xidx, ones])?;
+        // Positions the input does not name divide 0 by 0; the input never reads them.
+        acc = b.emit(Op::Binary(aotgrad_ir::BinaryOp::Div), vec![acc, count])?;
+    }
     let back = Op::AsStrided { size: xm.shape.to_vec(), stride: xm.strides.to_vec(), offset: xm.offset.clone() };
     b.emit(back, vec![acc])
 }
@@ -174,13 +199,11 @@ fn as_strided(
     offset: &Dim,
     g: ValueId,
 ) -> Result<ValueId> {
-    if !disjoint(&xm.shape, &xm.strides) {
-        return Err(not_diff(format!("the input {xm} has overlapping elements")));
-    }
     let dtype = b.meta(g)?.dtype;
-    if !disjoint(size, stride) {
+    if !disjoint(size, stride) || !disjoint(&xm.shape, &xm.strides) {
         // Elements the view repeats: their gradients add up at their storage
-        // position (PyTorch's `as_strided_backward` accumulates too).
+        // position (PyTorch's `as_strided_backward` accumulates too); elements the
+        // input repeats share it out.
         return overlapping_as_strided(b, xm, size, stride, offset, g, dtype);
     }
     let rel = offset.sub(&xm.offset);
