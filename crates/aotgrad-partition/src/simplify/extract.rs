@@ -332,13 +332,22 @@ fn relation(g: &Graph, st: &HashMap<ValueId, StorageId>) -> Option<Relation> {
     Some(rel)
 }
 
+/// Whether `v` is the result of a node making fresh storage (not an input, not a view).
+fn fresh(g: &Graph, v: ValueId) -> bool {
+    g.nodes.iter().any(|n| n.out == v && n.op.aliasing() == aotgrad_ir::Aliasing::Fresh)
+}
+
 /// Make `new` (rebuilt from `orig`) share storage between outputs and inputs exactly as
 /// `orig` does, by giving an output a fresh contiguous copy where the simplification
-/// made it share storage it did not share before. Returns `None` when that cannot fix it.
+/// made it share storage it did not share before, or made a fresh output a view (of a
+/// larger buffer: `clone(x[0:1])` is `x[0:1]` to the e-graph, but the caller sees its
+/// storage). Returns `None` when that cannot fix it.
 pub(crate) fn preserve_aliasing(orig: &Graph, mut new: Graph) -> Option<Graph> {
     let want = relation(orig, &storages(orig))?;
     let mut st = storages(&new);
-    if relation(&new, &st)? == want {
+    let became_view: Vec<bool> =
+        orig.outputs.iter().zip(&new.outputs).map(|(&o, &v)| fresh(orig, o) && !fresh(&new, v)).collect();
+    if relation(&new, &st)? == want && !became_view.contains(&true) {
         return Some(new);
     }
     let mut copies: HashMap<ValueId, ValueId> = HashMap::new(); // original output value -> its copy
@@ -362,7 +371,7 @@ pub(crate) fn preserve_aliasing(orig: &Graph, mut new: Graph) -> Option<Graph> {
         let s = *st.get(&new.outputs[k])?;
         let row_ok = ins_of.get(&s).map_or(empty, Vec::as_slice) == ins.as_slice()
             && outs_of.get(&s).map_or(empty, Vec::as_slice) == earlier.as_slice();
-        if owns && !row_ok {
+        if owns && (!row_ok || became_view[k]) {
             if let Some(c) = copies.get(&o) {
                 new.outputs[k] = *c;
             } else {
