@@ -95,6 +95,8 @@ pub fn functionalize_stage(t: &Traced) -> Result<Functionalized> {
         input_requires_grad: &t.input_requires_grad,
         output_requires_grad: &t.output_requires_grad,
         output_no_grad_view: &t.output_no_grad_view,
+        output_creation: &t.output_creation,
+        hidden_meta: &t.hidden_meta,
         detach_values: &t.detach_values,
         input_tracked_from: &t.input_tracked_from,
         hidden_mutation: &hidden,

@@ -189,8 +189,9 @@ mod tests {
             Err(EnvelopeError::Length { found: 4, expected: 5 })
         );
         let mut v = blob.clone();
-        v[8] = 9;
-        assert_eq!(open(&v, Kind::Entry, None, false), Err(EnvelopeError::WrongVersion { found: 9 }));
+        let other = FORMAT_VERSION + 1;
+        v[8] = other as u8;
+        assert_eq!(open(&v, Kind::Entry, None, false), Err(EnvelopeError::WrongVersion { found: other }));
         assert!(matches!(open(&blob, Kind::Artifact, None, false), Err(EnvelopeError::WrongKind { .. })));
         assert_eq!(open(&blob, Kind::Entry, None, true), Err(EnvelopeError::Unsigned));
         // Every single flipped bit is caught.

@@ -6,7 +6,7 @@ use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
 
 /// The version of the entry format; part of every key.
-pub const FORMAT_VERSION: u32 = 8;
+pub const FORMAT_VERSION: u32 = 9;
 
 /// A cache key and the ingredients it was made of.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -93,6 +93,14 @@ pub struct TraceFacts<'a> {
     /// Per traced output: it is a view taken under no-grad of a tensor autograd tracks
     /// (PyTorch: a leaf that requires grad); empty means none is.
     pub output_no_grad_view: &'a [bool],
+    /// Per traced output: how autograd saw it as a view (see
+    /// [`aotgrad_ir::ViewCreation`]); empty means as a fresh non-leaf.
+    pub output_creation: &'a [aotgrad_ir::ViewCreation],
+    /// Traced in-place metadata ops (`t_`, `unsqueeze_`) run under no-grad: autograd's
+    /// history of the tensor keeps its old layout, so a gradient for the new one
+    /// reaches the old value element by element (as PyTorch's does, where the shapes
+    /// agree).
+    pub hidden_meta: &'a [ValueId],
     /// Traced values made by `detach` (`alias` nodes autograd never sees through, even
     /// of a storage it does not track yet).
     pub detach_values: &'a [ValueId],

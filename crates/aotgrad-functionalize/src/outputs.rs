@@ -52,16 +52,16 @@ fn classify(p: &Pass<'_, '_>) -> Result<(Vec<OutputInfo>, Vec<usize>)> {
         };
         first_seen.entry(*v).or_insert(j);
         let no_grad_view = p.facts.output_no_grad_view.get(j).copied().unwrap_or(false);
-        let no_grad_leaf = no_grad_view && t.detached;
         // A `detach`ed alias's family passes its own gradient once written with one.
         let (grad_cut, own_gradient) = match t.family {
             Some(k) => {
                 let cut = t.cut || !p.families[k].grad;
                 (cut, !cut)
             }
-            None => (t.cut, false),
+            None => (t.cut, p.straight_meta.contains(v)),
         };
-        outputs.push(OutputInfo { kind, meta, requires_grad, grad_cut, no_grad_view, no_grad_leaf, own_gradient });
+        let creation = p.facts.output_creation.get(j).cloned().unwrap_or_default();
+        outputs.push(OutputInfo { kind, meta, requires_grad, grad_cut, no_grad_view, own_gradient, creation });
     }
     let mut base_roots: Vec<usize> = Vec::new();
     let mut base_of_root: HashMap<usize, usize> = HashMap::new();
@@ -83,8 +83,11 @@ fn classify(p: &Pass<'_, '_>) -> Result<(Vec<OutputInfo>, Vec<usize>)> {
     for o in &mut outputs {
         o.grad_cut &= !matches!(o.kind, OutputKind::NonAlias);
         o.no_grad_view &= !matches!(o.kind, OutputKind::NonAlias);
-        o.no_grad_leaf &= o.no_grad_view;
         o.own_gradient &= !matches!(o.kind, OutputKind::NonAlias | OutputKind::SameAs(_));
+        if matches!(o.kind, OutputKind::NonAlias) {
+            // A fresh result is no view: only whether it is a leaf remains.
+            o.creation = aotgrad_ir::ViewCreation { leaf: o.creation.leaf, ..Default::default() };
+        }
     }
     Ok((outputs, base_roots))
 }

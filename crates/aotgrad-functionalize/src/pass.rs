@@ -144,6 +144,10 @@ pub(crate) struct Pass<'a, 'o> {
     /// Autograd sees some node or tracks some input of the trace (else no view needs
     /// detaching: nothing carries a gradient).
     pub autograd_active: bool,
+    /// Traced values of hidden metadata mutations that pass their gradient straight to
+    /// the value before them: returned as they are, such a tensor's gradient goes
+    /// through its own graph output, not through storage positions.
+    pub straight_meta: std::collections::HashSet<ValueId>,
 }
 
 impl Pass<'_, '_> {
@@ -420,6 +424,24 @@ impl Pass<'_, '_> {
             } else {
                 self.b.apply_view(&inner, x, loc)?
             };
+            // A metadata mutation under no-grad of a value autograd tracks (not an
+            // argument: the runtime restrides those): autograd's history keeps the old
+            // layout, so the new value passes its gradient to the old one element by
+            // element, where the shapes agree (they differ: the backward refuses).
+            let tracked = match t0.family {
+                Some(k) => self.families[k].grad,
+                None => self.roots[t0.root].grad,
+            };
+            if meta_mutation
+                && t0.handle.is_none()
+                && tracked
+                && !t0.cut
+                && self.facts.hidden_meta.contains(&node.out)
+                && self.b.meta(fv)?.shape == self.b.meta(x)?.shape
+            {
+                self.autograd.straight_through.push((fv, x));
+                self.straight_meta.insert(node.out);
+            }
             (t0.chain.push(inner.clone()), fv)
         };
         let fv = if detached && !meta_mutation && !matches!(inner, Op::Alias) {
@@ -520,7 +542,15 @@ impl Pass<'_, '_> {
         let family_new = match t0.family {
             Some(k) => {
                 let fc = self.family_fresh(k, loc)?;
-                Some((k, self.scatter_into(node, &t0, fc, new)?))
+                let mut fy = self.scatter_into(node, &t0, fc, new)?;
+                // A mutation autograd does not see, of a family with a history: the
+                // family's new value passes its gradient straight to its previous one
+                // (and none to the values written), as the storage's does below.
+                if self.unseen(node.out) && self.families[k].grad {
+                    fy = self.b.distinct_alias(fy, loc)?;
+                    self.autograd.straight_through.push((fy, fc));
+                }
+                Some((k, fy))
             }
             None => None,
         };
@@ -608,6 +638,7 @@ pub(crate) fn run(
         traced,
         handle_final: traced.inputs.iter().map(|i| i.id).collect(),
         autograd: AutogradFacts::default(),
+        straight_meta: Default::default(),
         // Autograd is on in this trace when it sees some node, or tracks some input (a
         // trace in grad mode whose only nodes are no-grad views still returns views
         // that pass no gradient).

@@ -22,6 +22,8 @@ fn run(text: &str, requires_grad: bool, unseen: &[u32]) -> (String, AutogradFact
         input_requires_grad: &rg,
         output_requires_grad: &out_rg,
         output_no_grad_view: &[],
+        output_creation: &[],
+        hidden_meta: &[],
         detach_values: &[],
         input_tracked_from: &[],
         hidden_mutation: &hidden,

@@ -32,7 +32,7 @@ pub use graph::{
     AttributeCalls, Def, Graph, GraphAppender, GraphIndex, Input, InvalidGraph, Node, SourceLoc, StorageId, ValueId,
     ValueMap,
 };
-pub use meta::{contiguous_strides, DimList, Dims, TensorMeta};
+pub use meta::{contiguous_strides, DimList, Dims, TensorMeta, ViewCreation};
 #[doc(hidden)]
 pub use smallvec as __smallvec;
 

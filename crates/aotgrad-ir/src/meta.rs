@@ -241,3 +241,48 @@ mod tests {
         assert_eq!(m(&[2], &[1], -1).storage_extent(), None);
     }
 }
+
+/// How autograd sees a tensor made by a view op, beyond its `requires_grad` flag:
+/// what PyTorch keeps as a view's `CreationMeta`, recorded for a traced output so a
+/// runtime that regenerates it as a view gives it the rules eager's view has.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ViewCreation {
+    /// Made under no-grad (of any tensor), or a view of such a view: an in-place op
+    /// on it with an operand requiring grad, in grad mode, is refused.
+    pub created_no_grad: bool,
+    /// Output `i` of a function returning several views (`split`, `chunk`,
+    /// `unbind`) made in grad mode, or a view of one: (the creating op as PyTorch
+    /// names its backward node, less `Backward0`; `i`).
+    pub multi_output: Option<(String, usize)>,
+    /// The op that made the view, as PyTorch names its backward node less
+    /// `Backward0` (`View`, `T`): the name PyTorch's errors about it give.
+    pub node: String,
+    /// An autograd leaf (`requires_grad_()` on a view of a tensor that does not
+    /// require grad, a view taken under no-grad).
+    pub leaf: bool,
+    /// Such a view (no-grad or multi-output) whose storage was modified in place
+    /// after it was made: autograd refuses to use it in grad mode.
+    pub stale: bool,
+    /// A view for autograd (it has a base).
+    pub view: bool,
+    /// Which of the call's outputs share its autograd base: the same number for
+    /// outputs viewing one base object (a regenerated `detach`ed base is made once
+    /// for them all, so writing one moves the others' flags as in eager).
+    pub base_group: Option<usize>,
+    /// Its base requires grad as a leaf (`requires_grad_()` on a `detach`ed alias
+    /// made in the function): in-place ops on the view are refused, as on any view
+    /// of a leaf requiring grad.
+    pub base_leaf: bool,
+    /// Its autograd base is output `k` of the same call (a `detach`ed alias returned
+    /// beside views of it): it is regenerated as a view of that output.
+    pub base_output: Option<usize>,
+    /// A view made in grad mode (PyTorch's differentiable view): its `requires_grad`
+    /// follows its base's, so it requires grad once its base is written in place with
+    /// a value that does.
+    pub grad_view: bool,
+    /// Its autograd base (or itself, when not a view) is not an argument's: a
+    /// `detach`ed alias made in the function, or a view of one. Such an alias of an
+    /// argument leaves the argument alone when written in place with a value
+    /// requiring grad.
+    pub detached: bool,
+}

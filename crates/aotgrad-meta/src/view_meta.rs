@@ -60,15 +60,17 @@ pub struct OutputInfo {
     /// none of the values it views.
     pub grad_cut: bool,
     /// A view taken under no-grad of a tensor autograd tracks, or a view of one: it
-    /// refuses in-place ops in grad mode, as in PyTorch.
+    /// refuses in-place ops in grad mode, as in PyTorch (taken under no-grad itself,
+    /// not a grad-mode view of one, it is a leaf that requires grad: `creation.leaf`).
     pub no_grad_view: bool,
-    /// Such a view taken under no-grad itself (not a grad-mode view of one): in
-    /// PyTorch a leaf that requires grad.
-    pub no_grad_leaf: bool,
     /// An alias with a history of its own: a `detach`ed alias later written in place
     /// with a value autograd sees. Its gradient flows through its own graph output (it
     /// gets a tangent), not through the storage it views.
     pub own_gradient: bool,
+    /// How autograd saw the traced output as a view: its creation rules (no-grad,
+    /// multi-output) and whether it was a leaf; the epilogue gives the regenerated
+    /// output the same.
+    pub creation: aotgrad_ir::ViewCreation,
 }
 
 /// Everything the runtime wrapper needs to reproduce eager side effects and aliasing.

@@ -248,7 +248,7 @@ pub(crate) fn cache_key(
     b.add(
         "trace facts",
         format!(
-            "{:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?}",
+            "{:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?}",
             traced.input_requires_grad,
             traced.input_made_requires_grad,
             traced.input_tracked_from,
@@ -256,6 +256,7 @@ pub(crate) fn cache_key(
             traced.hidden_meta,
             traced.output_requires_grad,
             traced.output_no_grad_view,
+            traced.output_creation,
             traced.detach_values,
             traced.value_requires_grad,
             traced.rng

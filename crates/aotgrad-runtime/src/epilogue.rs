@@ -26,6 +26,40 @@ fn view_of(base: &Tensor, meta: &TensorMeta) -> Result<Tensor> {
     Ok(v)
 }
 
+/// The `detach`ed aliases made as bases of regenerated views, by base group.
+type DetachedBases = std::collections::HashMap<usize, Tensor>;
+
+/// A `detach`ed alias of `t`, made the base of a regenerated view (once for all the
+/// outputs viewing the same base): it requires grad as a leaf where the traced view's
+/// base did.
+fn detached_base(bases: &mut DetachedBases, t: &Tensor, info: &aotgrad_meta::OutputInfo) -> Result<Tensor> {
+    if let Some(d) = info.creation.base_group.and_then(|g| bases.get(&g)) {
+        return Ok(d.clone());
+    }
+    let d = t.detach()?;
+    if info.creation.base_leaf && d.dtype().is_float() {
+        d.set_requires_grad(true)?;
+    }
+    if let Some(g) = info.creation.base_group {
+        bases.insert(g, d.clone());
+    }
+    Ok(d)
+}
+
+/// A regenerated alias that is no view for autograd (a `detach`ed alias, or the
+/// original a `detach`ed alias returned before it was regenerated from) has no base;
+/// made so before any view of it is.
+fn detached_if_no_view(t: Tensor, info: &aotgrad_meta::OutputInfo) -> Tensor {
+    let alias = matches!(
+        info.kind,
+        OutputKind::AliasOfInput(_) | OutputKind::AliasOfOutput(_) | OutputKind::AliasOfIntermediate(_)
+    );
+    if alias && !info.creation.view {
+        t.mark_detached_alias();
+    }
+    t
+}
+
 /// Whether `t` covers its whole storage in row-major order.
 fn covers_storage(t: &CpuTensor) -> bool {
     t.meta.is_contiguous()
@@ -127,30 +161,81 @@ pub(crate) fn apply(
     // 3. outputs: those that alias another output come second, since the output
     //    they view may come later in the list.
     let mut results: Vec<Option<Tensor>> = vec![None; meta.outputs.len()];
+    // One tensor per intermediate base, which its views share (as eager's do: writing
+    // one through autograd moves the others' flags along).
+    let mut bases: Vec<Option<Tensor>> = vec![None; meta.num_intermediate_bases];
+    let mut detached = DetachedBases::new();
+    // An output whose autograd base is another output: a view of that one, second.
+    let of_output = |info: &aotgrad_meta::OutputInfo| {
+        let alias = !matches!(info.kind, OutputKind::NonAlias | OutputKind::IsInput(_) | OutputKind::SameAs(_));
+        info.creation.base_output.filter(|&o| alias && meta.outputs.get(o).is_some_and(|b| !b.creation.view))
+    };
     for (j, info) in meta.outputs.iter().enumerate() {
+        if of_output(info).is_some() {
+            continue;
+        }
         let m = concrete(&info.meta, env)?;
-        results[j] = match &info.kind {
+        let made = match &info.kind {
             OutputKind::NonAlias => Some(Tensor::from_cpu(outs[meta.user_output_index(j)].clone())),
             OutputKind::IsInput(k) => Some(traced_input(entry, args, *k)?.clone()),
-            OutputKind::AliasOfInput(k) => Some(view_of(traced_input(entry, args, *k)?, &m)?),
+            OutputKind::AliasOfInput(k) => {
+                let input = traced_input(entry, args, *k)?;
+                // A view of a `detach`ed alias made in the function: its base is such
+                // an alias, not the argument.
+                let through_detach = info.creation.detached && info.creation.view;
+                Some(if through_detach {
+                    view_of(&detached_base(&mut detached, input, info)?, &m)?
+                } else {
+                    view_of(input, &m)?
+                })
+            }
             OutputKind::AliasOfIntermediate(b) => {
-                let base = Tensor::from_cpu(outs[meta.intermediate_base_index(*b)].clone());
-                Some(view_of(&base, &m)?)
+                let slot = bases.get_mut(*b).ok_or_else(|| Error::Internal(format!("no intermediate base {b}")))?;
+                let base = slot.get_or_insert_with(|| Tensor::from_cpu(outs[meta.intermediate_base_index(*b)].clone()));
+                // A view of a `detach`ed alias written with a value requiring grad (its
+                // own history): its base is that alias, not the others' base.
+                let own = info.own_gradient && info.creation.view;
+                Some(if own { view_of(&detached_base(&mut detached, base, info)?, &m)? } else { view_of(base, &m)? })
             }
             OutputKind::AliasOfOutput(_) | OutputKind::SameAs(_) => None,
         };
+        results[j] = made.map(|t| detached_if_no_view(t, info));
     }
+    // (In rounds: an output may refer to one that refers to another.)
+    let mut pending: Vec<(usize, usize)> = Vec::new();
     for (j, info) in meta.outputs.iter().enumerate() {
-        let (OutputKind::AliasOfOutput(o) | OutputKind::SameAs(o)) = info.kind else { continue };
-        let earlier =
-            results.get(o).cloned().flatten().ok_or_else(|| {
-                Error::Internal(format!("output {j} refers to output {o}, which is not computed first"))
-            })?;
-        results[j] = Some(if matches!(info.kind, OutputKind::SameAs(_)) {
-            earlier
-        } else {
-            view_of(&earlier, &concrete(&info.meta, env)?)?
-        });
+        match (of_output(info), &info.kind) {
+            (Some(o), _) => pending.push((j, o)),
+            (None, OutputKind::AliasOfOutput(o) | OutputKind::SameAs(o)) => pending.push((j, *o)),
+            _ => {}
+        }
+    }
+    while !pending.is_empty() {
+        let before = pending.len();
+        let mut waiting = Vec::new();
+        for (j, o) in pending {
+            let Some(earlier) = results.get(o).cloned().flatten() else {
+                waiting.push((j, o));
+                continue;
+            };
+            let info = &meta.outputs[j];
+            // A view of a `detach`ed alias of that output made in the function.
+            let through_detach = matches!(info.kind, OutputKind::AliasOfOutput(_))
+                && of_output(info).is_none()
+                && info.creation.detached
+                && info.creation.view;
+            let earlier = if through_detach { detached_base(&mut detached, &earlier, info)? } else { earlier };
+            results[j] = Some(if matches!(info.kind, OutputKind::SameAs(_)) {
+                earlier
+            } else {
+                detached_if_no_view(view_of(&earlier, &concrete(&info.meta, env)?)?, info)
+            });
+        }
+        if waiting.len() == before {
+            let (j, o) = waiting[0];
+            return Err(Error::Internal(format!("output {j} refers to output {o}, which is never computed")));
+        }
+        pending = waiting;
     }
     let results: Vec<Tensor> = results.into_iter().flatten().collect();
     Ok(results)

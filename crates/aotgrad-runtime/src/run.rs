@@ -26,7 +26,9 @@ pub(crate) fn run_inference(name: &str, entry: &Entry, args: &[Arg], env: &Bindi
             entry.compiled.as_ref().ok_or_else(|| Error::Internal("entry has no inference artifact".into()))?;
         compiled.run_with_symbols(&inputs, &given_symbols(env))?
     };
-    epilogue::apply(entry, args, env, &inputs, &outs, versions)
+    let results = epilogue::apply(entry, args, env, &inputs, &outs, versions)?;
+    mark_output_flags(entry, &results)?;
+    Ok(results)
 }
 
 /// Run the compiled forward of a training entry, the epilogue, and set the autograd
@@ -89,31 +91,50 @@ pub(crate) fn run_forward(
     Ok((results, pending))
 }
 
-/// Autograd flags after a compiled forward, as eager leaves them: every output that
-/// requires grad is a non-leaf requiring grad (an output that *is* an input keeps the
-/// input's flags; a view taken under no-grad is a leaf that requires grad, as in
-/// PyTorch), and so is every input whose data the call changed with a value
-/// that requires grad (a mutation autograd sees), and the base of such an input when
-/// it is a view.
-pub(crate) fn mark_grad_flags(entry: &Entry, args: &[Arg], results: &[Tensor]) -> Result<()> {
+/// The outputs' autograd flags as eager leaves them, for a call of either path
+/// (inference calls included: a view taken under no-grad of an argument requiring
+/// grad requires grad): every output that requires grad is a non-leaf requiring grad
+/// (an output that *is* an input keeps the input's flags; a view taken under no-grad
+/// and a view made to require grad with `requires_grad_()` are leaves that require
+/// grad, as in PyTorch), and a regenerated view keeps the rules of its creation
+/// (made under no-grad, output of a function returning several views).
+pub(crate) fn mark_output_flags(entry: &Entry, results: &[Tensor]) -> Result<()> {
     let meta = &entry.m().meta;
     for (t, info) in results.iter().zip(&meta.outputs) {
         let fresh = !matches!(info.kind, OutputKind::IsInput(_) | OutputKind::SameAs(_));
-        if info.own_gradient {
+        if info.own_gradient && !info.creation.view {
             // A `detach`ed alias with a history of its own: not a view for autograd.
             t.mark_detached_alias();
         }
-        if info.requires_grad && fresh && info.meta.dtype.is_float() {
-            if !info.no_grad_leaf {
-                t.mark_differentiable_result()?;
-            }
+        if !fresh {
+            continue;
+        }
+        if info.requires_grad && info.meta.dtype.is_float() {
             if info.no_grad_view {
+                if !info.creation.leaf {
+                    t.mark_differentiable_result()?;
+                }
                 // A view taken under no-grad is a leaf requiring grad; a grad-mode
                 // view of one is a non-leaf; both refuse in-place ops in grad mode.
-                t.mark_no_grad_view(info.no_grad_leaf);
+                t.mark_no_grad_view(info.creation.leaf);
+            } else if info.creation.leaf {
+                t.set_requires_grad(true)?;
+            } else {
+                t.mark_differentiable_result()?;
             }
         }
+        t.set_view_creation(&info.creation);
     }
+    Ok(())
+}
+
+/// Autograd flags after a compiled forward, as eager leaves them: the outputs'
+/// ([`mark_output_flags`]), and every input whose data the call changed with a value
+/// that requires grad (a mutation autograd sees) requires grad, and so does the base
+/// of such an input when it is a view.
+pub(crate) fn mark_grad_flags(entry: &Entry, args: &[Arg], results: &[Tensor]) -> Result<()> {
+    let meta = &entry.m().meta;
+    mark_output_flags(entry, results)?;
     for (k, info) in meta.inputs.iter().enumerate().take(entry.m().traced_args.len()) {
         let t = traced_input(entry, args, k)?;
         if !info.mutates_data || info.mutations_hidden_from_autograd || !t.dtype().is_float() {

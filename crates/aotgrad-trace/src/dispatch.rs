@@ -234,6 +234,11 @@ pub(crate) fn dispatch_with<R: Record>(op: Op, args: &[&Tensor], loc: &SourceLoc
     }
     // Does the result take part in autograd? (dtype checked once the meta is known)
     let grad_inputs = grad && differentiable(&op) && states.iter().any(TState::requires_grad);
+    if grad_inputs {
+        for s in &states {
+            check_view_not_stale(&name, s, loc)?;
+        }
+    }
     // Eager autograd records an op whose inputs require grad; an in-place op also when
     // only its target does (its history moves on even through a constant fill).
     let record_eager = matches!(mode, Mode::Eager)
@@ -291,6 +296,9 @@ pub(crate) fn dispatch_with<R: Record>(op: Op, args: &[&Tensor], loc: &SourceLoc
                 }
             }
             let float = out.dtype.is_float();
+            if matches!(aliasing, Aliasing::MutatesData | Aliasing::MutatesMeta) {
+                *st.storage_version.entry(storage).or_insert(0) += 1;
+            }
             // Whether autograd sees the value (`Traced::value_requires_grad`): a data
             // mutation under no-grad is hidden from it even when the tensor keeps
             // requiring grad.
@@ -351,6 +359,7 @@ pub(crate) fn dispatch_with<R: Record>(op: Op, args: &[&Tensor], loc: &SourceLoc
                 created_no_grad: !grad || s0.created_no_grad,
                 // A view of a multi-output view is output 0 of its own op.
                 multi_output_view: s0.multi_output_view.as_ref().map(|_| (backward_name(&name), 0)),
+                view_node: backward_name(&name),
                 grad_fn: node.filter(|_| rg),
                 grad_fn_base,
                 grad_fn_version,
@@ -409,6 +418,41 @@ pub(crate) fn dispatch_with<R: Record>(op: Op, args: &[&Tensor], loc: &SourceLoc
 pub(crate) fn version_of(repr: &Repr) -> u64 {
     match repr {
         Repr::Eager(t) => t.storage.version(),
-        Repr::Fake(_) => 0,
+        Repr::Fake(f) => f.ctx.lock().storage_version.get(&f.storage).copied().unwrap_or(0),
     }
+}
+
+/// PyTorch's check when autograd needs a view's history (an op in grad mode taking
+/// it, `grad_fn`, `retain_grad`): a view whose creation forbids rebasing its history
+/// (made under no-grad of a tensor requiring grad, or output of a function returning
+/// several views, or a view of either) may not be used once its storage was modified
+/// in place after it was made (by it, its base or another view, in any mode).
+pub(crate) fn check_view_not_stale(op: &str, s: &TState, loc: &SourceLoc) -> Result<()> {
+    if s.base.is_none() || !s.requires_grad() || (!s.no_grad_view && s.multi_output_view.is_none()) {
+        return Ok(());
+    }
+    if version_of(&s.repr) == s.grad_fn_version {
+        return Ok(());
+    }
+    let msg = match &s.multi_output_view {
+        Some((node, i)) => format!(
+            "Output {i} of {node} is a view and its base or another view of its base has been modified inplace. \
+             This view is the output of a function that returns multiple views. Such functions do not allow the \
+             output views to be modified inplace. You should replace the inplace operation by an out-of-place one."
+        ),
+        None => {
+            let what = if s.is_leaf() {
+                "A view was created in no_grad mode".to_string()
+            } else {
+                format!("Output 0 of {} is a view of a view which was created in no_grad mode", s.view_node)
+            };
+            format!(
+                "{what} and its base or another view of its base has been modified inplace with grad mode enabled. \
+                 Given that this use case is ambiguous and error-prone, it is forbidden. You can clarify your code by \
+                 moving both the view and the inplace either both inside the no_grad block (if you don't want the \
+                 inplace to be tracked) or both outside (if you want the inplace to be tracked)."
+            )
+        }
+    };
+    Err(Error::autograd(op, loc, msg))
 }

@@ -64,6 +64,9 @@ pub struct Traced {
     /// Whether each output is a view taken under no-grad of a tensor autograd tracks
     /// (PyTorch: a leaf that requires grad, refusing in-place ops in grad mode).
     pub output_no_grad_view: Vec<bool>,
+    /// How autograd sees each output as a view (its creation rules and whether it is
+    /// a leaf), for regenerating it as eager's view.
+    pub output_creation: Vec<aotgrad_ir::ViewCreation>,
     /// The values `detach` made (`alias` nodes that are not views for autograd: a
     /// write through one with a value requiring grad leaves its storage's other
     /// tensors alone, as in PyTorch).
@@ -99,6 +102,8 @@ impl TraceCtx {
                 next_storage: 0,
                 value_requires_grad: Vec::new(),
                 storage_len: HashMap::new(),
+                storage_version: HashMap::new(),
+                input_handles: Vec::new(),
                 detach_values: Vec::new(),
                 tracked_from: Vec::new(),
                 no_grad_views: Vec::new(),
@@ -248,6 +253,7 @@ where
                 no_grad_view: x.no_grad_view,
                 created_no_grad: x.created_no_grad,
                 multi_output_view: x.multi_output_view.clone(),
+                view_node: x.view_node.clone(),
                 grad_fn: None,
                 grad_fn_base: None,
                 grad_fn_version: 0,
@@ -257,6 +263,7 @@ where
             }));
         }
     }
+    ctx.lock().input_handles = fakes.iter().map(Tensor::address).collect();
     let outs = {
         let _active = ActiveGuard::enter(ctx.clone());
         f(&fakes)?
@@ -289,6 +296,8 @@ where
     let mut outputs = Vec::with_capacity(outs.len());
     let mut output_requires_grad = Vec::with_capacity(outs.len());
     let mut output_no_grad_view = Vec::with_capacity(outs.len());
+    let mut output_creation = Vec::with_capacity(outs.len());
+    let mut output_bases: Vec<Tensor> = Vec::new();
     for (k, t) in outs.iter().enumerate() {
         let s = t.snapshot();
         match &s.repr {
@@ -303,6 +312,30 @@ where
         }
         output_requires_grad.push(s.requires_grad());
         output_no_grad_view.push(s.no_grad_view);
+        output_creation.push(aotgrad_ir::ViewCreation {
+            created_no_grad: s.created_no_grad,
+            multi_output: s.multi_output_view.clone(),
+            node: s.view_node.clone(),
+            leaf: s.is_leaf(),
+            stale: crate::dispatch::check_view_not_stale("", &s, &loc).is_err(),
+            view: s.base.is_some(),
+            base_group: s.base.as_ref().map(|b| match output_bases.iter().position(|o| o.same_object(b)) {
+                Some(i) => i,
+                None => {
+                    output_bases.push(b.clone());
+                    output_bases.len() - 1
+                }
+            }),
+            base_leaf: s.base.as_ref().is_some_and(|b| {
+                let b = b.snapshot();
+                b.requires_grad() && b.is_leaf()
+            }),
+            base_output: s.base.as_ref().and_then(|b| outs.iter().position(|o| o.same_object(b))),
+            grad_view: s.grad_view,
+            detached: s.base.as_ref().is_none_or(|b| {
+                !matches!(b.snapshot().repr, Repr::Eager(_)) && !fakes.iter().any(|f| f.same_object(b))
+            }),
+        });
     }
     let mut st = ctx.lock();
     st.graph.outputs = outputs;
@@ -337,6 +370,7 @@ where
         hidden_meta,
         output_requires_grad,
         output_no_grad_view,
+        output_creation,
         detach_values,
         value_requires_grad,
         rng,

@@ -156,6 +156,8 @@ pub(crate) fn functionalize_traced(
         input_requires_grad: &traced.input_requires_grad,
         output_requires_grad: &traced.output_requires_grad,
         output_no_grad_view: &traced.output_no_grad_view,
+        output_creation: &traced.output_creation,
+        hidden_meta: &traced.hidden_meta,
         detach_values: &traced.detach_values,
         input_tracked_from: &traced.input_tracked_from,
         hidden_mutation: &hidden,

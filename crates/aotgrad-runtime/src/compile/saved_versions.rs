@@ -25,7 +25,13 @@ pub(crate) fn saved_version_errors(
     input_is_view: &[bool],
 ) -> Vec<BackwardError> {
     let g: &Graph = &traced.graph;
-    let rg = |v: ValueId| traced.value_requires_grad.get(v.0 as usize).copied().unwrap_or(false);
+    // A write autograd does not see (under no-grad) leaves the tensor's history as it
+    // was: its value stands for the one before. A metadata op under no-grad is no
+    // recorded node, even of a tensor that keeps requiring grad.
+    let hidden_meta: HashSet<ValueId> = traced.hidden_meta.iter().copied().collect();
+    let rg = |v: ValueId| {
+        traced.value_requires_grad.get(v.0 as usize).copied().unwrap_or(false) && !hidden_meta.contains(&v)
+    };
     let mut storage: HashMap<ValueId, StorageId> = g.inputs.iter().map(|i| (i.id, i.storage)).collect();
     let mut meta: HashMap<ValueId, &TensorMeta> = g.inputs.iter().map(|i| (i.id, &i.meta)).collect();
     let mut def: HashMap<ValueId, usize> = HashMap::new();
@@ -64,9 +70,6 @@ pub(crate) fn saved_version_errors(
     let same_identity = |a: ValueId, b: ValueId| family.get(&a) == family.get(&b);
     let through_detach = |v: ValueId| family.contains_key(&v);
     let no_grad_views: HashSet<ValueId> = traced.no_grad_views.iter().copied().collect();
-    // A write autograd does not see (under no-grad) leaves the tensor's history as it
-    // was: its value stands for the one before.
-    let hidden_meta: HashSet<ValueId> = traced.hidden_meta.iter().copied().collect();
     let resolve = |mut v: ValueId| loop {
         match def.get(&v).map(|&k| &g.nodes[k]) {
             Some(n)
@@ -268,7 +271,7 @@ pub(crate) fn saved_version_errors(
         };
         let mut from: HashSet<ValueId> = HashSet::new();
         for (m, n) in g.nodes.iter().enumerate() {
-            if of_input(n.out) || n.op.aliasing() == Aliasing::View && m < first {
+            if of_input(n.out) || (n.op.aliasing() == Aliasing::View && m < first && view_of_input(n.out)) {
                 continue;
             }
             let starts = m < first && n.args.iter().any(|&a| view_of_input(a));

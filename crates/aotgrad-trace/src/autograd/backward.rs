@@ -184,13 +184,14 @@ fn run(start: Vec<(Edge, CpuTensor)>, retain_graph: bool) -> Result<()> {
             t.accumulate_retained_grad(&Tensor::from_cpu(g.clone()))?;
         }
         let input_grads = vjp(node, &g)?;
-        for (edge, gi) in node.edges().iter().zip(input_grads) {
+        for (i, (edge, gi)) in node.edges().iter().zip(input_grads).enumerate() {
             let Some(gi) = gi else { continue };
             match edge {
                 Edge::None => {}
                 Edge::Unrecorded => return Err(autograd_err(node.loc(), UNRECORDED)),
                 Edge::Leaf(t) => t.accumulate_grad(&Tensor::from_cpu(gi))?,
                 Edge::Node(m) => {
+                    let gi = fit_to_node(node, i, gi, m)?;
                     let k = key(m);
                     let sum = match grads.remove(&k) {
                         Some(prev) => add(&prev, &gi, node.loc())?,
@@ -207,6 +208,31 @@ fn run(start: Vec<(Edge, CpuTensor)>, retain_graph: bool) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// PyTorch's check of a gradient a node returns (`validate_outputs`): gradient `g`
+/// for input `i` of `node` must have the shape of what node `m` made, or one that
+/// shape broadcasts to (then summed down to it); any other shape is an invalid
+/// gradient (a tensor whose shape a metadata op changed under no-grad).
+fn fit_to_node(node: &GradNode, i: usize, g: CpuTensor, m: &GradNode) -> Result<CpuTensor> {
+    let graph = m.graph();
+    let Some(want) = graph.outputs.first().and_then(|&o| graph.meta_of(o)) else { return Ok(g) };
+    if want.shape == g.meta.shape {
+        return Ok(g);
+    }
+    let shape = |d: &[aotgrad_ir::Dim]| format!("[{}]", d.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", "));
+    match sum_to(&g, want) {
+        Some(summed) => summed,
+        None => Err(autograd_err(
+            node.loc(),
+            format!(
+                "Function {} returned an invalid gradient at index {i} - got {} but expected shape compatible with {}",
+                node.name(),
+                shape(&g.meta.shape),
+                shape(&want.shape)
+            ),
+        )),
+    }
 }
 
 /// `a + b` on the reference kernels.

@@ -40,6 +40,7 @@ pub(crate) fn edge_of(t: &Tensor, s: &TState) -> Result<Edge> {
     if !s.requires_grad() {
         return Ok(Edge::None);
     }
+    crate::dispatch::check_view_not_stale("grad_fn", s, &s.view_loc)?;
     if s.grad_view {
         if let Some(base) = &s.base {
             let b = base.snapshot();

@@ -28,6 +28,13 @@ pub(crate) struct TraceState {
     /// Element counts of fake storages where they are concrete (static inputs, fresh
     /// results of concrete shape): view ops are checked against them as eager's are.
     pub(crate) storage_len: HashMap<StorageId, usize>,
+    /// In-place ops (data or metadata) on each fake storage so far: its version, as
+    /// an eager storage counts them (for the checks on views made before).
+    pub(crate) storage_version: HashMap<StorageId, u64>,
+    /// The input handles' objects (their addresses, stable while the trace runs):
+    /// `requires_grad_()` on one of them tracks that input; on any other tensor
+    /// (a view of an input included) it makes a new leaf.
+    pub(crate) input_handles: Vec<usize>,
     /// Values made by `detach` (an `alias` that is not a view for autograd).
     pub(crate) detach_values: Vec<ValueId>,
     /// Views made under no-grad of tensors requiring grad (and views of them): they

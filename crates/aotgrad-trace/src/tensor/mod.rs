@@ -68,6 +68,9 @@ pub(crate) struct TState {
     /// backward, without `Backward0`, output index)`; a view of one is output 0 of its
     /// own op. Such a view may not be modified in place while autograd tracks it.
     pub(crate) multi_output_view: Option<(String, usize)>,
+    /// For a view: the op that made it, as PyTorch names its backward node less
+    /// `Backward0` (`View`, `T`), for PyTorch's errors about it.
+    pub(crate) view_node: String,
     /// Eager autograd: the node that computed this tensor (PyTorch's `grad_fn`).
     pub(crate) grad_fn: Option<Arc<GradNode>>,
     /// For a view: its base's node when this view's node was made (a base whose
@@ -113,6 +116,7 @@ impl TState {
             no_grad_view: false,
             created_no_grad: false,
             multi_output_view: None,
+            view_node: String::new(),
             grad_fn: None,
             grad_fn_base: None,
             grad_fn_version: 0,
@@ -167,6 +171,10 @@ impl TState {
 impl Tensor {
     pub(crate) fn from_state(state: TState) -> Tensor {
         Tensor(Arc::new(Inner { state: Mutex::new(state) }))
+    }
+    /// This tensor object's address (stable while any handle to it lives).
+    pub(crate) fn address(&self) -> usize {
+        Arc::as_ptr(&self.0) as usize
     }
     pub(crate) fn from_inner(inner: Arc<Inner>) -> Tensor {
         Tensor(inner)
@@ -364,9 +372,18 @@ impl Tensor {
         let was = st.requires_grad();
         st.own_requires_grad = requires_grad;
         if let Repr::Fake(f) = &st.repr {
-            f.ctx.set_value_requires_grad(f.value, st.requires_grad());
+            // Made to require grad, an argument is tracked from here on (the trace
+            // notes where); any other tensor is a new leaf: autograd sees what is
+            // computed from it, not what it was computed from. Either way the nodes
+            // that ran stay as autograd saw them (an in-place op on the argument
+            // before, or the op that made the tensor, was not recorded). Unchanged,
+            // the value stays as it was too (a hidden mutation stays hidden).
             if requires_grad && !was {
-                f.ctx.note_tracked_from(f.value, f.storage);
+                if f.ctx.lock().input_handles.contains(&self.address()) {
+                    f.ctx.note_tracked_from(f.value, f.storage);
+                }
+            } else if was != st.requires_grad() {
+                f.ctx.set_value_requires_grad(f.value, st.requires_grad());
             }
         }
         Ok(())
@@ -399,6 +416,27 @@ impl Tensor {
             st.no_grad_view = true;
             if leaf {
                 st.grad_view = false;
+            }
+        }
+    }
+
+    /// Give this view the creation rules of a traced output it regenerates (see
+    /// [`aotgrad_ir::ViewCreation`]): made under no-grad, output of a function
+    /// returning several views, the op that made it; a grad-mode view that does not
+    /// require grad follows its base's flag from now on. A no-op on a tensor that is
+    /// not a view.
+    pub fn set_view_creation(&self, creation: &aotgrad_ir::ViewCreation) {
+        let mut st = self.lock();
+        if st.base.is_some() {
+            if creation.grad_view && (creation.leaf || !st.requires_grad()) {
+                st.grad_view = true;
+            }
+            st.created_no_grad = creation.created_no_grad;
+            st.multi_output_view = creation.multi_output.clone();
+            st.view_node = creation.node.clone();
+            if creation.stale {
+                // No version matches: using it in grad mode is refused.
+                st.grad_fn_version = u64::MAX;
             }
         }
     }

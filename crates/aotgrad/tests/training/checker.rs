@@ -240,6 +240,9 @@ fn one_call(
         .map_err(|e| e.to_string())?;
     let (comp_out, pending) = compiled.forward_args(&comp_in).map_err(|e| format!("compiled forward fails: {e}"))?;
     compare_worlds("", &same_state, &eager_in, &eager_out, &comp_in, &comp_out)?;
+    // Outputs autograd refuses to use (a no-grad or multi-output view whose storage
+    // changed since it was made): the same in both worlds, and left out of `L`.
+    let usable = same_usability("", &eager_out, &comp_out)?;
     // Gradients: random for every output (ignored for those that do not require grad).
     let out_grads: Vec<Tensor> = eager_out
         .iter()
@@ -248,14 +251,15 @@ fn one_call(
             let m = o.meta();
             let shape = m.concrete_shape().unwrap_or_default();
             let n: usize = shape.iter().product();
-            let vals = if m.dtype.is_float() { rand_vals(n, seed + 13 * j as u64) } else { vec![0.0; n] };
+            let vals = if m.dtype.is_float() && usable[j] { rand_vals(n, seed + 13 * j as u64) } else { vec![0.0; n] };
             Tensor::from_f64(&vals, &shape, m.dtype).map_err(|e| e.to_string())
         })
         .collect::<Result<_, _>>()?;
     let weights: Vec<Option<Vec<f64>>> = eager_out
         .iter()
         .zip(&out_grads)
-        .map(|(o, g)| o.is_requires_grad().then(|| g.to_vec_f64()).transpose())
+        .zip(&usable)
+        .map(|((o, g), u)| (o.is_requires_grad() && *u).then(|| g.to_vec_f64()).transpose())
         .collect::<Result<_, _>>()
         .map_err(|e| e.to_string())?;
     // ... and for the new value of every argument the call changed that requires grad
@@ -273,7 +277,7 @@ fn one_call(
             updated_grads.push((k, h));
         }
     }
-    let got = match backward(&pending, &out_grads, &updated_grads) {
+    let got = match backward(&pending, &out_grads, &usable, &updated_grads) {
         Ok(got) => got,
         // PyTorch's backward checks (saved values, gradient shapes): eager's backward
         // must refuse too.
@@ -290,6 +294,13 @@ fn one_call(
     if got.len() != before.len() {
         return Err(format!("backward returned {} gradients for {} arguments", got.len(), before.len()));
     }
+    // An argument the function made require grad (`requires_grad_()`: a leaf requiring
+    // grad after the call) has a gradient.
+    let requires_grad: Vec<bool> = requires_grad
+        .iter()
+        .zip(&comp_in)
+        .map(|(before, a)| *before || a.tensor().is_some_and(|t| t.is_requires_grad() && t.is_leaf()))
+        .collect();
     for (k, g) in got.iter().enumerate() {
         match (g, requires_grad[k]) {
             (Some(g), true) => {
@@ -384,7 +395,7 @@ fn eager_backward(
         Ok(())
     };
     for (o, g) in outs.iter().zip(out_grads) {
-        if o.is_requires_grad() {
+        if o.is_requires_grad() && usable_in_grad_mode(o) {
             add(o.mul(g).and_then(|p| p.sum_all()).map_err(|e| e.to_string())?)?;
         }
     }
@@ -488,12 +499,14 @@ fn leaves_of(edges: &[Edge]) -> Vec<Tensor> {
     leaves
 }
 
+/// The compiled backward with `out_grads` for the outputs autograd can use (`usable`).
 fn backward(
     pending: &PendingBackward,
     out_grads: &[Tensor],
+    usable: &[bool],
     updated: &[(usize, Tensor)],
 ) -> Result<Vec<Option<Tensor>>, String> {
-    let opt: Vec<Option<Tensor>> = out_grads.iter().cloned().map(Some).collect();
+    let opt: Vec<Option<Tensor>> = out_grads.iter().zip(usable).map(|(g, u)| u.then(|| g.clone())).collect();
     pending.backward_with(&opt, updated).map_err(|e| format!("backward fails: {e}"))
 }
 
@@ -688,6 +701,25 @@ fn same_state(what: &str, e: &Tensor, c: &Tensor) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether autograd lets `t` take part in an op in grad mode (it refuses a no-grad or
+/// multi-output view whose storage was modified in place since it was made).
+fn usable_in_grad_mode(t: &Tensor) -> bool {
+    t.mul(1.0).is_ok()
+}
+
+/// Each output is usable in grad mode in both worlds or in neither; returns which are.
+fn same_usability(ctx: &str, eager_out: &[Tensor], comp_out: &[Tensor]) -> Result<Vec<bool>, String> {
+    let mut usable = Vec::with_capacity(eager_out.len());
+    for (j, (e, c)) in eager_out.iter().zip(comp_out).enumerate() {
+        let (ue, uc) = (usable_in_grad_mode(e), usable_in_grad_mode(c));
+        if ue != uc {
+            return Err(format!("{ctx}output {j} usable in grad mode: {uc} (compiled) != {ue} (eager)"));
+        }
+        usable.push(ue);
+    }
+    Ok(usable)
+}
+
 /// (d): add 1 in place to each float output in turn, cumulatively, grad mode on.
 fn mutate_outputs(eager_in: &[Arg], eager_out: &[Tensor], comp_in: &[Arg], comp_out: &[Tensor]) -> Result<(), String> {
     for j in 0..eager_out.len() {
@@ -700,7 +732,27 @@ fn mutate_outputs(eager_in: &[Arg], eager_out: &[Tensor], comp_in: &[Arg], comp_
             (Ok(_), Err(e)) => return Err(format!("output {j}.add_(1) fails only when compiled: {e}")),
             (Err(e), Ok(_)) => return Err(format!("output {j}.add_(1) fails only in eager: {e}")),
         }
-        compare_worlds(&format!("after output {j}.add_(1): "), &same_state, eager_in, eager_out, comp_in, comp_out)?;
+        let ctx = format!("after output {j}.add_(1): ");
+        compare_worlds(&ctx, &same_state, eager_in, eager_out, comp_in, comp_out)?;
+        same_usability(&ctx, eager_out, comp_out)?;
+    }
+    // Then in place with an operand requiring grad (refused on a view made under
+    // no-grad, even of a tensor that does not require grad), each output in turn.
+    for j in 0..eager_out.len() {
+        if !eager_out[j].dtype().is_float() {
+            continue;
+        }
+        let one = || Tensor::from_f64(&[1.0], &[], eager_out[j].dtype()).and_then(|t| t.requires_grad(true));
+        let (e, c) = (one().map_err(|e| e.to_string())?, one().map_err(|e| e.to_string())?);
+        match (eager_out[j].mul_(&e), comp_out[j].mul_(&c)) {
+            (Ok(_), Ok(_)) => {}
+            (Err(_), Err(_)) => continue,
+            (Ok(_), Err(e)) => return Err(format!("output {j}.mul_(leaf) fails only when compiled: {e}")),
+            (Err(e), Ok(_)) => return Err(format!("output {j}.mul_(leaf) fails only in eager: {e}")),
+        }
+        let ctx = format!("after output {j}.mul_(leaf): ");
+        compare_worlds(&ctx, &same_state, eager_in, eager_out, comp_in, comp_out)?;
+        same_usability(&ctx, eager_out, comp_out)?;
     }
     Ok(())
 }
@@ -829,4 +881,43 @@ pub fn try_check(f: UserFn, inputs: &dyn Fn() -> Vec<Arg>, config: AotConfig, gr
         }
     }
     Ok(outcome)
+}
+
+/// [`try_check`] for a call made under no_grad (no backward): twice, eager and compiled
+/// each run under no_grad; values, metadata, storage, flags (a view of an argument
+/// requiring grad requires grad), versions and aliasing must agree, and so must which
+/// outputs autograd can use and the in-place ops on the outputs afterwards, in grad
+/// mode. A call eager refuses must be refused by the compiled function too.
+pub fn try_check_no_grad_call(f: UserFn, inputs: &dyn Fn() -> Vec<Arg>, config: AotConfig) -> Result<Outcome, String> {
+    let ff = f.clone();
+    let compiled = aot_function_args(move |a: &[Arg]| ff(a), config).map_err(|e| e.to_string())?;
+    for call in 0..2 {
+        let (eager_in, comp_in) = (inputs(), inputs());
+        let (eager, comp) = {
+            let _g = NoGradGuard::new();
+            (f(&eager_in), compiled.call_args(&comp_in))
+        };
+        match (eager, comp) {
+            (Err(_), Err(c)) => {
+                let text = c.to_string();
+                if matches!(c, aotgrad::Error::Internal(_)) || text.contains("internal error") {
+                    return Err(format!(
+                        "under no_grad, eager refuses the call, the compiled function fails with a bug: {text}"
+                    ));
+                }
+                return Ok(Outcome::BothRefuse);
+            }
+            (Err(e), Ok(_)) => {
+                return Err(format!("under no_grad, eager refuses the call ({e}), the compiled function runs it"))
+            }
+            (Ok(_), Err(c)) => return Err(format!("under no_grad, the compiled call fails ({c}), eager runs it")),
+            (Ok(eager_out), Ok(comp_out)) => {
+                let ctx = format!("call {call} under no_grad: ");
+                compare_worlds(&ctx, &same_state, &eager_in, &eager_out, &comp_in, &comp_out)?;
+                same_usability(&ctx, &eager_out, &comp_out)?;
+                mutate_outputs(&eager_in, &eager_out, &comp_in, &comp_out).map_err(|e| format!("{ctx}{e}"))?;
+            }
+        }
+    }
+    Ok(Outcome::Agree)
 }

@@ -13,6 +13,7 @@ mod inputs;
 mod mutation;
 mod nograd;
 mod parity;
+mod parity33;
 mod partition;
 mod random;
 #[path = "../shared/worlds.rs"]
