@@ -559,15 +559,34 @@ impl ResultMeta {
                     check_index(&format!("output {j}'s intermediate base"), b, vm.num_intermediate_bases)?
                 }
                 OutputKind::AliasOfOutput(o2) | OutputKind::SameAs(o2) => {
-                    check_index(&format!("output {j}'s output"), o2, n_out)?;
-                    // The epilogue makes these after the outputs of other kinds, in
-                    // order: one that refers to another of them refers to an earlier
-                    // one (so references never form a cycle).
-                    let second = matches!(vm.outputs[o2].kind, OutputKind::AliasOfOutput(_) | OutputKind::SameAs(_));
-                    if second && o2 >= j {
-                        return Err(bad(format!("output {j} refers to output {o2}, which is not made before it")));
-                    }
+                    check_index(&format!("output {j}'s output"), o2, n_out)?
                 }
+            }
+            if let Some(b) = o.creation.base_output {
+                check_index(&format!("output {j}'s base output"), b, n_out)?;
+            }
+        }
+        // The epilogue makes an output from another one after it (`output_source`):
+        // those references never form a cycle.
+        let mut state = vec![0u8; n_out]; // 0 unseen, 1 on the current path, 2 done
+        for start in 0..n_out {
+            let mut path = Vec::new();
+            let mut j = start;
+            loop {
+                match state[j] {
+                    2 => break,
+                    1 => return Err(bad(format!("output {j} is made from an output made from it (a cycle)"))),
+                    _ => {}
+                }
+                state[j] = 1;
+                path.push(j);
+                match vm.output_source(j) {
+                    Some(src) => j = src.output(),
+                    None => break,
+                }
+            }
+            for p in path {
+                state[p] = 2;
             }
         }
         if self.graph_output_metas.len() != n_graph_out {

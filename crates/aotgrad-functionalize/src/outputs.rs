@@ -60,7 +60,13 @@ fn classify(p: &Pass<'_, '_>) -> Result<(Vec<OutputInfo>, Vec<usize>)> {
             }
             None => (t.cut, p.straight_meta.contains(v)),
         };
-        let creation = p.facts.output_creation.get(j).cloned().unwrap_or_default();
+        // (Without the fact: an alias is a view for autograd, a result a non-leaf.)
+        let creation = p
+            .facts
+            .output_creation
+            .get(j)
+            .cloned()
+            .unwrap_or(aotgrad_ir::ViewCreation { view: true, ..Default::default() });
         outputs.push(OutputInfo { kind, meta, requires_grad, grad_cut, no_grad_view, own_gradient, creation });
     }
     let mut base_roots: Vec<usize> = Vec::new();

@@ -280,9 +280,8 @@ pub struct ViewCreation {
     /// follows its base's, so it requires grad once its base is written in place with
     /// a value that does.
     pub grad_view: bool,
-    /// Its autograd base (or itself, when not a view) is not an argument's: a
-    /// `detach`ed alias made in the function, or a view of one. Such an alias of an
-    /// argument leaves the argument alone when written in place with a value
-    /// requiring grad.
+    /// A view whose autograd base is not an argument (nor an argument's base): a
+    /// `detach`ed alias made in the function. Such a view of an argument leaves the
+    /// argument alone when written in place with a value requiring grad.
     pub detached: bool,
 }

@@ -20,4 +20,4 @@ pub mod view_meta;
 pub use convention::{ArgSlot, CallingConvention, SyntheticBase};
 pub use overlap::{overlap, AddressOverflow, Layout, Overlap};
 pub use signature::{GraphSignature, InputSpec, InputSpecKind, OutputSpec, OutputSpecKind};
-pub use view_meta::{InputInfo, OutputInfo, OutputKind, ViewAndMutationMeta};
+pub use view_meta::{InputInfo, OutputInfo, OutputKind, OutputSource, ViewAndMutationMeta};

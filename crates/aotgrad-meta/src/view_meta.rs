@@ -93,7 +93,48 @@ pub struct ViewAndMutationMeta {
     pub keep_input_mutations: bool,
 }
 
+/// Where the epilogue makes a user output from another one (see
+/// [`ViewAndMutationMeta::output_source`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputSource {
+    /// The same object (`SameAs`) or a view of that output's storage (`AliasOfOutput`).
+    Kind(usize),
+    /// A view of that output, its autograd base (`ViewCreation::base_output`: a
+    /// `detach`ed alias returned beside views of it).
+    Base(usize),
+}
+
+impl OutputSource {
+    /// The output it is made from.
+    pub fn output(self) -> usize {
+        match self {
+            OutputSource::Kind(o) | OutputSource::Base(o) => o,
+        }
+    }
+}
+
 impl ViewAndMutationMeta {
+    /// The output user output `j` is made from, after it, by the epilogue: its
+    /// autograd base when that is another output that is no view itself (for an
+    /// output regenerated as a view), else the output its kind names (`SameAs`,
+    /// `AliasOfOutput`); `None` for one made from the graph's outputs or the
+    /// arguments. (A stored result is checked to have no cycle of these.)
+    pub fn output_source(&self, j: usize) -> Option<OutputSource> {
+        let info = self.outputs.get(j)?;
+        let regenerated = matches!(
+            info.kind,
+            OutputKind::AliasOfInput(_) | OutputKind::AliasOfIntermediate(_) | OutputKind::AliasOfOutput(_)
+        );
+        let base = info
+            .creation
+            .base_output
+            .filter(|&o| regenerated && o != j && self.outputs.get(o).is_some_and(|b| !b.creation.view));
+        match (base, &info.kind) {
+            (Some(o), _) => Some(OutputSource::Base(o)),
+            (None, OutputKind::AliasOfOutput(o) | OutputKind::SameAs(o)) => Some(OutputSource::Kind(*o)),
+            _ => None,
+        }
+    }
     /// Number of graph outputs.
     pub fn num_graph_outputs(&self) -> usize {
         self.mutated_inputs.len() + self.outputs.len() + self.num_intermediate_bases

@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::signature::{concrete, Arg, Bindings};
 use aotgrad_cpu::{CpuTensor, Storage};
 use aotgrad_ir::{Op, TensorMeta};
-use aotgrad_meta::OutputKind;
+use aotgrad_meta::{OutputKind, OutputSource};
 use aotgrad_trace::{NoGradGuard, Tensor};
 use std::sync::Arc;
 
@@ -158,20 +158,20 @@ pub(crate) fn apply(
             storage.bump_version();
         }
     }
-    // 3. outputs: those that alias another output come second, since the output
-    //    they view may come later in the list.
+    // 3. outputs: those made from another output come second (`output_source`),
+    //    since the output they view may come later in the list.
     let mut results: Vec<Option<Tensor>> = vec![None; meta.outputs.len()];
     // One tensor per intermediate base, which its views share (as eager's do: writing
     // one through autograd moves the others' flags along).
     let mut bases: Vec<Option<Tensor>> = vec![None; meta.num_intermediate_bases];
     let mut detached = DetachedBases::new();
-    // An output whose autograd base is another output: a view of that one, second.
-    let of_output = |info: &aotgrad_meta::OutputInfo| {
-        let alias = !matches!(info.kind, OutputKind::NonAlias | OutputKind::IsInput(_) | OutputKind::SameAs(_));
-        info.creation.base_output.filter(|&o| alias && meta.outputs.get(o).is_some_and(|b| !b.creation.view))
-    };
+    // A view whose autograd base is a `detach`ed alias made in the function (not
+    // an argument, not another output): its base is such an alias.
+    let through_detach = |info: &aotgrad_meta::OutputInfo| info.creation.detached && info.creation.view;
+    let mut pending: Vec<(usize, OutputSource)> = Vec::new();
     for (j, info) in meta.outputs.iter().enumerate() {
-        if of_output(info).is_some() {
+        if let Some(src) = meta.output_source(j) {
+            pending.push((j, src));
             continue;
         }
         let m = concrete(&info.meta, env)?;
@@ -180,10 +180,7 @@ pub(crate) fn apply(
             OutputKind::IsInput(k) => Some(traced_input(entry, args, *k)?.clone()),
             OutputKind::AliasOfInput(k) => {
                 let input = traced_input(entry, args, *k)?;
-                // A view of a `detach`ed alias made in the function: its base is such
-                // an alias, not the argument.
-                let through_detach = info.creation.detached && info.creation.view;
-                Some(if through_detach {
+                Some(if through_detach(info) {
                     view_of(&detached_base(&mut detached, input, info)?, &m)?
                 } else {
                     view_of(input, &m)?
@@ -201,39 +198,31 @@ pub(crate) fn apply(
         };
         results[j] = made.map(|t| detached_if_no_view(t, info));
     }
-    // (In rounds: an output may refer to one that refers to another.)
-    let mut pending: Vec<(usize, usize)> = Vec::new();
-    for (j, info) in meta.outputs.iter().enumerate() {
-        match (of_output(info), &info.kind) {
-            (Some(o), _) => pending.push((j, o)),
-            (None, OutputKind::AliasOfOutput(o) | OutputKind::SameAs(o)) => pending.push((j, *o)),
-            _ => {}
-        }
-    }
+    // (In rounds: an output may be made from one that is made from another.)
     while !pending.is_empty() {
         let before = pending.len();
         let mut waiting = Vec::new();
-        for (j, o) in pending {
-            let Some(earlier) = results.get(o).cloned().flatten() else {
-                waiting.push((j, o));
+        for (j, src) in pending {
+            let Some(earlier) = results.get(src.output()).cloned().flatten() else {
+                waiting.push((j, src));
                 continue;
             };
             let info = &meta.outputs[j];
-            // A view of a `detach`ed alias of that output made in the function.
-            let through_detach = matches!(info.kind, OutputKind::AliasOfOutput(_))
-                && of_output(info).is_none()
-                && info.creation.detached
-                && info.creation.view;
-            let earlier = if through_detach { detached_base(&mut detached, &earlier, info)? } else { earlier };
-            results[j] = Some(if matches!(info.kind, OutputKind::SameAs(_)) {
-                earlier
-            } else {
-                detached_if_no_view(view_of(&earlier, &concrete(&info.meta, env)?)?, info)
+            results[j] = Some(match (src, &info.kind) {
+                (OutputSource::Kind(_), OutputKind::SameAs(_)) => earlier,
+                (OutputSource::Kind(_), _) if through_detach(info) => {
+                    let base = detached_base(&mut detached, &earlier, info)?;
+                    detached_if_no_view(view_of(&base, &concrete(&info.meta, env)?)?, info)
+                }
+                _ => detached_if_no_view(view_of(&earlier, &concrete(&info.meta, env)?)?, info),
             });
         }
         if waiting.len() == before {
-            let (j, o) = waiting[0];
-            return Err(Error::Internal(format!("output {j} refers to output {o}, which is never computed")));
+            let (j, src) = waiting[0];
+            return Err(Error::Internal(format!(
+                "output {j} is made from output {}, which is never made",
+                src.output()
+            )));
         }
         pending = waiting;
     }

@@ -101,11 +101,9 @@ pub(crate) fn run_forward(
 pub(crate) fn mark_output_flags(entry: &Entry, results: &[Tensor]) -> Result<()> {
     let meta = &entry.m().meta;
     for (t, info) in results.iter().zip(&meta.outputs) {
+        // (A `detach`ed alias, with a history of its own or not, is made no view for
+        // autograd by the epilogue.)
         let fresh = !matches!(info.kind, OutputKind::IsInput(_) | OutputKind::SameAs(_));
-        if info.own_gradient && !info.creation.view {
-            // A `detach`ed alias with a history of its own: not a view for autograd.
-            t.mark_detached_alias();
-        }
         if !fresh {
             continue;
         }

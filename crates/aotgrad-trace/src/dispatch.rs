@@ -414,12 +414,23 @@ pub(crate) fn dispatch_with<R: Record>(op: Op, args: &[&Tensor], loc: &SourceLoc
     }
 }
 
-/// The storage version of an eager tensor (0 for a fake one).
+/// The storage version of a tensor: an eager storage's counter, or the in-place ops
+/// traced on a fake storage so far (takes the trace's lock: never call it holding
+/// that).
 pub(crate) fn version_of(repr: &Repr) -> u64 {
     match repr {
         Repr::Eager(t) => t.storage.version(),
         Repr::Fake(f) => f.ctx.lock().storage_version.get(&f.storage).copied().unwrap_or(0),
     }
+}
+
+/// A view whose creation forbids rebasing its history (see [`check_view_not_stale`])
+/// whose storage changed since it was made.
+pub(crate) fn is_stale_view(s: &TState) -> bool {
+    s.base.is_some()
+        && s.requires_grad()
+        && (s.no_grad_view || s.multi_output_view.is_some())
+        && version_of(&s.repr) != s.grad_fn_version
 }
 
 /// PyTorch's check when autograd needs a view's history (an op in grad mode taking
@@ -428,10 +439,7 @@ pub(crate) fn version_of(repr: &Repr) -> u64 {
 /// several views, or a view of either) may not be used once its storage was modified
 /// in place after it was made (by it, its base or another view, in any mode).
 pub(crate) fn check_view_not_stale(op: &str, s: &TState, loc: &SourceLoc) -> Result<()> {
-    if s.base.is_none() || !s.requires_grad() || (!s.no_grad_view && s.multi_output_view.is_none()) {
-        return Ok(());
-    }
-    if version_of(&s.repr) == s.grad_fn_version {
+    if !is_stale_view(s) {
         return Ok(());
     }
     let msg = match &s.multi_output_view {

@@ -317,7 +317,7 @@ where
             multi_output: s.multi_output_view.clone(),
             node: s.view_node.clone(),
             leaf: s.is_leaf(),
-            stale: crate::dispatch::check_view_not_stale("", &s, &loc).is_err(),
+            stale: crate::dispatch::is_stale_view(&s),
             view: s.base.is_some(),
             base_group: s.base.as_ref().map(|b| match output_bases.iter().position(|o| o.same_object(b)) {
                 Some(i) => i,
@@ -332,7 +332,7 @@ where
             }),
             base_output: s.base.as_ref().and_then(|b| outs.iter().position(|o| o.same_object(b))),
             grad_view: s.grad_view,
-            detached: s.base.as_ref().is_none_or(|b| {
+            detached: s.base.as_ref().is_some_and(|b| {
                 !matches!(b.snapshot().repr, Repr::Eager(_)) && !fakes.iter().any(|f| f.same_object(b))
             }),
         });

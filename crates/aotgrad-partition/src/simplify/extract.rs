@@ -332,9 +332,9 @@ fn relation(g: &Graph, st: &HashMap<ValueId, StorageId>) -> Option<Relation> {
     Some(rel)
 }
 
-/// Whether `v` is the result of a node making fresh storage (not an input, not a view).
-fn fresh(g: &Graph, v: ValueId) -> bool {
-    g.nodes.iter().any(|n| n.out == v && n.op.aliasing() == aotgrad_ir::Aliasing::Fresh)
+/// The results of `g`'s nodes making fresh storage (not inputs, not views).
+fn fresh_values(g: &Graph) -> std::collections::HashSet<ValueId> {
+    g.nodes.iter().filter(|n| n.op.aliasing() == aotgrad_ir::Aliasing::Fresh).map(|n| n.out).collect()
 }
 
 /// Make `new` (rebuilt from `orig`) share storage between outputs and inputs exactly as
@@ -345,8 +345,9 @@ fn fresh(g: &Graph, v: ValueId) -> bool {
 pub(crate) fn preserve_aliasing(orig: &Graph, mut new: Graph) -> Option<Graph> {
     let want = relation(orig, &storages(orig))?;
     let mut st = storages(&new);
+    let (fresh_orig, fresh_new) = (fresh_values(orig), fresh_values(&new));
     let became_view: Vec<bool> =
-        orig.outputs.iter().zip(&new.outputs).map(|(&o, &v)| fresh(orig, o) && !fresh(&new, v)).collect();
+        orig.outputs.iter().zip(&new.outputs).map(|(o, v)| fresh_orig.contains(o) && !fresh_new.contains(v)).collect();
     if relation(&new, &st)? == want && !became_view.contains(&true) {
         return Some(new);
     }

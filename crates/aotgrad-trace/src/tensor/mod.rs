@@ -379,7 +379,8 @@ impl Tensor {
             // before, or the op that made the tensor, was not recorded). Unchanged,
             // the value stays as it was too (a hidden mutation stays hidden).
             if requires_grad && !was {
-                if f.ctx.lock().input_handles.contains(&self.address()) {
+                let input = f.ctx.lock().input_handles.contains(&self.address());
+                if input {
                     f.ctx.note_tracked_from(f.value, f.storage);
                 }
             } else if was != st.requires_grad() {

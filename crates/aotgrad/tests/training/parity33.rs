@@ -333,3 +333,84 @@ fn a_gradient_of_a_shape_a_no_grad_transpose_changed_is_invalid_eager_and_compil
     let e = pending.backward(&[vals(&[1.0; 24], &[6, 4])]).unwrap_err().to_string();
     assert!(e.contains("invalid gradient: got [6, 4] but expected shape compatible with [4, 6]"), "{e}");
 }
+
+#[test]
+fn an_as_strided_reaching_outside_its_input_view_leaves_those_elements_out() {
+    // PyTorch: `L = arange(24) / 10` (requires grad), `b = L * 1`, `a = b[6:12]`,
+    // `f(a) = a.as_strided([2, 3], [6, 1], 0).sin()` (storage elements 0..3 and 6..9,
+    // the first three outside `a`), output gradient `[[1, 2, 3], [4, 5, 6]]`: values
+    // `[0, .0998, .1987, .5646, .6442, .7174]`, and `L.grad` is `[3.3013, 3.8242,
+    // 4.1802]` at 6..9, zero elsewhere (elements outside `a` get nothing).
+    let prog: Prog = |a| Ok(vec![tensor(&a[0])?.as_strided(&[2, 3], &[6, 1], 0)?.sin()?]);
+    let f = aot_function_args(prog, AotConfig::default().no_cache()).unwrap();
+    let mut want = vec![0.0; 24];
+    want[6..9].copy_from_slice(&[3.3013, 3.8242, 4.1802]);
+    for world in ["eager", "compiled"] {
+        let l = leaf(&(0..24).map(|i| f64::from(i) / 10.0).collect::<Vec<_>>(), &[24]);
+        let a = l.mul(1.0).unwrap().narrow(0, 6, 6).unwrap();
+        let w = vals(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
+        let out = if world == "eager" {
+            let o = prog(&[a.into()]).unwrap();
+            aotgrad::Backward::backward(&o[0].mul(&w).unwrap().sum_all().unwrap()).unwrap();
+            o[0].to_vec_f64().unwrap()
+        } else {
+            let edges = vec![a.grad_edge().unwrap()];
+            let (o, pending) = f.forward_args(&[a.into()]).unwrap();
+            through_history(&edges, &pending.backward(&[w]).unwrap(), &l);
+            o[0].to_vec_f64().unwrap()
+        };
+        close(&out, &[0.0, 0.0998, 0.1987, 0.5646, 0.6442, 0.7174]);
+        close(&l.grad().unwrap().to_vec_f64().unwrap(), &want);
+    }
+}
+
+/// The whole training contract (values, flags, storage, versions, aliasing, which
+/// outputs autograd can use, in-place ops on the outputs with and without an operand
+/// requiring grad, gradients against eager autograd, the cache round trip).
+fn contract(prog: Prog, inputs: &dyn Fn() -> Vec<Arg>) {
+    crate::checker::check_with(prog, inputs, AotConfig::default(), crate::checker::Grads::EagerAutograd);
+}
+
+#[test]
+fn outputs_made_from_detached_aliases_keep_eagers_bases() {
+    // A `detach`ed alias returned beside a view of it: writing the alias with a value
+    // requiring grad makes the view require grad (its base is the alias), and leaves
+    // the argument alone.
+    contract(
+        |a| {
+            let d = tensor(&a[0])?.detach()?;
+            let v = d.t()?;
+            Ok(vec![d, v, tensor(&a[0])?.mul(2.0)?])
+        },
+        &|| vec![leaf(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).into()],
+    );
+    // Two views of one `detach`ed alias of the argument: one base for both.
+    contract(
+        |a| {
+            let d = tensor(&a[0])?.detach()?;
+            Ok(vec![d.select(0, 0)?, d.select(0, 1)?, tensor(&a[0])?.sin()?])
+        },
+        &|| vec![leaf(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).into()],
+    );
+    // A view of a `detach`ed alias made to require grad: a view of a leaf requiring
+    // grad, which refuses in-place ops.
+    contract(
+        |a| {
+            let d = tensor(&a[0])?.detach()?;
+            d.requires_grad_(true)?;
+            Ok(vec![tensor(&a[0])?.mul(2.0)?, d.narrow(0, 0, 1)?])
+        },
+        &|| vec![leaf(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).into()],
+    );
+    // Outputs of `chunk` returned after their base changed: stale, refused in grad
+    // mode after the call as eagerly.
+    contract(
+        |a| {
+            let y = tensor(&a[0])?.mul(2.0)?;
+            let parts = y.chunk(2, 0)?;
+            y.add_(1.0)?;
+            Ok(vec![parts[0].clone(), y])
+        },
+        &|| vec![leaf(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).into()],
+    );
+}
