@@ -566,11 +566,11 @@ fn random_training_programs_agree_with_eager_autograd_and_finite_differences() {
 }
 
 /// The extended generator ([`generate_ext`]): the standing compiled-equals-eager test
-/// of issue 33. `EXT_PROGRAMS=n` (default 200) programs from `EXT_PROGRAMS_SEED`
+/// of issue 33. `EXT_PROGRAMS=n` (default 1,000) programs from `EXT_PROGRAMS_SEED`
 /// (default 0); development runs use 100,000 and more.
 #[test]
 fn extended_random_programs_compile_to_what_eager_does() {
-    let n = env_u64("EXT_PROGRAMS", 200);
+    let n = env_u64("EXT_PROGRAMS", 1000);
     let first = env_u64("EXT_PROGRAMS_SEED", 0);
     // Programs that once found a bug (each fixed at its mechanism), run every time.
     const FOUND: [u64; 24] = [
