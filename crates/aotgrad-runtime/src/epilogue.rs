@@ -188,7 +188,18 @@ pub(crate) fn apply(
             }
             OutputKind::AliasOfIntermediate(b) => {
                 let slot = bases.get_mut(*b).ok_or_else(|| Error::Internal(format!("no intermediate base {b}")))?;
-                let base = slot.get_or_insert_with(|| Tensor::from_cpu(outs[meta.intermediate_base_index(*b)].clone()));
+                let base = match slot {
+                    Some(base) => base,
+                    None => {
+                        let base = Tensor::from_cpu(outs[meta.intermediate_base_index(*b)].clone());
+                        // A base made a leaf requiring grad (`requires_grad_()` on it in
+                        // the function): its views refuse in-place ops, as eagerly.
+                        if info.creation.base_leaf && !info.own_gradient && base.dtype().is_float() {
+                            base.set_requires_grad(true)?;
+                        }
+                        slot.insert(base)
+                    }
+                };
                 // A view of a `detach`ed alias written with a value requiring grad (its
                 // own history): its base is that alias, not the others' base.
                 let own = info.own_gradient && info.creation.view;

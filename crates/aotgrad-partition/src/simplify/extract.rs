@@ -372,6 +372,12 @@ pub(crate) fn preserve_aliasing(orig: &Graph, mut new: Graph) -> Option<Graph> {
         let s = *st.get(&new.outputs[k])?;
         let row_ok = ins_of.get(&s).map_or(empty, Vec::as_slice) == ins.as_slice()
             && outs_of.get(&s).map_or(empty, Vec::as_slice) == earlier.as_slice();
+        if became_view[k] && !owns {
+            // A fresh value other outputs view (an intermediate base) that became a
+            // view of a larger buffer: a copy would part it from its views, and the
+            // runtime regenerates them from it by storage position. Keep the graph.
+            return None;
+        }
         if owns && (!row_ok || became_view[k]) {
             if let Some(c) = copies.get(&o) {
                 new.outputs[k] = *c;

@@ -414,3 +414,31 @@ fn outputs_made_from_detached_aliases_keep_eagers_bases() {
         &|| vec![leaf(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).into()],
     );
 }
+
+#[test]
+fn a_view_of_a_clone_of_a_row_views_the_clones_storage() {
+    // PyTorch: `m = a[:, None] @ a[None, :]`, `c = m[1].clone()`, `f(a) = c.split(2)[0]`:
+    // `[a1 * a0, a1 * a1]`, a view of `c`'s 6 elements (the simplifier once dropped the
+    // clone, so the output viewed `m`'s 36).
+    contract(
+        |a| {
+            let x = tensor(&a[0])?;
+            let m = x.unsqueeze(1)?.matmul(&x.unsqueeze(0)?)?;
+            let c = m.select(0, 1)?.clone_tensor()?;
+            Ok(vec![c.split(2, 0)?[0].clone(), m.clone_tensor()?])
+        },
+        &|| vec![leaf(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[6]).into()],
+    );
+    let f = aot_function_args(
+        |a: &[Arg]| {
+            let x = tensor(&a[0])?;
+            let m = x.unsqueeze(1)?.matmul(&x.unsqueeze(0)?)?;
+            Ok(vec![m.select(0, 1)?.clone_tensor()?.split(2, 0)?[0].clone()])
+        },
+        AotConfig::default().no_cache(),
+    )
+    .unwrap();
+    let (outs, _) = f.forward_args(&[leaf(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[6]).into()]).unwrap();
+    assert_eq!(outs[0].to_vec_f64().unwrap(), vec![2.0, 4.0]);
+    assert_eq!(outs[0].to_cpu().unwrap().storage.len(), 6);
+}
