@@ -103,14 +103,18 @@ fn storage_scatter(g: &Tensor, view: &TensorMeta, target: &TensorMeta) -> Result
         }
         tp.iter().map(|p| image.get(p).copied().unwrap_or(0.0)).collect()
     };
-    let out = shares(&tp, out);
+    let out = shares(target, &tp, out);
     Ok(Tensor::from_f64(&out, &target.concrete_shape().unwrap_or_default(), g.dtype())?)
 }
 
-/// `vals`, one per element of a layout whose storage positions are `pos`, each divided
-/// by how many of the layout's elements share its position (unchanged for a layout
-/// naming every element once): the equal share of each repeat.
-fn shares(pos: &[usize], mut vals: Vec<f64>) -> Vec<f64> {
+/// `vals`, one per element of layout `m` whose storage positions are `pos`, each
+/// divided by how many of the layout's elements share its position (unchanged, and
+/// nothing counted, for a layout naming every element once): the equal share of each
+/// repeat.
+fn shares(m: &TensorMeta, pos: &[usize], mut vals: Vec<f64>) -> Vec<f64> {
+    if Layout::of(m).is_some_and(|l| !l.may_repeat()) {
+        return vals;
+    }
     let mut count: std::collections::HashMap<usize, u32> = std::collections::HashMap::new();
     for p in pos {
         *count.entry(*p).or_insert(0) += 1;
@@ -468,7 +472,7 @@ impl PendingBackward {
                         .iter()
                         .map(|p| if mine.contains(p) { image.get(p).copied().unwrap_or(0.0) } else { 0.0 })
                         .collect();
-                    let vals = shares(&pos, vals);
+                    let vals = shares(m, &pos, vals);
                     owned.extend(mine);
                     out[k] = Some(Tensor::from_f64(&vals, &m.concrete_shape().unwrap_or_default(), m.dtype)?);
                 }
