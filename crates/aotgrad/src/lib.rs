@@ -54,6 +54,7 @@ pub use aotgrad_autodiff as autodiff;
 pub use aotgrad_cache as cache;
 pub use aotgrad_cpu as cpu;
 pub use aotgrad_functionalize as functionalize;
+pub use aotgrad_import as import;
 pub use aotgrad_ir as ir;
 pub use aotgrad_meta as meta;
 pub use aotgrad_nn as nn;

@@ -1,0 +1,1291 @@
+//! ATen ops on aotgrad tensors: one function per op overload, looked up by the
+//! node's target (`aten.linear.default`).
+//!
+//! Each op is written with aotgrad's own `Tensor` methods, so the same code runs
+//! eagerly (real kernels and eager autograd) and under a trace (the compiler sees
+//! aotgrad's ops, functionalizes in-place and view ops, differentiates with its one
+//! derivative rule set). In-place ATen ops (`relu_`, `add_`, `hardswish_`, ...) mutate
+//! their `self` as PyTorch does: aotgrad's in-place op where it has one, else the
+//! out-of-place result copied into `self` (`copy_`), which functionalization and
+//! autograd treat exactly like any in-place write. View ops return aotgrad views.
+
+use crate::archive::scalar_type;
+use crate::schema::{Arg, Node, SymRef};
+use aotgrad_ir::{DType, Scalar};
+use aotgrad_trace::{no_grad, Conv2dOpts, Rhs, RngSeed, Tensor};
+use std::collections::HashMap;
+
+/// A value the interpreter binds a name to.
+#[derive(Clone, Debug)]
+pub(crate) enum Value {
+    /// A tensor.
+    Tensor(Tensor),
+    /// A (symbolic-size) integer.
+    Int(i64),
+    /// An output aotgrad does not compute (checked unused when the module loads).
+    Unavailable,
+}
+
+type R<T> = Result<T, String>;
+
+/// An op's implementation.
+pub(crate) type OpFn = fn(&Call<'_>) -> R<Vec<Value>>;
+
+/// An op aotgrad runs: its function, and the outputs it does not compute.
+pub(crate) struct OpDef {
+    pub run: OpFn,
+    /// Output positions left [`Value::Unavailable`] (e.g. `max_pool2d_with_indices`'s
+    /// indices): a program reading one is refused when it loads.
+    pub unavailable: &'static [usize],
+}
+
+/// One node's call: its arguments resolved against the environment.
+pub(crate) struct Call<'a> {
+    pub node: &'a Node,
+    pub env: &'a HashMap<String, Value>,
+}
+
+fn err(e: aotgrad_trace::Error) -> String {
+    e.to_string()
+}
+
+fn one(t: aotgrad_trace::Result<Tensor>) -> R<Vec<Value>> {
+    Ok(vec![Value::Tensor(t.map_err(err)?)])
+}
+
+impl Call<'_> {
+    fn arg(&self, name: &str) -> Option<&Arg> {
+        self.node.inputs.iter().find(|a| a.name == name).map(|a| &a.arg)
+    }
+
+    fn lookup(&self, name: &str) -> R<&Value> {
+        self.env.get(name).ok_or_else(|| format!("value `{name}` is used before it is defined"))
+    }
+
+    fn tensor_named(&self, name: &str) -> R<Tensor> {
+        match self.lookup(name)? {
+            Value::Tensor(t) => Ok(t.clone()),
+            Value::Int(_) => Err(format!("value `{name}` is an integer, the op needs a tensor")),
+            Value::Unavailable => Err(format!("value `{name}` is an output aotgrad does not compute")),
+        }
+    }
+
+    fn int_named(&self, name: &str) -> R<i64> {
+        match self.lookup(name)? {
+            Value::Int(i) => Ok(*i),
+            _ => Err(format!("value `{name}` is not an integer")),
+        }
+    }
+
+    /// A required tensor argument.
+    pub fn tensor(&self, name: &str) -> R<Tensor> {
+        match self.arg(name) {
+            Some(Arg::Tensor(n)) => self.tensor_named(n),
+            Some(a) => Err(format!("argument `{name}` is {}, expected a tensor", a.kind())),
+            None => Err(format!("no argument `{name}`")),
+        }
+    }
+
+    /// An optional tensor argument (`None` when absent or `None`).
+    pub fn opt_tensor(&self, name: &str) -> R<Option<Tensor>> {
+        match self.arg(name) {
+            None | Some(Arg::None) => Ok(None),
+            Some(_) => self.tensor(name).map(Some),
+        }
+    }
+
+    /// A list of tensors.
+    pub fn tensors(&self, name: &str) -> R<Vec<Tensor>> {
+        match self.arg(name) {
+            Some(Arg::Tensors(ns)) => ns.iter().map(|n| self.tensor_named(n)).collect(),
+            Some(Arg::OptionalTensors(ns)) => ns
+                .iter()
+                .map(|n| {
+                    n.as_ref()
+                        .ok_or_else(|| format!("argument `{name}` holds a None"))
+                        .and_then(|n| self.tensor_named(n))
+                })
+                .collect(),
+            Some(a) => Err(format!("argument `{name}` is {}, expected a list of tensors", a.kind())),
+            None => Err(format!("no argument `{name}`")),
+        }
+    }
+
+    fn opt_int(&self, name: &str) -> R<Option<i64>> {
+        match self.arg(name) {
+            None | Some(Arg::None) => Ok(None),
+            Some(Arg::Int(i)) => Ok(Some(*i)),
+            Some(Arg::SymInt(SymRef::Name(n))) => self.int_named(n).map(Some),
+            Some(Arg::SymInt(SymRef::Int(i))) => Ok(Some(*i)),
+            Some(Arg::Bool(b)) => Ok(Some(i64::from(*b))),
+            Some(a) => Err(format!("argument `{name}` is {}, expected an integer", a.kind())),
+        }
+    }
+
+    /// A required integer.
+    pub fn int(&self, name: &str) -> R<i64> {
+        self.opt_int(name)?.ok_or_else(|| format!("no argument `{name}`"))
+    }
+
+    /// An integer with its schema default.
+    pub fn int_or(&self, name: &str, default: i64) -> R<i64> {
+        Ok(self.opt_int(name)?.unwrap_or(default))
+    }
+
+    /// A list of integers (a single integer is a list of one; `None` or absent is
+    /// `None`).
+    pub fn opt_ints(&self, name: &str) -> R<Option<Vec<i64>>> {
+        match self.arg(name) {
+            None | Some(Arg::None) => Ok(None),
+            Some(Arg::Ints(v)) => Ok(Some(v.clone())),
+            Some(Arg::Int(i)) => Ok(Some(vec![*i])),
+            Some(Arg::SymInt(SymRef::Name(n))) => Ok(Some(vec![self.int_named(n)?])),
+            Some(Arg::SymInts(v)) => v
+                .iter()
+                .map(|s| match s {
+                    SymRef::Int(i) => Ok(*i),
+                    SymRef::Name(n) => self.int_named(n),
+                })
+                .collect::<R<Vec<_>>>()
+                .map(Some),
+            Some(a) => Err(format!("argument `{name}` is {}, expected a list of integers", a.kind())),
+        }
+    }
+
+    /// A required list of integers.
+    pub fn ints(&self, name: &str) -> R<Vec<i64>> {
+        self.opt_ints(name)?.ok_or_else(|| format!("no argument `{name}`"))
+    }
+
+    /// A list of integers with its default.
+    pub fn ints_or(&self, name: &str, default: &[i64]) -> R<Vec<i64>> {
+        Ok(self.opt_ints(name)?.unwrap_or_else(|| default.to_vec()))
+    }
+
+    fn opt_float(&self, name: &str) -> R<Option<f64>> {
+        match self.arg(name) {
+            None | Some(Arg::None) => Ok(None),
+            Some(Arg::Float(f)) => Ok(Some(*f)),
+            Some(Arg::Int(i)) => Ok(Some(*i as f64)),
+            Some(Arg::SymInt(SymRef::Name(n))) => Ok(Some(self.int_named(n)? as f64)),
+            Some(a) => Err(format!("argument `{name}` is {}, expected a number", a.kind())),
+        }
+    }
+
+    /// A number with its default.
+    pub fn float_or(&self, name: &str, default: f64) -> R<f64> {
+        Ok(self.opt_float(name)?.unwrap_or(default))
+    }
+
+    /// A bool with its default.
+    pub fn bool_or(&self, name: &str, default: bool) -> R<bool> {
+        match self.arg(name) {
+            None | Some(Arg::None) => Ok(default),
+            Some(Arg::Bool(b)) => Ok(*b),
+            Some(Arg::Int(i)) => Ok(*i != 0),
+            Some(a) => Err(format!("argument `{name}` is {}, expected a bool", a.kind())),
+        }
+    }
+
+    /// An optional string.
+    pub fn opt_str(&self, name: &str) -> R<Option<String>> {
+        match self.arg(name) {
+            None | Some(Arg::None) => Ok(None),
+            Some(Arg::Str(s)) => Ok(Some(s.clone())),
+            Some(a) => Err(format!("argument `{name}` is {}, expected a string", a.kind())),
+        }
+    }
+
+    /// An optional dtype.
+    pub fn dtype(&self, name: &str) -> R<Option<DType>> {
+        match self.arg(name) {
+            None | Some(Arg::None) => Ok(None),
+            Some(Arg::ScalarType(c)) => scalar_type(*c).map(Some).map_err(|e| format!("dtype {e} is not supported")),
+            Some(a) => Err(format!("argument `{name}` is {}, expected a dtype", a.kind())),
+        }
+    }
+
+    /// A scalar argument (`Scalar` in the op schema).
+    pub fn scalar(&self, name: &str) -> R<Scalar> {
+        match self.arg(name) {
+            Some(Arg::Int(i)) => Ok(Scalar::Int(*i)),
+            Some(Arg::Float(f)) => Ok(Scalar::Float(*f)),
+            Some(Arg::Bool(b)) => Ok(Scalar::Bool(*b)),
+            Some(Arg::SymInt(SymRef::Name(n))) => Ok(Scalar::Int(self.int_named(n)?)),
+            Some(a) => Err(format!("argument `{name}` is {}, expected a number", a.kind())),
+            None => Err(format!("no argument `{name}`")),
+        }
+    }
+
+    /// A tensor or a scalar (the `other` of a binary op).
+    fn operand(&self, name: &str) -> R<Operand> {
+        match self.arg(name) {
+            Some(Arg::Tensor(_)) => Ok(Operand::Tensor(self.tensor(name)?)),
+            _ => Ok(Operand::Scalar(self.scalar(name)?)),
+        }
+    }
+
+    /// A memory format that only changes strides is fine; anything else is not.
+    fn check_memory_format(&self) -> R<()> {
+        match self.arg("memory_format") {
+            // 0 contiguous, 1 preserve, 2 channels_last, 3 channels_last_3d: values
+            // are the same under every one; aotgrad keeps its own layouts.
+            None | Some(Arg::None) | Some(Arg::MemoryFormat(0..=4)) => Ok(()),
+            Some(a) => Err(format!("memory format {a:?} is not supported")),
+        }
+    }
+}
+
+enum Operand {
+    Tensor(Tensor),
+    Scalar(Scalar),
+}
+
+impl Operand {
+    fn rhs(&self) -> Rhs<'_> {
+        match self {
+            Operand::Tensor(t) => Rhs::Tensor(t),
+            Operand::Scalar(s) => Rhs::Scalar(*s),
+        }
+    }
+    fn scaled(self, alpha: Scalar) -> R<Operand> {
+        if alpha == Scalar::Int(1) || alpha == Scalar::Float(1.0) {
+            return Ok(self);
+        }
+        Ok(match self {
+            Operand::Tensor(t) => Operand::Tensor(t.mul(alpha).map_err(err)?),
+            Operand::Scalar(s) => Operand::Scalar(Scalar::Float(s.to_f64() * alpha.to_f64())),
+        })
+    }
+}
+
+/// Wrap a possibly negative dim.
+fn wrap(dim: i64, rank: usize) -> R<usize> {
+    let r = rank.max(1) as i64;
+    let d = if dim < 0 { dim + r } else { dim };
+    if (0..r).contains(&d) {
+        Ok(d as usize)
+    } else {
+        Err(format!("dim {dim} is out of range for a tensor of rank {rank}"))
+    }
+}
+
+fn sizes(t: &Tensor) -> R<Vec<usize>> {
+    t.sizes().map_err(err)
+}
+
+fn pair(v: &[i64], what: &str) -> R<[usize; 2]> {
+    let ok = |x: i64| usize::try_from(x).map_err(|_| format!("{what} {x} is negative"));
+    match v {
+        [a] => Ok([ok(*a)?, ok(*a)?]),
+        [a, b] => Ok([ok(*a)?, ok(*b)?]),
+        _ => Err(format!("{what} {v:?}: expected one or two numbers")),
+    }
+}
+
+/// Apply `f` out of place to a copy of `self`, then write the result into `self`
+/// (PyTorch's in-place semantics through aotgrad's `copy_`).
+fn inplace(c: &Call<'_>, f: impl Fn(&Tensor) -> R<Tensor>) -> R<Vec<Value>> {
+    let s = c.tensor("self").or_else(|_| c.tensor("input"))?;
+    // The op reads a copy: its derivative may need the value `self` had before the
+    // write (PyTorch keeps the original for in-place ops whose formulas read it).
+    let r = f(&s.clone_tensor().map_err(err)?)?;
+    s.copy_(&r).map_err(err)?;
+    Ok(vec![Value::Tensor(s)])
+}
+
+fn unary(c: &Call<'_>, f: fn(&Tensor) -> aotgrad_trace::Result<Tensor>) -> R<Vec<Value>> {
+    one(f(&c.tensor("self")?))
+}
+
+fn unary_(c: &Call<'_>, f: fn(&Tensor) -> aotgrad_trace::Result<Tensor>) -> R<Vec<Value>> {
+    let s = c.tensor("self")?;
+    f(&s).map_err(err)?;
+    Ok(vec![Value::Tensor(s)])
+}
+
+#[derive(Clone, Copy)]
+enum Bin {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Pow,
+    Maximum,
+    Minimum,
+}
+
+fn binary_value(x: &Tensor, op: Bin, rhs: Rhs<'_>) -> aotgrad_trace::Result<Tensor> {
+    match op {
+        Bin::Add => x.add(rhs),
+        Bin::Sub => x.sub(rhs),
+        Bin::Mul => x.mul(rhs),
+        Bin::Div => x.div(rhs),
+        Bin::Pow => x.pow(rhs),
+        Bin::Maximum => x.maximum(rhs),
+        Bin::Minimum => x.minimum(rhs),
+    }
+}
+
+fn binary(c: &Call<'_>, op: Bin) -> R<Vec<Value>> {
+    let x = c.tensor("self")?;
+    let alpha = if c.arg("alpha").is_some() { c.scalar("alpha")? } else { Scalar::Int(1) };
+    let other = c.operand("other").or_else(|_| c.operand("exponent"))?.scaled(alpha)?;
+    one(binary_value(&x, op, other.rhs()))
+}
+
+fn binary_(c: &Call<'_>, op: Bin) -> R<Vec<Value>> {
+    let x = c.tensor("self")?;
+    let alpha = if c.arg("alpha").is_some() { c.scalar("alpha")? } else { Scalar::Int(1) };
+    let other = c.operand("other")?.scaled(alpha)?;
+    let r = match op {
+        Bin::Add => x.add_(other.rhs()),
+        Bin::Sub => x.sub_(other.rhs()),
+        Bin::Mul => x.mul_(other.rhs()),
+        Bin::Div => x.div_(other.rhs()),
+        Bin::Pow => x.pow_(other.rhs()),
+        Bin::Maximum | Bin::Minimum => binary_value(&x, op, other.rhs()).and_then(|r| x.copy_(&r)),
+    };
+    r.map_err(err)?;
+    Ok(vec![Value::Tensor(x)])
+}
+
+#[derive(Clone, Copy)]
+enum Cmp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+fn compare(c: &Call<'_>, op: Cmp) -> R<Vec<Value>> {
+    let x = c.tensor("self")?;
+    let o = c.operand("other")?;
+    let rhs = o.rhs();
+    one(match op {
+        Cmp::Eq => x.eq(rhs),
+        Cmp::Ne => x.ne(rhs),
+        Cmp::Lt => x.lt(rhs),
+        Cmp::Le => x.le(rhs),
+        Cmp::Gt => x.gt(rhs),
+        Cmp::Ge => x.ge(rhs),
+    })
+}
+
+fn truthy(t: &Tensor) -> R<Tensor> {
+    if t.dtype() == DType::Bool {
+        Ok(t.clone())
+    } else {
+        t.ne(0).map_err(err)
+    }
+}
+
+fn logical(c: &Call<'_>, and: bool) -> R<Vec<Value>> {
+    let a = truthy(&c.tensor("self")?)?;
+    let b = truthy(&c.tensor("other")?)?;
+    let k = Tensor::full(&[], !and, DType::Bool).map_err(err)?;
+    // and: a ? b : false; or: a ? true : b.
+    one(if and { Tensor::where_(&a, &b, &k) } else { Tensor::where_(&a, &k, &b) })
+}
+
+fn hardsigmoid(x: &Tensor) -> R<Tensor> {
+    x.add(3.0).and_then(|y| y.clamp(Some(0.0), Some(6.0))).and_then(|y| y.div(6.0)).map_err(err)
+}
+
+fn hardswish(x: &Tensor) -> R<Tensor> {
+    x.mul(&hardsigmoid(x)?).map_err(err)
+}
+
+fn hardtanh(c: &Call<'_>, x: &Tensor) -> R<Tensor> {
+    x.clamp(Some(c.float_or("min_val", -1.0)?), Some(c.float_or("max_val", 1.0)?)).map_err(err)
+}
+
+fn leaky_relu(c: &Call<'_>, x: &Tensor) -> R<Tensor> {
+    let slope = c.float_or("negative_slope", 0.01)?;
+    let pos = x.gt(0.0).map_err(err)?;
+    Tensor::where_(&pos, x, &x.mul(slope).map_err(err)?).map_err(err)
+}
+
+fn gelu(c: &Call<'_>, x: &Tensor) -> R<Tensor> {
+    match c.opt_str("approximate")?.as_deref() {
+        None | Some("none") => x.gelu().map_err(err),
+        Some("tanh") => x.gelu_tanh().map_err(err),
+        Some(o) => Err(format!("gelu approximation `{o}` is not one of none, tanh")),
+    }
+}
+
+fn clamp(c: &Call<'_>, x: &Tensor) -> R<Tensor> {
+    let bound = |n: &str| -> R<Option<Scalar>> {
+        match c.arg(n) {
+            None | Some(Arg::None) => Ok(None),
+            Some(Arg::Tensor(_)) => Err(format!("a tensor `{n}` bound is not supported (clamp.Tensor)")),
+            Some(_) => c.scalar(n).map(Some),
+        }
+    };
+    x.clamp(bound("min")?, bound("max")?).map_err(err)
+}
+
+fn dropout(c: &Call<'_>, x: &Tensor) -> R<Tensor> {
+    let p = c.float_or("p", 0.5)?;
+    let train = c.bool_or("train", true)?;
+    x.dropout(p, train, RngSeed::Global).map_err(err)
+}
+
+fn reduce_dims(c: &Call<'_>, x: &Tensor) -> R<Vec<i64>> {
+    match c.opt_ints("dim")? {
+        // `dim=None` or `[]` reduces every dim.
+        None => Ok((0..x.dim() as i64).collect()),
+        Some(d) if d.is_empty() => Ok((0..x.dim() as i64).collect()),
+        Some(d) => Ok(d),
+    }
+}
+
+fn with_dtype(c: &Call<'_>, x: Tensor) -> R<Tensor> {
+    match c.dtype("dtype")? {
+        Some(d) if d != x.dtype() => x.to(d).map_err(err),
+        _ => Ok(x),
+    }
+}
+
+fn sum(c: &Call<'_>) -> R<Vec<Value>> {
+    let x = with_dtype(c, c.tensor("self")?)?;
+    let x = if x.dtype().is_float() { x } else { x.to(DType::I64).map_err(err)? };
+    let dims = reduce_dims(c, &x)?;
+    one(x.sum(&dims, c.bool_or("keepdim", false)?))
+}
+
+fn mean(c: &Call<'_>) -> R<Vec<Value>> {
+    let x = with_dtype(c, c.tensor("self")?)?;
+    let dims = reduce_dims(c, &x)?;
+    one(x.mean(&dims, c.bool_or("keepdim", false)?))
+}
+
+fn var_std(c: &Call<'_>, std: bool) -> R<Vec<Value>> {
+    let x = c.tensor("self")?;
+    let dims = reduce_dims(c, &x)?;
+    let correction = match c.arg("correction") {
+        None | Some(Arg::None) => {
+            if c.bool_or("unbiased", true)? {
+                1
+            } else {
+                0
+            }
+        }
+        Some(_) => match c.scalar("correction")? {
+            Scalar::Int(i) => i,
+            s if s.to_f64().fract() == 0.0 => s.to_f64() as i64,
+            s => return Err(format!("a fractional correction {s:?} is not supported")),
+        },
+    };
+    let keep = c.bool_or("keepdim", false)?;
+    one(if std { x.std(&dims, correction, keep) } else { x.var(&dims, correction, keep) })
+}
+
+fn softmax(c: &Call<'_>, log: bool) -> R<Vec<Value>> {
+    let x = with_dtype(c, c.tensor("self")?)?;
+    let dim = c.int("dim")?;
+    let x = if c.bool_or("half_to_float", false)? { x.to(DType::F32).map_err(err)? } else { x };
+    one(if log { x.log_softmax(dim) } else { x.softmax(dim) })
+}
+
+fn view_shape(c: &Call<'_>) -> R<Vec<i64>> {
+    c.ints("size").or_else(|_| c.ints("shape"))
+}
+
+fn flatten(c: &Call<'_>) -> R<Vec<Value>> {
+    let x = c.tensor("self")?;
+    let s = sizes(&x)?;
+    if s.is_empty() {
+        return one(x.reshape(&[1]));
+    }
+    let start = wrap(c.int_or("start_dim", 0)?, s.len())?;
+    let end = wrap(c.int_or("end_dim", -1)?, s.len())?;
+    if start > end {
+        return Err(format!("flatten() has invalid args: start_dim {start} cannot come after end_dim {end}"));
+    }
+    let mut shape: Vec<i64> = s[..start].iter().map(|&v| v as i64).collect();
+    shape.push(s[start..=end].iter().product::<usize>() as i64);
+    shape.extend(s[end + 1..].iter().map(|&v| v as i64));
+    one(x.reshape(&shape))
+}
+
+fn unflatten(c: &Call<'_>) -> R<Vec<Value>> {
+    let x = c.tensor("self")?;
+    let s = sizes(&x)?;
+    let dim = wrap(c.int("dim")?, s.len())?;
+    let parts = c.ints("sizes")?;
+    let mut shape: Vec<i64> = s[..dim].iter().map(|&v| v as i64).collect();
+    shape.extend(&parts);
+    shape.extend(s[dim + 1..].iter().map(|&v| v as i64));
+    one(x.view(&shape))
+}
+
+fn squeeze_dims(x: &Tensor, dims: &[i64]) -> R<Tensor> {
+    let s = sizes(x)?;
+    let mut ds: Vec<usize> = dims.iter().map(|&d| wrap(d, s.len())).collect::<R<_>>()?;
+    ds.sort_unstable();
+    ds.dedup();
+    let mut y = x.clone();
+    for d in ds.into_iter().rev() {
+        if s.get(d) == Some(&1) {
+            y = y.squeeze_dim(d as i64).map_err(err)?;
+        }
+    }
+    Ok(y)
+}
+
+fn slice(c: &Call<'_>) -> R<Vec<Value>> {
+    let x = c.tensor("self")?;
+    // PyTorch writes an open end as i64::MAX.
+    let bound = |n: &str| -> R<Option<i64>> { Ok(c.opt_int(n)?.filter(|v| v.unsigned_abs() < (i64::MAX as u64) / 2)) };
+    one(x.slice(c.int_or("dim", 0)?, bound("start")?, bound("end")?, c.int_or("step", 1)?))
+}
+
+fn split_sizes(x: &Tensor, sizes_: &[i64], dim: i64) -> R<Vec<Value>> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for &len in sizes_ {
+        out.push(Value::Tensor(x.narrow(dim, start, len).map_err(err)?));
+        start += len;
+    }
+    let total = x.size(dim).map_err(err)?.as_const().ok_or("a symbolic split dim")?;
+    if start != total {
+        return Err(format!("split sizes {sizes_:?} sum to {start}, the dim has {total}"));
+    }
+    Ok(out)
+}
+
+fn tensors_out(v: Vec<Tensor>) -> Vec<Value> {
+    v.into_iter().map(Value::Tensor).collect()
+}
+
+fn linear(c: &Call<'_>) -> R<Vec<Value>> {
+    let x = c.tensor("input")?;
+    let w = c.tensor("weight")?;
+    let b = c.opt_tensor("bias")?;
+    one(x.linear(&w, b.as_ref()))
+}
+
+fn addmm(c: &Call<'_>) -> R<Vec<Value>> {
+    let s = c.tensor("self")?;
+    let prod = c.tensor("mat1")?.mm(&c.tensor("mat2")?).map_err(err)?;
+    let beta = c.float_or("beta", 1.0)?;
+    let alpha = c.float_or("alpha", 1.0)?;
+    let prod = if alpha == 1.0 { prod } else { prod.mul(alpha).map_err(err)? };
+    let s = if beta == 1.0 { s } else { s.mul(beta).map_err(err)? };
+    one(if beta == 0.0 { Ok(prod) } else { s.add(&prod) })
+}
+
+/// `conv1d`/`conv2d`-shaped convolutions through aotgrad's 2-D convolution (a 1-D
+/// one as a height-1 2-D one).
+#[allow(clippy::too_many_arguments)]
+fn convolution(
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+    stride: &[i64],
+    padding: &[i64],
+    dilation: &[i64],
+    transposed: bool,
+    output_padding: &[i64],
+    groups: i64,
+) -> R<Tensor> {
+    let spatial = w.dim().saturating_sub(2);
+    let lift = |v: &[i64], fill: i64| -> Vec<i64> {
+        match (spatial, v.len()) {
+            (1, 1) => vec![fill, v[0]],
+            (1, 0) => vec![fill, fill],
+            _ => v.to_vec(),
+        }
+    };
+    let (x2, w2) = match spatial {
+        2 => (x.clone(), w.clone()),
+        1 => (x.unsqueeze(-2).map_err(err)?, w.unsqueeze(-2).map_err(err)?),
+        n => return Err(format!("{n}-d convolution is not supported (aotgrad has 1-d and 2-d)")),
+    };
+    let groups = usize::try_from(groups).map_err(|_| format!("groups {groups} is negative"))?;
+    let opts = Conv2dOpts {
+        stride: pair(&lift(stride, 1), "stride")?,
+        padding: pair(&lift(padding, 0), "padding")?,
+        dilation: pair(&lift(dilation, 1), "dilation")?,
+        groups,
+    };
+    let y = if transposed {
+        x2.conv_transpose2d(&w2, b, opts, pair(&lift(output_padding, 0), "output_padding")?)
+    } else {
+        x2.conv2d(&w2, b, opts)
+    }
+    .map_err(err)?;
+    if spatial == 1 {
+        y.squeeze_dim(-2).map_err(err)
+    } else {
+        Ok(y)
+    }
+}
+
+fn conv_nd(c: &Call<'_>) -> R<Vec<Value>> {
+    let x = c.tensor("input")?;
+    let w = c.tensor("weight")?;
+    let b = c.opt_tensor("bias")?;
+    let spatial = w.dim().saturating_sub(2);
+    let ones = vec![1; spatial];
+    let padding = match c.arg("padding") {
+        Some(Arg::Str(mode)) => match mode.as_str() {
+            "valid" => vec![0; spatial],
+            "same" => {
+                let ws = sizes(&w)?;
+                let dil = c.ints_or("dilation", &ones)?;
+                let mut p = Vec::new();
+                for (i, k) in ws[2..].iter().enumerate() {
+                    let d = *dil.get(i).or(dil.first()).unwrap_or(&1);
+                    let total = d * (*k as i64 - 1);
+                    if total % 2 != 0 {
+                        return Err("padding='same' with an even kernel (asymmetric padding) is not supported".into());
+                    }
+                    p.push(total / 2);
+                }
+                p
+            }
+            o => return Err(format!("padding `{o}` is not one of valid, same")),
+        },
+        _ => c.ints_or("padding", &vec![0; spatial])?,
+    };
+    one(Ok(convolution(
+        &x,
+        &w,
+        b.as_ref(),
+        &c.ints_or("stride", &ones)?,
+        &padding,
+        &c.ints_or("dilation", &ones)?,
+        false,
+        &[],
+        c.int_or("groups", 1)?,
+    )?))
+}
+
+fn aten_convolution(c: &Call<'_>) -> R<Vec<Value>> {
+    let x = c.tensor("input")?;
+    let w = c.tensor("weight")?;
+    let b = c.opt_tensor("bias")?;
+    one(Ok(convolution(
+        &x,
+        &w,
+        b.as_ref(),
+        &c.ints("stride")?,
+        &c.ints("padding")?,
+        &c.ints("dilation")?,
+        c.bool_or("transposed", false)?,
+        &c.ints_or("output_padding", &[])?,
+        c.int_or("groups", 1)?,
+    )?))
+}
+
+fn max_pool2d(c: &Call<'_>) -> R<Tensor> {
+    let x = c.tensor("self")?;
+    let kernel = pair(&c.ints("kernel_size")?, "kernel_size")?;
+    let stride = c.ints_or("stride", &[])?;
+    let stride = if stride.is_empty() { None } else { Some(pair(&stride, "stride")?) };
+    let padding = pair(&c.ints_or("padding", &[0])?, "padding")?;
+    let dilation = pair(&c.ints_or("dilation", &[1])?, "dilation")?;
+    if c.bool_or("ceil_mode", false)? {
+        return Err("max_pool2d with ceil_mode=True is not supported".into());
+    }
+    x.max_pool2d(kernel, stride, padding, dilation).map_err(err)
+}
+
+fn avg_pool2d(c: &Call<'_>) -> R<Vec<Value>> {
+    let x = c.tensor("self")?;
+    let kernel = pair(&c.ints("kernel_size")?, "kernel_size")?;
+    let stride = c.ints_or("stride", &[])?;
+    let stride = if stride.is_empty() { None } else { Some(pair(&stride, "stride")?) };
+    let padding = pair(&c.ints_or("padding", &[0])?, "padding")?;
+    if c.bool_or("ceil_mode", false)? {
+        return Err("avg_pool2d with ceil_mode=True is not supported".into());
+    }
+    if padding != [0, 0] && !c.bool_or("count_include_pad", true)? {
+        return Err("avg_pool2d with padding and count_include_pad=False is not supported".into());
+    }
+    if c.opt_int("divisor_override")?.is_some() {
+        return Err("avg_pool2d with divisor_override is not supported".into());
+    }
+    one(x.avg_pool2d(kernel, stride, padding))
+}
+
+fn adaptive_avg_pool2d(c: &Call<'_>) -> R<Vec<Value>> {
+    let x = c.tensor("self")?;
+    let out = pair(&c.ints("output_size")?, "output_size")?;
+    one(x.adaptive_avg_pool2d(out))
+}
+
+fn batch_norm(c: &Call<'_>) -> R<Vec<Value>> {
+    let x = c.tensor("input")?;
+    let (rm, rv) = (c.opt_tensor("running_mean")?, c.opt_tensor("running_var")?);
+    let (w, b) = (c.opt_tensor("weight")?, c.opt_tensor("bias")?);
+    one(x.batch_norm(
+        rm.as_ref(),
+        rv.as_ref(),
+        w.as_ref(),
+        b.as_ref(),
+        c.bool_or("training", false)?,
+        c.float_or("momentum", 0.1)?,
+        c.float_or("eps", 1e-5)?,
+    ))
+}
+
+/// Per-channel `[C]` statistics of `x` `[N, C, *]`: the mean and the biased variance.
+fn channel_stats(x: &Tensor) -> R<(Tensor, Tensor)> {
+    let dims: Vec<i64> = (0..x.dim() as i64).filter(|&d| d != 1).collect();
+    let mean = x.mean(&dims, false).map_err(err)?;
+    let var = x.var(&dims, 0, false).map_err(err)?;
+    Ok((mean, var))
+}
+
+/// The core-ATen batch norms: `(output, save_mean, save_rstd[, new running mean,
+/// new running var])`, in training mode from the batch's statistics.
+fn native_batch_norm(c: &Call<'_>, functional: bool, training: Option<bool>) -> R<Vec<Value>> {
+    let x = c.tensor("input")?;
+    let (w, b) = (c.opt_tensor("weight")?, c.opt_tensor("bias")?);
+    let training = match training {
+        Some(t) => t,
+        None => c.bool_or("training", false)?,
+    };
+    let eps = c.float_or("eps", 1e-5)?;
+    let momentum = c.float_or("momentum", 0.1)?;
+    let rank = x.dim();
+    let per_channel = |v: &Tensor| -> R<Tensor> {
+        let mut shape = vec![1i64; rank];
+        shape[1] = -1;
+        v.reshape(&shape).map_err(err)
+    };
+    let (rm, rv) = (c.opt_tensor("running_mean")?, c.opt_tensor("running_var")?);
+    let (mean, var) = if training {
+        channel_stats(&x)?
+    } else {
+        let (Some(rm), Some(rv)) = (&rm, &rv) else {
+            return Err("running_mean and running_var must be defined in evaluation mode".into());
+        };
+        (rm.clone(), rv.clone())
+    };
+    let rstd = var.add(eps).and_then(|v| v.rsqrt()).map_err(err)?;
+    let (mean_c, rstd_c) = (per_channel(&mean)?, per_channel(&rstd)?);
+    let mut y = x.sub(&mean_c).and_then(|y| y.mul(&rstd_c)).map_err(err)?;
+    if let Some(w) = &w {
+        y = y.mul(&per_channel(w)?).map_err(err)?;
+    }
+    if let Some(b) = &b {
+        y = y.add(&per_channel(b)?).map_err(err)?;
+    }
+    let mut out = vec![Value::Tensor(y)];
+    if training {
+        out.push(Value::Tensor(mean.clone()));
+        out.push(Value::Tensor(rstd));
+    } else {
+        // PyTorch returns empty save_mean / save_rstd in evaluation mode.
+        let empty = Tensor::zeros(&[0], x.dtype()).map_err(err)?;
+        out.push(Value::Tensor(empty.clone()));
+        out.push(Value::Tensor(empty));
+    }
+    // The running statistics' update: not differentiated (PyTorch's is not either).
+    let update = |running: &Option<Tensor>, batch: &Tensor, unbiased: bool| -> R<Option<Tensor>> {
+        let Some(r) = running else { return Ok(None) };
+        no_grad(|| -> aotgrad_trace::Result<Tensor> {
+            let mut v = batch.detach()?;
+            if unbiased {
+                let dims: Vec<i64> = (0..rank as i64).filter(|&d| d != 1).collect();
+                let n: usize =
+                    dims.iter().map(|&d| x.size(d).ok().and_then(|s| s.as_const()).unwrap_or(1) as usize).product();
+                v = v.mul(n as f64 / (n.max(2) - 1) as f64)?;
+            }
+            r.mul(1.0 - momentum)?.add(&v.mul(momentum)?)
+        })
+        .map(Some)
+        .map_err(err)
+    };
+    if functional {
+        let (nm, nv) =
+            if training { (update(&rm, &mean, false)?, update(&rv, &var, true)?) } else { (rm.clone(), rv.clone()) };
+        let nm = nm.ok_or("the functional batch norm needs running statistics")?;
+        let nv = nv.ok_or("the functional batch norm needs running statistics")?;
+        out.push(Value::Tensor(nm));
+        out.push(Value::Tensor(nv));
+    } else if training {
+        // `_native_batch_norm_legit`: the running statistics are updated in place.
+        for (r, new) in [(&rm, update(&rm, &mean, false)?), (&rv, update(&rv, &var, true)?)] {
+            if let (Some(r), Some(new)) = (r, new) {
+                no_grad(|| r.copy_(&new)).map_err(err)?;
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn layer_norm(c: &Call<'_>, native: bool) -> R<Vec<Value>> {
+    let x = c.tensor("input")?;
+    let shape = c.ints("normalized_shape")?;
+    let (w, b) = (c.opt_tensor("weight")?, c.opt_tensor("bias")?);
+    let eps = c.float_or("eps", 1e-5)?;
+    let y = x.layer_norm(&shape, w.as_ref(), b.as_ref(), eps).map_err(err)?;
+    if !native {
+        return Ok(vec![Value::Tensor(y)]);
+    }
+    // native_layer_norm also returns the mean and rstd over the normalized dims
+    // (kept as size-1 dims).
+    let rank = x.dim() as i64;
+    let dims: Vec<i64> = (rank - shape.len() as i64..rank).collect();
+    let mean = x.mean(&dims, true).map_err(err)?;
+    let rstd = x.var(&dims, 0, true).and_then(|v| v.add(eps)).and_then(|v| v.rsqrt()).map_err(err)?;
+    Ok(vec![Value::Tensor(y), Value::Tensor(mean), Value::Tensor(rstd)])
+}
+
+fn group_norm(c: &Call<'_>, native: bool) -> R<Vec<Value>> {
+    let x = c.tensor("input")?;
+    let groups = if native { c.int("group")? } else { c.int("num_groups")? };
+    let groups = usize::try_from(groups).map_err(|_| "a negative group count".to_string())?;
+    let (w, b) = (c.opt_tensor("weight")?, c.opt_tensor("bias")?);
+    let y = x.group_norm(groups, w.as_ref(), b.as_ref(), c.float_or("eps", 1e-5)?).map_err(err)?;
+    let mut out = vec![Value::Tensor(y)];
+    if native {
+        out.push(Value::Unavailable);
+        out.push(Value::Unavailable);
+    }
+    Ok(out)
+}
+
+/// `scaled_dot_product_attention` written out: `softmax(q kᵀ · scale + mask) v`.
+fn sdpa(c: &Call<'_>) -> R<Vec<Value>> {
+    let q = c.tensor("query")?;
+    let k = c.tensor("key")?;
+    let v = c.tensor("value")?;
+    let mask = c.opt_tensor("attn_mask")?;
+    let p = c.float_or("dropout_p", 0.0)?;
+    let causal = c.bool_or("is_causal", false)?;
+    if c.bool_or("enable_gqa", false)? && q.size(-3).map_err(err)? != k.size(-3).map_err(err)? {
+        return Err("grouped-query attention (enable_gqa with fewer key heads) is not supported".into());
+    }
+    let e = sizes(&q)?.last().copied().ok_or("a query of rank 0")?;
+    let scale = c.opt_float("scale")?.unwrap_or(1.0 / (e as f64).sqrt());
+    let mut attn = q.matmul(&k.transpose(-2, -1).map_err(err)?).and_then(|a| a.mul(scale)).map_err(err)?;
+    if causal {
+        let (l, s) = (sizes(&q)?[q.dim() - 2], sizes(&k)?[k.dim() - 2]);
+        let keep = Tensor::ones(&[l, s], DType::F32).and_then(|o| o.tril(0)).and_then(|o| o.eq(0.0)).map_err(err)?;
+        attn = attn.masked_fill(&keep, f64::NEG_INFINITY).map_err(err)?;
+    }
+    if let Some(m) = mask {
+        attn = if m.dtype() == DType::Bool {
+            attn.masked_fill(&m.logical_not().map_err(err)?, f64::NEG_INFINITY)
+        } else {
+            attn.add(&m)
+        }
+        .map_err(err)?;
+    }
+    let mut attn = attn.softmax(-1).map_err(err)?;
+    if p > 0.0 {
+        attn = attn.dropout(p, true, RngSeed::Global).map_err(err)?;
+    }
+    one(attn.matmul(&v))
+}
+
+fn embedding(c: &Call<'_>) -> R<Vec<Value>> {
+    let w = c.tensor("weight")?;
+    let idx = c.tensor("indices")?;
+    if c.bool_or("sparse", false)? {
+        return Err("sparse embedding gradients are not supported".into());
+    }
+    if c.bool_or("scale_grad_by_freq", false)? {
+        return Err("embedding with scale_grad_by_freq is not supported".into());
+    }
+    let pad = c.int_or("padding_idx", -1)?;
+    let w = if pad >= 0 {
+        // The padding row gets no gradient: read it through a detached copy.
+        let rows = w.size(0).map_err(err)?.as_const().ok_or("a symbolic embedding table")?;
+        let is_pad =
+            Tensor::arange(0, rows, 1, DType::I64).and_then(|r| r.eq(pad)).and_then(|m| m.unsqueeze(1)).map_err(err)?;
+        Tensor::where_(&is_pad, &w.detach().map_err(err)?, &w).map_err(err)?
+    } else {
+        w
+    };
+    one(Tensor::embedding(&idx, &w))
+}
+
+fn arange(c: &Call<'_>) -> R<Vec<Value>> {
+    let start = if c.arg("start").is_some() { c.scalar("start")? } else { Scalar::Int(0) };
+    let end = c.scalar("end")?;
+    let step = if c.arg("step").is_some() { c.scalar("step")? } else { Scalar::Int(1) };
+    let int = [start, end, step].iter().all(|s| matches!(s, Scalar::Int(_)));
+    let dtype = c.dtype("dtype")?.unwrap_or(if int { DType::I64 } else { DType::F32 });
+    one(Tensor::arange(start, end, step, dtype))
+}
+
+fn shape_of(c: &Call<'_>) -> R<Vec<usize>> {
+    c.ints("size")?.iter().map(|&v| usize::try_from(v).map_err(|_| format!("size {v} is negative"))).collect()
+}
+
+fn full(c: &Call<'_>, value: Option<Scalar>) -> R<Vec<Value>> {
+    let value = match value {
+        Some(v) => v,
+        None => c.scalar("fill_value")?,
+    };
+    let default = match value {
+        Scalar::Bool(_) => DType::Bool,
+        Scalar::Int(_) if c.arg("fill_value").is_some() => DType::I64,
+        _ => DType::F32,
+    };
+    let dtype = c.dtype("dtype")?.unwrap_or(default);
+    one(Tensor::full(&shape_of(c)?, value, dtype))
+}
+
+fn full_like(c: &Call<'_>, value: Option<Scalar>) -> R<Vec<Value>> {
+    c.check_memory_format()?;
+    let x = c.tensor("self")?;
+    let value = match value {
+        Some(v) => v,
+        None => c.scalar("fill_value")?,
+    };
+    let dtype = c.dtype("dtype")?.unwrap_or(x.dtype());
+    one(Tensor::full(&sizes(&x)?, value, dtype))
+}
+
+fn to_copy(c: &Call<'_>) -> R<Vec<Value>> {
+    c.check_memory_format()?;
+    let x = c.tensor("self")?;
+    match c.dtype("dtype")? {
+        Some(d) if d != x.dtype() => one(x.to(d)),
+        _ => one(x.clone_tensor()),
+    }
+}
+
+fn masked_fill(c: &Call<'_>) -> R<Tensor> {
+    let x = c.tensor("self")?;
+    let mask = c.tensor("mask")?;
+    match c.arg("value") {
+        Some(Arg::Tensor(_)) => {
+            let v = c.tensor("value")?.to(x.dtype()).map_err(err)?;
+            Tensor::where_(&mask, &v, &x).map_err(err)
+        }
+        _ => x.masked_fill(&mask, c.scalar("value")?).map_err(err),
+    }
+}
+
+fn index_tensor(c: &Call<'_>) -> R<Vec<Value>> {
+    let x = c.tensor("self")?;
+    let idx = match c.arg("indices") {
+        Some(Arg::OptionalTensors(v)) => v.clone(),
+        Some(Arg::Tensors(v)) => v.iter().cloned().map(Some).collect(),
+        _ => return Err("no `indices`".into()),
+    };
+    // One index tensor on one dim, every other dim whole: an index_select.
+    let used: Vec<(usize, &String)> = idx.iter().enumerate().filter_map(|(d, n)| n.as_ref().map(|n| (d, n))).collect();
+    let [(dim, name)] = used.as_slice() else {
+        return Err("advanced indexing with several index tensors is not supported".into());
+    };
+    let i = c.tensor_named(name)?;
+    if i.dtype() == DType::Bool {
+        return Err("boolean-mask indexing (data-dependent shapes) is not supported".into());
+    }
+    let s = sizes(&x)?;
+    let flat = i.reshape(&[-1]).map_err(err)?;
+    let picked = x.index_select(*dim as i64, &flat).map_err(err)?;
+    let mut shape: Vec<i64> = s[..*dim].iter().map(|&v| v as i64).collect();
+    shape.extend(sizes(&i)?.iter().map(|&v| v as i64));
+    shape.extend(s[dim + 1..].iter().map(|&v| v as i64));
+    one(picked.reshape(&shape))
+}
+
+fn sym_arith(c: &Call<'_>, f: fn(i64, i64) -> Option<i64>) -> R<Vec<Value>> {
+    let get = |k: usize| -> R<i64> {
+        match c.node.inputs.get(k).map(|a| &a.arg) {
+            Some(Arg::Int(i)) => Ok(*i),
+            Some(Arg::SymInt(SymRef::Name(n))) => c.int_named(n),
+            Some(Arg::SymInt(SymRef::Int(i))) => Ok(*i),
+            _ => Err(format!("argument {k} is not an integer")),
+        }
+    };
+    let v = f(get(0)?, get(1)?).ok_or("integer overflow or division by zero")?;
+    Ok(vec![Value::Int(v)])
+}
+
+/// The op for a node's target, or `None` when aotgrad does not run it.
+pub(crate) fn lookup(target: &str) -> Option<OpDef> {
+    let run: OpFn = match target {
+        // Linear algebra.
+        "aten.linear.default" => linear,
+        "aten.addmm.default" => addmm,
+        "aten.mm.default" => |c| one(c.tensor("self")?.mm(&c.tensor("mat2")?)),
+        "aten.bmm.default" => |c| one(c.tensor("self")?.bmm(&c.tensor("mat2")?)),
+        "aten.matmul.default" => |c| one(c.tensor("self")?.matmul(&c.tensor("other")?)),
+        // Convolution and pooling.
+        "aten.conv2d.default" | "aten.conv1d.default" | "aten.conv2d.padding" | "aten.conv1d.padding" => conv_nd,
+        "aten.convolution.default" => aten_convolution,
+        "aten.max_pool2d.default" => |c| Ok(vec![Value::Tensor(max_pool2d(c)?)]),
+        "aten.avg_pool2d.default" => avg_pool2d,
+        "aten.adaptive_avg_pool2d.default" | "aten._adaptive_avg_pool2d.default" => adaptive_avg_pool2d,
+        // Normalization.
+        "aten.batch_norm.default" => batch_norm,
+        "aten._native_batch_norm_legit_no_training.default" => |c| native_batch_norm(c, false, Some(false)),
+        "aten._native_batch_norm_legit_functional.default" => |c| native_batch_norm(c, true, None),
+        "aten._native_batch_norm_legit.default" => |c| native_batch_norm(c, false, None),
+        "aten.layer_norm.default" => |c| layer_norm(c, false),
+        "aten.native_layer_norm.default" => |c| layer_norm(c, true),
+        "aten.group_norm.default" => |c| group_norm(c, false),
+        "aten.native_group_norm.default" => |c| group_norm(c, true),
+        // Attention, embedding, softmax.
+        "aten.scaled_dot_product_attention.default" => sdpa,
+        "aten.embedding.default" => embedding,
+        "aten.softmax.int" => |c| softmax(c, false),
+        "aten._softmax.default" => |c| softmax(c, false),
+        "aten.log_softmax.int" => |c| softmax(c, true),
+        "aten._log_softmax.default" => |c| softmax(c, true),
+        // Activations.
+        "aten.relu.default" => |c| unary(c, Tensor::relu),
+        "aten.relu_.default" => |c| unary_(c, Tensor::relu_),
+        "aten.gelu.default" => |c| one(Ok(gelu(c, &c.tensor("self")?)?)),
+        "aten.gelu_.default" => |c| inplace(c, |x| gelu(c, x)),
+        "aten.silu.default" => |c| unary(c, Tensor::silu),
+        "aten.silu_.default" => |c| inplace(c, |x| x.silu().map_err(err)),
+        "aten.sigmoid.default" => |c| unary(c, Tensor::sigmoid),
+        "aten.sigmoid_.default" => |c| unary_(c, Tensor::sigmoid_),
+        "aten.tanh.default" => |c| unary(c, Tensor::tanh),
+        "aten.tanh_.default" => |c| unary_(c, Tensor::tanh_),
+        "aten.hardsigmoid.default" => |c| one(Ok(hardsigmoid(&c.tensor("self")?)?)),
+        "aten.hardsigmoid_.default" => |c| inplace(c, hardsigmoid),
+        "aten.hardswish.default" => |c| one(Ok(hardswish(&c.tensor("self")?)?)),
+        "aten.hardswish_.default" => |c| inplace(c, hardswish),
+        "aten.hardtanh.default" => |c| one(Ok(hardtanh(c, &c.tensor("self")?)?)),
+        "aten.hardtanh_.default" => |c| inplace(c, |x| hardtanh(c, x)),
+        "aten.leaky_relu.default" => |c| one(Ok(leaky_relu(c, &c.tensor("self")?)?)),
+        "aten.leaky_relu_.default" => |c| inplace(c, |x| leaky_relu(c, x)),
+        "aten.dropout.default" => |c| one(Ok(dropout(c, &c.tensor("input")?)?)),
+        "aten.dropout_.default" => |c| inplace(c, |x| dropout(c, x)),
+        "aten.native_dropout.default" => |c| {
+            let x = c.tensor("input")?;
+            let train = c.bool_or("train", true)?;
+            let y = x.dropout(c.float_or("p", 0.5)?, train, RngSeed::Global).map_err(err)?;
+            Ok(vec![Value::Tensor(y), Value::Unavailable])
+        },
+        // Unary math.
+        "aten.neg.default" => |c| unary(c, Tensor::neg),
+        "aten.neg_.default" => |c| unary_(c, Tensor::neg_),
+        "aten.abs.default" => |c| unary(c, Tensor::abs),
+        "aten.exp.default" => |c| unary(c, Tensor::exp),
+        "aten.exp_.default" => |c| unary_(c, Tensor::exp_),
+        "aten.log.default" => |c| unary(c, Tensor::log),
+        "aten.log1p.default" => |c| unary(c, Tensor::log1p),
+        "aten.expm1.default" => |c| unary(c, Tensor::expm1),
+        "aten.sqrt.default" => |c| unary(c, Tensor::sqrt),
+        "aten.rsqrt.default" => |c| unary(c, Tensor::rsqrt),
+        "aten.sin.default" => |c| unary(c, Tensor::sin),
+        "aten.cos.default" => |c| unary(c, Tensor::cos),
+        "aten.erf.default" => |c| unary(c, Tensor::erf),
+        "aten.reciprocal.default" => |c| unary(c, Tensor::reciprocal),
+        "aten.sign.default" => |c| unary(c, Tensor::sign),
+        "aten.floor.default" => |c| unary(c, Tensor::floor),
+        "aten.ceil.default" => |c| unary(c, Tensor::ceil),
+        "aten.round.default" => |c| unary(c, Tensor::round),
+        "aten.trunc.default" => |c| unary(c, Tensor::trunc),
+        "aten.logical_not.default" => |c| unary(c, Tensor::logical_not),
+        "aten.logical_and.default" => |c| logical(c, true),
+        "aten.logical_or.default" => |c| logical(c, false),
+        "aten.clamp.default" => |c| one(Ok(clamp(c, &c.tensor("self")?)?)),
+        "aten.clamp_.default" => |c| inplace(c, |x| clamp(c, x)),
+        "aten.clamp_min.default" => |c| one(c.tensor("self")?.clamp_min(c.scalar("min")?)),
+        "aten.clamp_max.default" => |c| one(c.tensor("self")?.clamp_max(c.scalar("max")?)),
+        // Binary math (tensor or scalar operand, `alpha` honoured).
+        "aten.add.Tensor" | "aten.add.Scalar" => |c| binary(c, Bin::Add),
+        "aten.sub.Tensor" | "aten.sub.Scalar" => |c| binary(c, Bin::Sub),
+        "aten.mul.Tensor" | "aten.mul.Scalar" => |c| binary(c, Bin::Mul),
+        "aten.div.Tensor" | "aten.div.Scalar" => |c| binary(c, Bin::Div),
+        "aten.pow.Tensor_Scalar" | "aten.pow.Tensor_Tensor" => |c| binary(c, Bin::Pow),
+        "aten.maximum.default" => |c| binary(c, Bin::Maximum),
+        "aten.minimum.default" => |c| binary(c, Bin::Minimum),
+        "aten.rsub.Scalar" | "aten.rsub.Tensor" => |c| {
+            let x = c.tensor("self")?;
+            let alpha = if c.arg("alpha").is_some() { c.scalar("alpha")? } else { Scalar::Int(1) };
+            let x = Operand::Tensor(x).scaled(alpha)?;
+            let Operand::Tensor(x) = x else { unreachable!("a tensor stays a tensor") };
+            match c.operand("other")? {
+                Operand::Tensor(o) => one(o.sub(&x)),
+                Operand::Scalar(s) => one(x.neg().and_then(|n| n.add(s))),
+            }
+        },
+        "aten.div.Tensor_mode" | "aten.div.Scalar_mode" => |c| {
+            let q = binary(c, Bin::Div)?;
+            let Some(Value::Tensor(q)) = q.into_iter().next() else { unreachable!("binary returns a tensor") };
+            match c.opt_str("rounding_mode")?.as_deref() {
+                None => one(Ok(q)),
+                Some("trunc") => one(q.trunc()),
+                Some("floor") => one(q.floor()),
+                Some(o) => Err(format!("rounding mode `{o}` is not one of trunc, floor")),
+            }
+        },
+        "aten.add_.Tensor" | "aten.add_.Scalar" => |c| binary_(c, Bin::Add),
+        "aten.sub_.Tensor" | "aten.sub_.Scalar" => |c| binary_(c, Bin::Sub),
+        "aten.mul_.Tensor" | "aten.mul_.Scalar" => |c| binary_(c, Bin::Mul),
+        "aten.div_.Tensor" | "aten.div_.Scalar" => |c| binary_(c, Bin::Div),
+        "aten.eq.Tensor" | "aten.eq.Scalar" => |c| compare(c, Cmp::Eq),
+        "aten.ne.Tensor" | "aten.ne.Scalar" => |c| compare(c, Cmp::Ne),
+        "aten.lt.Tensor" | "aten.lt.Scalar" => |c| compare(c, Cmp::Lt),
+        "aten.le.Tensor" | "aten.le.Scalar" => |c| compare(c, Cmp::Le),
+        "aten.gt.Tensor" | "aten.gt.Scalar" => |c| compare(c, Cmp::Gt),
+        "aten.ge.Tensor" | "aten.ge.Scalar" => |c| compare(c, Cmp::Ge),
+        "aten.where.self" => |c| one(Tensor::where_(&c.tensor("condition")?, &c.tensor("self")?, &c.tensor("other")?)),
+        "aten.masked_fill.Scalar" | "aten.masked_fill.Tensor" => |c| one(Ok(masked_fill(c)?)),
+        "aten.masked_fill_.Scalar" | "aten.masked_fill_.Tensor" => |c| inplace(c, |_| masked_fill(c)),
+        "aten.copy_.default" => |c| {
+            let s = c.tensor("self")?;
+            s.copy_(&c.tensor("src")?).map_err(err)?;
+            Ok(vec![Value::Tensor(s)])
+        },
+        "aten.zero_.default" => |c| unary_(c, Tensor::zero_),
+        "aten.fill_.Scalar" => |c| {
+            let s = c.tensor("self")?;
+            s.fill_(c.scalar("value")?).map_err(err)?;
+            Ok(vec![Value::Tensor(s)])
+        },
+        // Reductions.
+        "aten.sum.dim_IntList" | "aten.sum.default" => sum,
+        "aten.mean.dim" | "aten.mean.default" => mean,
+        "aten.amax.default" => |c| {
+            let x = c.tensor("self")?;
+            one(x.amax(&reduce_dims(c, &x)?, c.bool_or("keepdim", false)?))
+        },
+        "aten.amin.default" => |c| {
+            let x = c.tensor("self")?;
+            one(x.amin(&reduce_dims(c, &x)?, c.bool_or("keepdim", false)?))
+        },
+        "aten.var.correction" | "aten.var.dim" => |c| var_std(c, false),
+        "aten.std.correction" | "aten.std.dim" => |c| var_std(c, true),
+        "aten.any.dim" | "aten.any.dims" | "aten.any.default" => |c| {
+            let x = c.tensor("self")?;
+            one(x.any(&reduce_dims(c, &x)?, c.bool_or("keepdim", false)?))
+        },
+        "aten.all.dim" | "aten.all.dims" | "aten.all.default" => |c| {
+            let x = c.tensor("self")?;
+            one(x.all(&reduce_dims(c, &x)?, c.bool_or("keepdim", false)?))
+        },
+        "aten.argmax.default" => |c| {
+            let x = c.tensor("self")?;
+            match c.opt_int("dim")? {
+                Some(d) => one(x.argmax(d, c.bool_or("keepdim", false)?)),
+                None => one(x.argmax_all()),
+            }
+        },
+        "aten.max.dim" => |c| {
+            let (v, i) = c.tensor("self")?.max_dim(c.int("dim")?, c.bool_or("keepdim", false)?).map_err(err)?;
+            Ok(vec![Value::Tensor(v), Value::Tensor(i)])
+        },
+        "aten.cumsum.default" => |c| one(with_dtype(c, c.tensor("self")?)?.cumsum(c.int("dim")?)),
+        // Views and shape ops.
+        "aten.view.default" | "aten._unsafe_view.default" | "aten.reshape.default" => {
+            |c| one(c.tensor("self")?.reshape(&view_shape(c)?))
+        }
+        "aten.permute.default" => |c| one(c.tensor("self")?.permute(&c.ints("dims")?)),
+        "aten.transpose.int" => |c| one(c.tensor("self")?.transpose(c.int("dim0")?, c.int("dim1")?)),
+        "aten.t.default" => |c| one(c.tensor("self")?.t()),
+        "aten.expand.default" => |c| one(c.tensor("self")?.expand(&c.ints("size")?)),
+        "aten.flatten.using_ints" => flatten,
+        "aten.unflatten.int" => unflatten,
+        "aten.squeeze.dim" | "aten.squeeze.dims" => |c| {
+            let x = c.tensor("self")?;
+            one(Ok(squeeze_dims(&x, &c.ints("dim")?)?))
+        },
+        "aten.squeeze.default" => |c| one(c.tensor("self")?.squeeze()),
+        "aten.unsqueeze.default" => |c| one(c.tensor("self")?.unsqueeze(c.int("dim")?)),
+        "aten.select.int" => |c| one(c.tensor("self")?.select(c.int("dim")?, c.int("index")?)),
+        "aten.slice.Tensor" => slice,
+        "aten.narrow.default" => |c| one(c.tensor("self")?.narrow(c.int("dim")?, c.int("start")?, c.int("length")?)),
+        "aten.contiguous.default" => |c| {
+            c.check_memory_format()?;
+            one(c.tensor("self")?.contiguous())
+        },
+        "aten.clone.default" => |c| {
+            c.check_memory_format()?;
+            one(c.tensor("self")?.clone_tensor())
+        },
+        "aten.lift_fresh_copy.default" => |c| one(c.tensor("self")?.clone_tensor()),
+        "aten.alias.default" => |c| one(c.tensor("self")?.alias()),
+        "aten.detach.default" => |c| one(c.tensor("self")?.detach()),
+        "aten._to_copy.default" => to_copy,
+        "aten.to.dtype" | "aten.to.dtype_layout" => |c| {
+            let x = c.tensor("self")?;
+            match c.dtype("dtype")? {
+                Some(d) if d != x.dtype() => one(x.to(d)),
+                _ => one(Ok(x)),
+            }
+        },
+        "aten.cat.default" | "aten.concat.default" => |c| {
+            let ts = c.tensors("tensors")?;
+            one(Tensor::cat(&ts.iter().collect::<Vec<_>>(), c.int_or("dim", 0)?))
+        },
+        "aten.stack.default" => |c| {
+            let ts = c.tensors("tensors")?;
+            one(Tensor::stack(&ts.iter().collect::<Vec<_>>(), c.int_or("dim", 0)?))
+        },
+        "aten.split.Tensor" => {
+            |c| Ok(tensors_out(c.tensor("self")?.split(c.int("split_size")?, c.int_or("dim", 0)?).map_err(err)?))
+        }
+        "aten.split_with_sizes.default" | "aten.split.sizes" => |c| {
+            let sizes_ = c.ints("split_sizes").or_else(|_| c.ints("split_size"))?;
+            split_sizes(&c.tensor("self")?, &sizes_, c.int_or("dim", 0)?)
+        },
+        "aten.chunk.default" => {
+            |c| Ok(tensors_out(c.tensor("self")?.chunk(c.int("chunks")?, c.int_or("dim", 0)?).map_err(err)?))
+        }
+        "aten.unbind.int" => |c| Ok(tensors_out(c.tensor("self")?.unbind(c.int_or("dim", 0)?).map_err(err)?)),
+        "aten.tril.default" => |c| one(c.tensor("self")?.tril(c.int_or("diagonal", 0)?)),
+        "aten.triu.default" => |c| one(c.tensor("self")?.triu(c.int_or("diagonal", 0)?)),
+        "aten.index_select.default" => |c| one(c.tensor("self")?.index_select(c.int("dim")?, &c.tensor("index")?)),
+        "aten.gather.default" => |c| one(c.tensor("self")?.gather(c.int("dim")?, &c.tensor("index")?)),
+        "aten.index.Tensor" => index_tensor,
+        // Creation.
+        "aten.arange.default" | "aten.arange.start" | "aten.arange.start_step" => arange,
+        "aten.full.default" => |c| full(c, None),
+        "aten.zeros.default" => |c| full(c, Some(Scalar::Float(0.0))),
+        "aten.ones.default" => |c| full(c, Some(Scalar::Float(1.0))),
+        "aten.full_like.default" => |c| full_like(c, None),
+        "aten.zeros_like.default" | "aten.empty_like.default" => |c| full_like(c, Some(Scalar::Int(0))),
+        "aten.ones_like.default" => |c| full_like(c, Some(Scalar::Int(1))),
+        "aten.scalar_tensor.default" => |c| {
+            let s = c.scalar("s")?;
+            one(Tensor::full(&[], s, c.dtype("dtype")?.unwrap_or(DType::F32)))
+        },
+        // Sizes and assertions.
+        "aten.sym_size.int" => |c| {
+            let x = c.tensor("self")?;
+            let d = x.size(c.int("dim")?).map_err(err)?;
+            Ok(vec![Value::Int(d.as_const().ok_or("a symbolic size under tracing")?)])
+        },
+        "aten._assert_tensor_metadata.default" => |c| {
+            let x = c.tensor("a")?;
+            if let Some(d) = c.dtype("dtype")? {
+                if d != x.dtype() {
+                    return Err(format!("the tensor is {:?}, the export recorded {d:?}", x.dtype()));
+                }
+            }
+            Ok(vec![])
+        },
+        "aten._assert_scalar.default"
+        | "aten.sym_constrain_range_for_size.default"
+        | "aten.sym_constrain_range.default" => |_| Ok(vec![]),
+        "_operator.add" => |c| sym_arith(c, i64::checked_add),
+        "_operator.sub" => |c| sym_arith(c, i64::checked_sub),
+        "_operator.mul" => |c| sym_arith(c, i64::checked_mul),
+        "_operator.floordiv" => |c| sym_arith(c, |a, b| if b == 0 { None } else { Some(a.div_euclid(b)) }),
+        _ => {
+            return match target {
+                "aten.max_pool2d_with_indices.default" => Some(OpDef {
+                    run: |c| Ok(vec![Value::Tensor(max_pool2d(c)?), Value::Unavailable]),
+                    unavailable: &[1],
+                }),
+                _ => None,
+            }
+        }
+    };
+    let unavailable: &'static [usize] = match target {
+        "aten.native_dropout.default" => &[1],
+        "aten.native_group_norm.default" => &[1, 2],
+        _ => &[],
+    };
+    Some(OpDef { run, unavailable })
+}
