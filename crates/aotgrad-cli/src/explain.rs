@@ -319,16 +319,38 @@ fn plan_text(g: &Graph) -> String {
 
 /// Compile `program` and describe every stage.
 pub fn explain(program: &Program) -> Result<Explanation, String> {
-    let inputs = example_inputs(program)?;
-    let training = inputs.iter().any(Tensor::is_requires_grad);
     let names: Vec<String> = program.graph.inputs.iter().map(|i| i.name.clone()).collect();
+    let mut decl = String::new();
+    for (i, input) in program.graph.inputs.iter().enumerate() {
+        let rg = if program.requires_grad.contains(&input.name) { ", requires grad" } else { "" };
+        let _ = writeln!(decl, "{i} \"{}\": {} storage #{}{rg}", input.name, input.meta, input.storage.0);
+    }
+    let p = program.clone();
+    let make = || example_inputs(program);
+    explain_function(program.title.clone(), names, decl, &make, move |a: &[Tensor]| replay(&p, a))
+}
+
+/// Explain any function: compile `f` with `aot_function` on the inputs `make`
+/// builds (fresh ones per compile, since `f` may mutate them) and print every stage.
+/// `names` name the inputs in graphs and metadata; `decl` describes them.
+pub fn explain_function<F>(
+    title: Option<String>,
+    names: Vec<String>,
+    mut decl: String,
+    make: &dyn Fn() -> Result<Vec<Tensor>, String>,
+    f: F,
+) -> Result<Explanation, String>
+where
+    F: Fn(&[Tensor]) -> aotgrad::Result<Vec<Tensor>> + Clone + Send + Sync + 'static,
+{
+    let inputs = make()?;
+    let training = inputs.iter().any(Tensor::is_requires_grad);
     let compile = |simplify: bool| -> Result<AotFunction, String> {
-        let p = program.clone();
         let config =
             AotConfig { name: "explain".into(), simplify, arg_names: names.clone(), ..AotConfig::default().threads(1) };
-        let f = aot_function(move |a: &[Tensor]| replay(&p, a), config).map_err(|e| e.to_string())?;
+        let f = aot_function(f.clone(), config).map_err(|e| e.to_string())?;
         // Fresh inputs per compile: the program may mutate them.
-        let args = example_inputs(program)?;
+        let args = make()?;
         if training {
             f.forward(&args).map_err(|e| e.to_string())?;
         } else {
@@ -339,11 +361,6 @@ pub fn explain(program: &Program) -> Result<Explanation, String> {
     let f = compile(true)?;
     drop(inputs);
     let mut sections = Vec::new();
-    let mut decl = String::new();
-    for (i, input) in program.graph.inputs.iter().enumerate() {
-        let rg = if program.requires_grad.contains(&input.name) { ", requires grad" } else { "" };
-        let _ = writeln!(decl, "{i} \"{}\": {} storage #{}{rg}", input.name, input.meta, input.storage.0);
-    }
     let path = if training { "training (an input requires grad)" } else { "inference (no input requires grad)" };
     let _ = writeln!(decl, "path: {path}");
     sections.push(("inputs".to_string(), decl));
@@ -379,7 +396,7 @@ pub fn explain(program: &Program) -> Result<Explanation, String> {
         .first()
         .map(|r| r.stages.iter().map(|(s, t)| (s.to_string(), *t)).collect())
         .unwrap_or_default();
-    Ok(Explanation { title: program.title.clone(), training, sections, dots, compile_stages })
+    Ok(Explanation { title, training, sections, dots, compile_stages })
 }
 
 /// `%12 (mul)` → 12.

@@ -22,13 +22,63 @@ struct Cli {
 enum Command {
     /// Train an image classifier on Fashion-MNIST through aot_module (compiled training
     /// step, compiled evaluation), with AdamW and a warmup + cosine schedule.
-    Train(TrainArgs),
+    Train(Box<TrainArgs>),
     /// Print every stage of compiling PROGRAM (a graph in the IR text format, see
     /// examples/): traced, functional and joint graphs, view/mutation metadata,
     /// forward/backward partition with saved values, and the kernel plan.
     Explain(ExplainArgs),
     /// Look into the compiled-result cache: `stats`, `list`, `inspect KEY`, `clear`.
     Cache(CacheArgs),
+    /// Import a PyTorch `torch.export` archive (MODEL.pt2, written by
+    /// `torch.export.save`): print its signature and op histogram, then every stage
+    /// of compiling its training step (as `explain` does).
+    Import(ImportArgs),
+}
+
+#[derive(Args)]
+struct ImportArgs {
+    /// The archive.
+    model: PathBuf,
+    /// Print the signature and op histogram only (no compile).
+    #[arg(long)]
+    no_explain: bool,
+    /// Explain the inference call instead of the training step.
+    #[arg(long)]
+    inference: bool,
+    /// Write Graphviz files here (as `explain --dot`).
+    #[arg(long)]
+    dot: Option<PathBuf>,
+    /// Print the same as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Also print each compile stage's time.
+    #[arg(long)]
+    timings: bool,
+}
+
+fn run_import(a: ImportArgs) -> Result<(), String> {
+    let report = aotgrad_cli::import::import_file(&a.model, !a.no_explain, a.inference)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?);
+    } else {
+        print!("{}", report.text());
+        if let (true, Some(ex)) = (a.timings, &report.explanation) {
+            println!("\n== compile stages ==");
+            for (s, t) in &ex.compile_stages {
+                println!("{s}: {:.3} ms", t * 1e3);
+            }
+        }
+    }
+    if let (Some(dir), Some(ex)) = (&a.dot, &report.explanation) {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        for (name, dot) in &ex.dots {
+            let p = dir.join(name);
+            std::fs::write(&p, dot).map_err(|e| format!("{}: {e}", p.display()))?;
+        }
+        let names: Vec<&str> = ex.dots.iter().map(|(n, _)| n.as_str()).collect();
+        eprintln!("wrote {} in {}", names.join(", "), dir.display());
+    }
+    Ok(())
 }
 
 #[derive(Args)]
@@ -115,6 +165,12 @@ struct TrainArgs {
     /// `cnn` (two 3×3 convolutions with ReLU and max pooling, a linear head).
     #[arg(long, value_enum, default_value = "mlp")]
     model: ModelKind,
+    /// Train a classifier exported from PyTorch instead (a `torch.export.save`
+    /// archive taking a dynamic batch of 784-pixel images and returning 10 logits per
+    /// image; see `aotgrad import`). `--model` then only picks the defaults of
+    /// --epochs and --lr.
+    #[arg(long)]
+    model_file: Option<PathBuf>,
     /// Directory with the four IDX files (else $AOTGRAD_DATA, else the
     /// dataset-fashion-mnist package's /usr/share/datasets/fashion-mnist).
     #[arg(long)]
@@ -196,6 +252,7 @@ fn run_train(a: TrainArgs, fleet: &mut train::Fleet) -> Result<(), String> {
         ($($t:tt)*) => { if root { println!($($t)*); } };
     }
     let mut opts = TrainOptions::defaults(a.model);
+    opts.model_file = a.model_file.clone();
     opts.batch_size = a.batch_size;
     opts.warmup_steps = a.warmup_steps;
     opts.seed = a.seed;
@@ -302,12 +359,13 @@ fn main() -> ExitCode {
         Command::Train(a) => match train::Fleet::from_env() {
             Ok(f) => {
                 fleet = f;
-                run_train(a, &mut fleet)
+                run_train(*a, &mut fleet)
             }
             Err(e) => Err(e.to_string()),
         },
         Command::Explain(a) => run_explain(a),
         Command::Cache(a) => run_cache(a),
+        Command::Import(a) => run_import(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,10 +1,13 @@
 //! The image classifiers `aotgrad train` builds: a GELU MLP, a small vision
-//! transformer and a small CNN. Both are [`Module`]s whose forward takes `(images, labels)` —
+//! transformer, a small CNN, or a classifier imported from PyTorch (`--model-file`,
+//! a `torch.export` archive). All are [`Module`]s whose forward takes `(images, labels)` —
 //! images `(batch, 784)` f32, labels `(batch)` i64 — and returns
 //! `[cross-entropy loss, logits (batch, 10)]`, so one compiled module serves the
 //! training step (gradient of the loss) and evaluation (the inference path, under
 //! no-grad).
 
+use aotgrad::import::schema::SymDim;
+use aotgrad::import::ImportedModule;
 use aotgrad::nn::{
     child_seed, expect_inputs, Conv2d, Init, LayerNorm, Linear, Module, ParamStore, Params, TransformerBlock,
 };
@@ -60,9 +63,14 @@ impl Default for VitConfig {
 
 #[derive(Debug)]
 enum Arch {
-    Mlp { layers: Vec<Linear> },
+    Mlp {
+        layers: Vec<Linear>,
+    },
     Vit(Box<Vit>),
     Cnn(Box<Cnn>),
+    /// A PyTorch program (`torch.export`) and the image shape its input takes
+    /// (`[-1, 784]`, `[-1, 1, 28, 28]`, ...).
+    Imported(Box<ImportedModule>, Vec<i64>),
 }
 
 #[derive(Debug)]
@@ -172,9 +180,70 @@ impl Classifier {
         Ok(Classifier { store, arch: Arch::Cnn(Box::new(Cnn { conv1, conv2, head })), description })
     }
 
+    /// A classifier exported from PyTorch (`torch.export.save`): one float input of
+    /// 784 pixels per image after a dynamic batch dim (`[B, 784]`, `[B, 1, 28, 28]`,
+    /// ...) and one output of 10 logits per image. Its weights are the archive's.
+    pub fn imported(path: &std::path::Path) -> Result<Classifier, String> {
+        let m = ImportedModule::load(path).map_err(|e| e.to_string())?;
+        let p = m.program();
+        let bad = |msg: String| format!("{}: not a Fashion-MNIST classifier: {msg}", path.display());
+        let inputs = p.user_inputs();
+        let [input] = inputs.as_slice() else {
+            return Err(bad(format!("it takes {} inputs, a classifier takes one batch of images", inputs.len())));
+        };
+        let meta = p.graph.tensor_values.get(*input).ok_or_else(|| bad("no input metadata".into()))?;
+        if !aotgrad::import::scalar_type(meta.dtype).is_ok_and(|d| d == DType::F32) {
+            return Err(bad(format!("its input `{input}` is {meta}, the images are f32")));
+        }
+        let (batch, image) = meta.sizes.split_first().ok_or_else(|| bad(format!("its input `{input}` is a scalar")))?;
+        if let SymDim::Int(b) = batch {
+            return Err(bad(format!(
+                "its input `{input}` is {meta}: the batch dim is fixed at {b}; export with \
+                 dynamic_shapes={{\"{input}\": {{0: torch.export.Dim(\"batch\")}}}}"
+            )));
+        }
+        let image: Vec<i64> = image
+            .iter()
+            .map(|d| match d {
+                SymDim::Int(v) => Ok(*v),
+                SymDim::Expr(e, _) => Err(bad(format!("its input `{input}` has a symbolic image dim `{e}`"))),
+            })
+            .collect::<Result<_, _>>()?;
+        if image.iter().product::<i64>() != (SIDE * SIDE) as i64 {
+            return Err(bad(format!("its input `{input}` is {meta}, not {} pixels per image", SIDE * SIDE)));
+        }
+        let outputs: Vec<String> =
+            p.graph.outputs.iter().flat_map(|o| o.tensor_names().into_iter().map(String::from)).collect();
+        let user_outputs =
+            p.outputs.iter().filter(|o| matches!(o, aotgrad::import::schema::OutputSpec::User { .. })).count();
+        let logits = outputs.iter().find_map(|o| p.graph.tensor_values.get(o));
+        if user_outputs != 1 || logits.is_none_or(|m| m.sizes.last() != Some(&SymDim::Int(CLASSES as i64))) {
+            return Err(bad(format!("a classifier returns one output of {CLASSES} logits per image")));
+        }
+        let store = m.store().clone();
+        let description = format!(
+            "imported `{}` from {} (torch {}, {} dialect, {} nodes), {} parameters",
+            m.name(),
+            path.display(),
+            p.torch_version,
+            p.dialect,
+            p.graph.nodes.len(),
+            group(store.num_param_elements())
+        );
+        let mut shape = vec![-1];
+        shape.extend(image);
+        Ok(Classifier { store, arch: Arch::Imported(Box::new(m), shape), description })
+    }
+
     /// The logits `(batch, 10)` of images `(batch, 784)`.
     pub fn logits(&self, p: &Params, x: &Tensor) -> aotgrad::Result<Tensor> {
         match &self.arch {
+            Arch::Imported(m, shape) => {
+                let outs = m.forward(p, &[x.reshape(shape)?])?;
+                outs.into_iter()
+                    .next()
+                    .ok_or_else(|| aotgrad::Error::Internal("an imported classifier returned nothing".into()))
+            }
             Arch::Mlp { layers } => {
                 let mut h = x.clone();
                 for (i, l) in layers.iter().enumerate() {

@@ -8,7 +8,7 @@
 //! uninterrupted run's loss curve.
 
 use crate::data::{Split, CLASSES};
-use crate::models::{group, ModelKind};
+use crate::models::{group, Classifier, ModelKind};
 use aotgrad::nn::{checkpoint, AdamW, Module, Optimizer, WarmupCosine};
 use aotgrad::prelude::*;
 use aotgrad::{Cache, CompileReport, EntrySource};
@@ -96,6 +96,10 @@ pub struct TrainOptions {
     /// process loads every specialization instead of compiling it.
     #[serde(default)]
     pub cache: Option<PathBuf>,
+    /// Train a classifier imported from PyTorch (a `torch.export.save` archive)
+    /// instead of `model`.
+    #[serde(default)]
+    pub model_file: Option<PathBuf>,
 }
 
 impl TrainOptions {
@@ -120,6 +124,7 @@ impl TrainOptions {
             backend: BackendChoice::Cpu,
             eval_batch: 1000,
             cache: None,
+            model_file: None,
         }
     }
 
@@ -129,8 +134,17 @@ impl TrainOptions {
         serde_json::json!({
             "model": self.model, "batch_size": self.batch_size, "lr": self.lr,
             "weight_decay": self.weight_decay, "warmup_steps": self.warmup_steps, "seed": self.seed,
-            "train_limit": self.train_limit, "epochs": self.epochs,
+            "train_limit": self.train_limit, "epochs": self.epochs, "model_file": self.model_file,
         })
+    }
+
+    /// The model these options train: `model_file`'s imported classifier, else
+    /// `model` initialized from `seed`.
+    pub fn build_model(&self) -> Result<Classifier> {
+        match &self.model_file {
+            Some(path) => Classifier::imported(path).map_err(TrainError::Invalid),
+            None => Ok(self.model.build(self.seed)?),
+        }
     }
 }
 
@@ -568,7 +582,7 @@ pub fn train_with(
             fleet.size()
         )));
     }
-    let model = Arc::new(opts.model.build(opts.seed)?);
+    let model = Arc::new(opts.build_model()?);
     let steps_per_epoch = train.len() / opts.batch_size;
     let total_steps = (steps_per_epoch * opts.epochs) as u64;
     let schedule =

@@ -253,3 +253,45 @@ fn a_cli_without_mpi_refuses_to_run_as_one_of_several_processes() {
     assert!(!out.status.success());
     assert!(err.contains("one of 2 MPI processes") && err.contains("--features mpi"), "{err}");
 }
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../aotgrad-import/fixtures").join(name)
+}
+
+#[test]
+fn an_imported_pytorch_cnn_compiles_agrees_with_eager_and_trains() {
+    // Both forms of the main job's CNN exported from PyTorch (dynamic batch).
+    for file in ["cnn.pt2", "cnn.core.pt2"] {
+        let model = Classifier::imported(&fixture(file)).unwrap();
+        assert!(model.description.starts_with("imported `cnn"), "{}", model.description);
+        let split = synthetic(8, 6);
+        let (x, y) = train::batch(&split, &(0..8).collect::<Vec<_>>()).unwrap();
+        let eager = model.forward_eager(&[x.clone(), y.clone()]).unwrap();
+        let compiled = aot_module(std::sync::Arc::new(model), AotConfig::default().threads(1)).unwrap();
+        let outs = no_grad(|| compiled.call(&[x, y])).unwrap();
+        for (e, c) in eager.iter().zip(&outs) {
+            let (e, c) = (e.to_vec_f64().unwrap(), c.to_vec_f64().unwrap());
+            for (a, b) in e.iter().zip(&c) {
+                assert!((a - b).abs() < 1e-4 * (1.0 + a.abs()), "{file}: eager {a} vs compiled {b}");
+            }
+        }
+        let (tr, te) = (synthetic(160, 7), synthetic(40, 8));
+        let o = TrainOptions { model_file: Some(fixture(file)), ..opts(ModelKind::Cnn, 2) };
+        let report = train::train(&tr, &te, &o, None, &quiet(None, None), &mut Vec::new()).unwrap();
+        assert!(report.model.starts_with("imported"), "{}", report.model);
+        assert!(report.step_losses.iter().all(|l| l.is_finite()));
+        assert!(report.epochs[1].train_loss < report.epochs[0].train_loss, "{file}: {:?}", report.epochs);
+    }
+}
+
+#[test]
+fn an_imported_model_that_is_no_classifier_is_refused() {
+    // The MLP fixture was exported for a fixed batch of 8.
+    let e = Classifier::imported(&fixture("mlp.pt2")).unwrap_err();
+    assert!(e.contains("the batch dim is fixed at 8; export with dynamic_shapes="), "{e}");
+    // The GPT takes token ids.
+    let e = Classifier::imported(&fixture("gpt.pt2")).unwrap_err();
+    assert!(e.contains("not a Fashion-MNIST classifier: its input `idx` is i64[2, 16], the images are f32"), "{e}");
+    let e = Classifier::imported(&fixture("no-such.pt2")).unwrap_err();
+    assert!(e.contains("no-such.pt2: cannot read"), "{e}");
+}

@@ -409,9 +409,11 @@ impl ExportedProgram {
                         return Err(sig(format!("output mutates user input `{input}`, which is not one")));
                     }
                 }
-                OutputSpec::Unsupported { kind } => return Err(sig(format!(
+                OutputSpec::Unsupported { kind } => {
+                    return Err(sig(format!(
                     "output kind `{kind}` is not supported (a joint or effectful export); export the forward program"
-                ))),
+                )))
+                }
             }
         }
         Ok(())

@@ -12,6 +12,7 @@ use crate::archive::{scalar_type, ExportedProgram};
 use crate::error::{ImportError, Result};
 use crate::ops::{self, Call, OpFn, Value};
 use crate::schema::{Arg, InputSpec, Node, OutputSpec, SymDim};
+use aotgrad_ir::{AttributeCalls, SourceLoc};
 use aotgrad_runtime::params::{Module, ParamStore, Params};
 use aotgrad_trace::{no_grad, Tensor};
 use std::collections::{HashMap, HashSet};
@@ -40,6 +41,9 @@ pub struct ImportedModule {
     program: Arc<ExportedProgram>,
     store: ParamStore,
     steps: Arc<Vec<OpFn>>,
+    /// Each node's PyTorch source line: the ops it runs are recorded there, so traced
+    /// graphs and errors point at the user's model code.
+    locs: Arc<Vec<Option<SourceLoc>>>,
 }
 
 impl std::fmt::Debug for ImportedModule {
@@ -79,6 +83,7 @@ impl ImportedModule {
         let mut defined: HashSet<&str> = program.graph.inputs.iter().map(String::as_str).collect();
         let mut unavailable: HashMap<&str, &Node> = HashMap::new();
         let mut steps = Vec::with_capacity(program.graph.nodes.len());
+        let mut locs = Vec::with_capacity(program.graph.nodes.len());
         for n in &program.graph.nodes {
             let def = ops::lookup(&n.target).ok_or_else(|| {
                 node_err(
@@ -125,6 +130,10 @@ impl ImportedModule {
                 }
             }
             steps.push(def.run);
+            locs.push(n.source.as_deref().and_then(|s| {
+                let (file, line) = s.rsplit_once(':')?;
+                Some(SourceLoc { file: Arc::from(file), line: line.parse().ok()?, col: 1 })
+            }));
         }
         for (o, spec) in program.graph.outputs.iter().zip(&program.outputs) {
             for used in o.tensor_names() {
@@ -167,7 +176,7 @@ impl ImportedModule {
                 InputSpec::User { .. } | InputSpec::Unsupported { .. } => {}
             }
         }
-        Ok(ImportedModule { program: Arc::new(program), store, steps: Arc::new(steps) })
+        Ok(ImportedModule { program: Arc::new(program), store, steps: Arc::new(steps), locs: Arc::new(locs) })
     }
 
     /// The parsed program.
@@ -266,8 +275,9 @@ impl ImportedModule {
                         let h = *have as i64;
                         if r.min.is_some_and(|m| h < m) || r.max.is_some_and(|m| h > m) {
                             return Err(format!(
-                                "input `{name}` has {have} for `{sym}`, outside its exported range [{:?}, {:?}]",
-                                r.min, r.max
+                                "input `{name}` has {have} for `{sym}`, outside its exported range [{}, {}]",
+                                r.min.map_or("-∞".into(), |v| v.to_string()),
+                                r.max.map_or("∞".into(), |v| v.to_string())
                             ));
                         }
                     }
@@ -320,7 +330,8 @@ impl Module for ImportedModule {
             };
             env.insert(arg.clone(), Value::Tensor(t));
         }
-        for (n, run) in prog.graph.nodes.iter().zip(self.steps.iter()) {
+        for ((n, run), loc) in prog.graph.nodes.iter().zip(self.steps.iter()).zip(self.locs.iter()) {
+            let _at = loc.as_ref().map(|l| AttributeCalls::to(file!(), l.clone()));
             let out = run(&Call { node: n, env: &env }).map_err(|msg| {
                 self.call_error(format!("node `{}` ({}){}: {msg}", n.name, n.target, n.source_text()))
             })?;

@@ -294,11 +294,7 @@ fn inplace(c: &Call<'_>, f: impl Fn(&Tensor) -> R<Tensor>) -> R<Vec<Value>> {
     Ok(vec![Value::Tensor(s)])
 }
 
-fn unary(c: &Call<'_>, f: fn(&Tensor) -> aotgrad_trace::Result<Tensor>) -> R<Vec<Value>> {
-    one(f(&c.tensor("self")?))
-}
-
-fn unary_(c: &Call<'_>, f: fn(&Tensor) -> aotgrad_trace::Result<Tensor>) -> R<Vec<Value>> {
+fn unary_(c: &Call<'_>, f: impl Fn(&Tensor) -> aotgrad_trace::Result<Tensor>) -> R<Vec<Value>> {
     let s = c.tensor("self")?;
     f(&s).map_err(err)?;
     Ok(vec![Value::Tensor(s)])
@@ -1038,16 +1034,16 @@ pub(crate) fn lookup(target: &str) -> Option<OpDef> {
         "aten.log_softmax.int" => |c| softmax(c, true),
         "aten._log_softmax.default" => |c| softmax(c, true),
         // Activations.
-        "aten.relu.default" => |c| unary(c, Tensor::relu),
-        "aten.relu_.default" => |c| unary_(c, Tensor::relu_),
+        "aten.relu.default" => |c| one(c.tensor("self")?.relu()),
+        "aten.relu_.default" => |c| unary_(c, |s| s.relu_()),
         "aten.gelu.default" => |c| one(Ok(gelu(c, &c.tensor("self")?)?)),
         "aten.gelu_.default" => |c| inplace(c, |x| gelu(c, x)),
-        "aten.silu.default" => |c| unary(c, Tensor::silu),
+        "aten.silu.default" => |c| one(c.tensor("self")?.silu()),
         "aten.silu_.default" => |c| inplace(c, |x| x.silu().map_err(err)),
-        "aten.sigmoid.default" => |c| unary(c, Tensor::sigmoid),
-        "aten.sigmoid_.default" => |c| unary_(c, Tensor::sigmoid_),
-        "aten.tanh.default" => |c| unary(c, Tensor::tanh),
-        "aten.tanh_.default" => |c| unary_(c, Tensor::tanh_),
+        "aten.sigmoid.default" => |c| one(c.tensor("self")?.sigmoid()),
+        "aten.sigmoid_.default" => |c| unary_(c, |s| s.sigmoid_()),
+        "aten.tanh.default" => |c| one(c.tensor("self")?.tanh()),
+        "aten.tanh_.default" => |c| unary_(c, |s| s.tanh_()),
         "aten.hardsigmoid.default" => |c| one(Ok(hardsigmoid(&c.tensor("self")?)?)),
         "aten.hardsigmoid_.default" => |c| inplace(c, hardsigmoid),
         "aten.hardswish.default" => |c| one(Ok(hardswish(&c.tensor("self")?)?)),
@@ -1065,26 +1061,26 @@ pub(crate) fn lookup(target: &str) -> Option<OpDef> {
             Ok(vec![Value::Tensor(y), Value::Unavailable])
         },
         // Unary math.
-        "aten.neg.default" => |c| unary(c, Tensor::neg),
-        "aten.neg_.default" => |c| unary_(c, Tensor::neg_),
-        "aten.abs.default" => |c| unary(c, Tensor::abs),
-        "aten.exp.default" => |c| unary(c, Tensor::exp),
-        "aten.exp_.default" => |c| unary_(c, Tensor::exp_),
-        "aten.log.default" => |c| unary(c, Tensor::log),
-        "aten.log1p.default" => |c| unary(c, Tensor::log1p),
-        "aten.expm1.default" => |c| unary(c, Tensor::expm1),
-        "aten.sqrt.default" => |c| unary(c, Tensor::sqrt),
-        "aten.rsqrt.default" => |c| unary(c, Tensor::rsqrt),
-        "aten.sin.default" => |c| unary(c, Tensor::sin),
-        "aten.cos.default" => |c| unary(c, Tensor::cos),
-        "aten.erf.default" => |c| unary(c, Tensor::erf),
-        "aten.reciprocal.default" => |c| unary(c, Tensor::reciprocal),
-        "aten.sign.default" => |c| unary(c, Tensor::sign),
-        "aten.floor.default" => |c| unary(c, Tensor::floor),
-        "aten.ceil.default" => |c| unary(c, Tensor::ceil),
-        "aten.round.default" => |c| unary(c, Tensor::round),
-        "aten.trunc.default" => |c| unary(c, Tensor::trunc),
-        "aten.logical_not.default" => |c| unary(c, Tensor::logical_not),
+        "aten.neg.default" => |c| one(c.tensor("self")?.neg()),
+        "aten.neg_.default" => |c| unary_(c, |s| s.neg_()),
+        "aten.abs.default" => |c| one(c.tensor("self")?.abs()),
+        "aten.exp.default" => |c| one(c.tensor("self")?.exp()),
+        "aten.exp_.default" => |c| unary_(c, |s| s.exp_()),
+        "aten.log.default" => |c| one(c.tensor("self")?.log()),
+        "aten.log1p.default" => |c| one(c.tensor("self")?.log1p()),
+        "aten.expm1.default" => |c| one(c.tensor("self")?.expm1()),
+        "aten.sqrt.default" => |c| one(c.tensor("self")?.sqrt()),
+        "aten.rsqrt.default" => |c| one(c.tensor("self")?.rsqrt()),
+        "aten.sin.default" => |c| one(c.tensor("self")?.sin()),
+        "aten.cos.default" => |c| one(c.tensor("self")?.cos()),
+        "aten.erf.default" => |c| one(c.tensor("self")?.erf()),
+        "aten.reciprocal.default" => |c| one(c.tensor("self")?.reciprocal()),
+        "aten.sign.default" => |c| one(c.tensor("self")?.sign()),
+        "aten.floor.default" => |c| one(c.tensor("self")?.floor()),
+        "aten.ceil.default" => |c| one(c.tensor("self")?.ceil()),
+        "aten.round.default" => |c| one(c.tensor("self")?.round()),
+        "aten.trunc.default" => |c| one(c.tensor("self")?.trunc()),
+        "aten.logical_not.default" => |c| one(c.tensor("self")?.logical_not()),
         "aten.logical_and.default" => |c| logical(c, true),
         "aten.logical_or.default" => |c| logical(c, false),
         "aten.clamp.default" => |c| one(Ok(clamp(c, &c.tensor("self")?)?)),
@@ -1137,7 +1133,7 @@ pub(crate) fn lookup(target: &str) -> Option<OpDef> {
             s.copy_(&c.tensor("src")?).map_err(err)?;
             Ok(vec![Value::Tensor(s)])
         },
-        "aten.zero_.default" => |c| unary_(c, Tensor::zero_),
+        "aten.zero_.default" => |c| unary_(c, |s| s.zero_()),
         "aten.fill_.Scalar" => |c| {
             let s = c.tensor("self")?;
             s.fill_(c.scalar("value")?).map_err(err)?;

@@ -383,12 +383,53 @@ fn sym_ref(v: &Value, what: &str) -> R<SymRef> {
     }
 }
 
+/// Sympy's `Symbol('s77', positive=True, integer=True)` as `s77` (and `Integer(2)`
+/// as `2`), so expressions read as PyTorch prints them and match range names.
+fn plain_symbols(expr: &str) -> String {
+    let mut out = String::new();
+    let mut rest = expr;
+    loop {
+        let sym = rest.find("Symbol('");
+        let int = rest.find("Integer(");
+        let (at, is_sym) = match (sym, int) {
+            (Some(a), Some(b)) if b < a => (b, false),
+            (Some(a), _) => (a, true),
+            (None, Some(b)) => (b, false),
+            (None, None) => break,
+        };
+        out.push_str(&rest[..at]);
+        // `Symbol('` and `Integer(` are both 8 bytes.
+        let body = &rest[at + 8..];
+        let (name, after) = if is_sym {
+            match body.find('\'') {
+                Some(q) => (&body[..q], &body[q..]),
+                None => break,
+            }
+        } else {
+            match body.find(')') {
+                Some(q) => (&body[..q], &body[q..]),
+                None => break,
+            }
+        };
+        out.push_str(name);
+        match after.find(')') {
+            Some(close) => rest = &after[close + 1..],
+            None => {
+                rest = "";
+                break;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 fn sym_dim(v: &Value, what: &str) -> R<SymDim> {
     let (k, x) = union(v, what)?;
     match k.as_str() {
         "as_int" => Ok(SymDim::Int(int(&x, what)?)),
         "as_expr" => {
-            let expr = str_field(&x, "expr_str", what)?;
+            let expr = plain_symbols(&str_field(&x, "expr_str", what)?);
             let hint = x.get("hint").and_then(|h| h.get("as_int")).and_then(Value::as_i64);
             Ok(SymDim::Expr(expr, hint))
         }
