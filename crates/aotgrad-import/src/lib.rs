@@ -66,3 +66,12 @@ pub mod schema;
 pub use archive::{scalar_type, ExportedProgram, Weight, ARCHIVE_FORMAT, ARCHIVE_VERSIONS, SCHEMA_MAJOR};
 pub use error::{ImportError, Result};
 pub use module::ImportedModule;
+
+/// Whether aotgrad runs the ATen op overload `target` (`aten.addmm.default`, with or
+/// without `torch.ops.`), and whether it computes every output: `Some(true)` for all,
+/// `Some(false)` when an output is left out (such as `max_pool2d_with_indices`'s
+/// indices: a program reading it is refused), `None` for an op it does not run.
+pub fn runs_op(target: &str) -> Option<bool> {
+    let target = target.strip_prefix("torch.ops.").unwrap_or(target);
+    ops::lookup(target).map(|d| d.unavailable.is_empty())
+}

@@ -323,8 +323,23 @@ fn binary_value(x: &Tensor, op: Bin, rhs: Rhs<'_>) -> aotgrad_trace::Result<Tens
     }
 }
 
+/// A scalar as a 0-dim tensor, which promotes as the scalar does (a 0-dim operand
+/// never raises the other's dtype within its category).
+fn scalar_tensor(s: Scalar) -> R<Tensor> {
+    let dtype = match s {
+        Scalar::Bool(_) => DType::Bool,
+        Scalar::Int(_) => DType::I64,
+        _ => DType::F32,
+    };
+    Tensor::full(&[], s, dtype).map_err(err)
+}
+
 fn binary(c: &Call<'_>, op: Bin) -> R<Vec<Value>> {
-    let x = c.tensor("self")?;
+    // The serializer writes a Python number as `self` for `2 - x` and the like.
+    let x = match c.operand("self")? {
+        Operand::Tensor(t) => t,
+        Operand::Scalar(s) => scalar_tensor(s)?,
+    };
     let alpha = if c.arg("alpha").is_some() { c.scalar("alpha")? } else { Scalar::Int(1) };
     let other = c.operand("other").or_else(|_| c.operand("exponent"))?.scaled(alpha)?;
     one(binary_value(&x, op, other.rhs()))
@@ -1002,6 +1017,219 @@ fn sym_arith(c: &Call<'_>, f: fn(i64, i64) -> Option<i64>) -> R<Vec<Value>> {
     Ok(vec![Value::Int(v)])
 }
 
+fn dim_int(d: aotgrad_ir::Dim, what: &str) -> R<i64> {
+    d.as_const().ok_or_else(|| format!("a symbolic {what} under tracing"))
+}
+
+fn full_of(x: &Tensor, value: Scalar, dtype: DType) -> R<Tensor> {
+    Tensor::full(&sizes(x)?, value, dtype).map_err(err)
+}
+
+/// `x` with `before` and `after` elements of `value` added along `dim` (a negative
+/// count crops).
+fn pad_dim(x: &Tensor, dim: usize, before: i64, after: i64, value: Scalar) -> R<Tensor> {
+    let mut y = x.clone();
+    let n = sizes(&y)?[dim] as i64;
+    if before < 0 || after < 0 {
+        let start = (-before).max(0);
+        let end = n - (-after).max(0);
+        if end < start {
+            return Err(format!("padding ({before}, {after}) crops more than the {n} elements of dim {dim}"));
+        }
+        y = y.narrow(dim as i64, start, end - start).map_err(err)?;
+    }
+    let mut parts = Vec::new();
+    for count in [before.max(0), after.max(0)] {
+        let mut shape = sizes(&y)?;
+        shape[dim] = count as usize;
+        parts.push(Tensor::full(&shape, value, y.dtype()).map_err(err)?);
+    }
+    if before <= 0 && after <= 0 {
+        return Ok(y);
+    }
+    Tensor::cat(&[&parts[0], &y, &parts[1]], dim as i64).map_err(err)
+}
+
+/// `pad` is PyTorch's: (before, after) pairs from the last dim backwards.
+fn pad_pairs(x: &Tensor, pad: &[i64]) -> R<Vec<(usize, i64, i64)>> {
+    if pad.len() % 2 != 0 || pad.len() / 2 > x.dim() {
+        return Err(format!("padding {pad:?} needs pairs for at most {} dims", x.dim()));
+    }
+    Ok(pad.chunks(2).enumerate().map(|(k, p)| (x.dim() - 1 - k, p[0], p[1])).collect())
+}
+
+fn constant_pad(x: &Tensor, pad: &[i64], value: Scalar) -> R<Tensor> {
+    let mut y = x.clone();
+    for (dim, before, after) in pad_pairs(x, pad)? {
+        y = pad_dim(&y, dim, before, after, value)?;
+    }
+    Ok(y)
+}
+
+/// Reflection or replication padding as an index_select per dim (its gradient
+/// sums the repeats, as PyTorch's does).
+fn indexed_pad(x: &Tensor, pad: &[i64], reflect: bool) -> R<Tensor> {
+    let mut y = x.clone();
+    for (dim, before, after) in pad_pairs(x, pad)? {
+        let n = sizes(&y)?[dim] as i64;
+        if before < 0 || after < 0 || (reflect && (before >= n || after >= n)) || n == 0 {
+            return Err(format!(
+                "{} padding ({before}, {after}) is out of range for dim {dim} of size {n}",
+                if reflect { "reflection" } else { "replication" }
+            ));
+        }
+        // Built from `arange` (a traced op: no constant data enters the graph):
+        // reflect(i) = (n-1) - |(n-1) - |i||, replicate(i) = clamp(i, 0, n-1).
+        let i = Tensor::arange(-before, n + after, 1, DType::I64).map_err(err)?;
+        let idx = if reflect {
+            i.abs()
+                .and_then(|a| a.neg())
+                .and_then(|a| a.add(n - 1))
+                .and_then(|a| a.abs())
+                .and_then(|a| a.neg())
+                .and_then(|a| a.add(n - 1))
+        } else {
+            i.clamp(Some(0i64), Some(n - 1))
+        }
+        .map_err(err)?;
+        y = y.index_select(dim as i64, &idx).map_err(err)?;
+    }
+    Ok(y)
+}
+
+fn flip(x: &Tensor, dims: &[i64]) -> R<Tensor> {
+    let mut y = x.clone();
+    for &d in dims {
+        let d = wrap(d, x.dim())?;
+        let n = sizes(&y)?[d] as i64;
+        let idx = Tensor::arange(n - 1, -1, -1, DType::I64).map_err(err)?;
+        y = y.index_select(d as i64, &idx).map_err(err)?;
+    }
+    Ok(y)
+}
+
+fn repeat(x: &Tensor, reps: &[i64]) -> R<Tensor> {
+    let s = sizes(x)?;
+    if reps.len() < s.len() {
+        return Err(format!("repeat {reps:?} has fewer dims than the tensor's {}", s.len()));
+    }
+    let mut shape = vec![1i64; reps.len() - s.len()];
+    shape.extend(s.iter().map(|&v| v as i64));
+    // [s0, s1] → [1, s0, 1, s1] → [r0, s0, r1, s1] → [r0·s0, r1·s1].
+    let inter: Vec<i64> = shape.iter().flat_map(|&v| [1, v]).collect();
+    let expanded: Vec<i64> = shape.iter().zip(reps).flat_map(|(&v, &r)| [r, v]).collect();
+    let out: Vec<i64> = shape.iter().zip(reps).map(|(&v, &r)| v * r).collect();
+    x.reshape(&inter).and_then(|y| y.expand(&expanded)).and_then(|y| y.reshape(&out)).map_err(err)
+}
+
+/// PyTorch's nearest-neighbour source index: `min(floor(dst * scale), in - 1)` in f32,
+/// `scale` being `in / out` or `1 / scale_factor`.
+fn nearest_index(input: usize, output: usize, factor: Option<f64>) -> R<Tensor> {
+    let scale = match factor {
+        Some(f) if f > 0.0 => (1.0 / f) as f32,
+        _ => input as f32 / output as f32,
+    };
+    // In f32 as PyTorch computes it: the f32 product of two f32 values is the f64
+    // product rounded, whichever precision the kernel multiplies in.
+    Tensor::arange(0, output as i64, 1, DType::F32)
+        .and_then(|d| d.mul(scale as f64))
+        .and_then(|d| d.floor())
+        .and_then(|d| d.clamp_max(input as f64 - 1.0))
+        .and_then(|d| d.to(DType::I64))
+        .map_err(err)
+}
+
+fn upsample_nearest(c: &Call<'_>, x: &Tensor) -> R<Vec<Value>> {
+    let s = sizes(x)?;
+    if s.len() != 4 {
+        return Err(format!("upsample_nearest2d takes [N, C, H, W], got {s:?}"));
+    }
+    let factors = match c.arg("scale_factors") {
+        Some(Arg::Floats(v)) => Some(v.clone()),
+        _ => {
+            let h = c.opt_float("scales_h")?;
+            let w = c.opt_float("scales_w")?;
+            h.zip(w).map(|(h, w)| vec![h, w])
+        }
+    };
+    let out = match c.opt_ints("output_size")? {
+        Some(o) if o.len() == 2 => [o[0] as usize, o[1] as usize],
+        _ => match &factors {
+            Some(f) if f.len() == 2 => [(s[2] as f64 * f[0]).floor() as usize, (s[3] as f64 * f[1]).floor() as usize],
+            _ => return Err("upsample_nearest2d needs an output size or two scale factors".into()),
+        },
+    };
+    let fh = factors.as_ref().and_then(|f| f.first().copied());
+    let fw = factors.as_ref().and_then(|f| f.get(1).copied());
+    let y = x.index_select(2, &nearest_index(s[2], out[0], fh)?).map_err(err)?;
+    one(y.index_select(3, &nearest_index(s[3], out[1], fw)?))
+}
+
+/// `a - round(a / b) * b` with `floor` (Python's `%`, `remainder`) or `trunc` (C's
+/// `fmod`), in the promoted dtype.
+fn modulo(c: &Call<'_>, floor: bool) -> R<Vec<Value>> {
+    let a = c.tensor("self")?;
+    let o = c.operand("other")?;
+    let q = a.div(o.rhs()).map_err(err)?;
+    let q = if floor { q.floor() } else { q.trunc() }.map_err(err)?;
+    let r = a.sub(&q.mul(o.rhs()).map_err(err)?).map_err(err)?;
+    let ints = !a.dtype().is_float()
+        && match &o {
+            Operand::Tensor(t) => !t.dtype().is_float(),
+            Operand::Scalar(s) => !matches!(s, Scalar::Float(_)),
+        };
+    one(if ints { r.to(a.dtype()) } else { Ok(r) })
+}
+
+fn elu(c: &Call<'_>, x: &Tensor) -> R<Tensor> {
+    let alpha = c.float_or("alpha", 1.0)?;
+    let scale = c.float_or("scale", 1.0)?;
+    let input_scale = c.float_or("input_scale", 1.0)?;
+    let pos = x.gt(0.0).map_err(err)?;
+    let neg = x.mul(input_scale).and_then(|y| y.expm1()).and_then(|y| y.mul(alpha * scale)).map_err(err)?;
+    Tensor::where_(&pos, &x.mul(scale).map_err(err)?, &neg).map_err(err)
+}
+
+fn softplus(x: &Tensor, beta: f64, threshold: f64) -> R<Tensor> {
+    let bx = x.mul(beta).map_err(err)?;
+    let soft = bx.exp().and_then(|y| y.log1p()).and_then(|y| y.div(beta)).map_err(err)?;
+    Tensor::where_(&bx.gt(threshold).map_err(err)?, x, &soft).map_err(err)
+}
+
+fn logsumexp(c: &Call<'_>) -> R<Vec<Value>> {
+    let x = c.tensor("self")?;
+    let dims = reduce_dims(c, &x)?;
+    let keep = c.bool_or("keepdim", false)?;
+    // Shift by the (detached) max, taken as 0 where it is infinite.
+    let m = x.amax(&dims, true).and_then(|m| m.detach()).map_err(err)?;
+    let finite = m.abs().and_then(|a| a.lt(f64::INFINITY)).map_err(err)?;
+    let m = Tensor::where_(&finite, &m, &m.zeros_like().map_err(err)?).map_err(err)?;
+    let s = x
+        .sub(&m)
+        .and_then(|y| y.exp())
+        .and_then(|y| y.sum(&dims, true))
+        .and_then(|y| y.log())
+        .and_then(|y| y.add(&m))
+        .map_err(err)?;
+    one(if keep { Ok(s) } else { Ok(squeeze_dims(&s, &dims)?) })
+}
+
+fn bool_only(c: &Call<'_>, names: &[&str]) -> R<Vec<Tensor>> {
+    let ts: Vec<Tensor> = names.iter().map(|n| c.tensor(n)).collect::<R<_>>()?;
+    if ts.iter().any(|t| t.dtype() != DType::Bool) {
+        return Err("bitwise ops on integer tensors are not supported (bool tensors are)".into());
+    }
+    Ok(ts)
+}
+
+fn fresh(c: &Call<'_>, value: Scalar, default: Option<DType>) -> R<Vec<Value>> {
+    let dtype = match (c.dtype("dtype")?, default) {
+        (Some(d), _) | (None, Some(d)) => d,
+        (None, None) => DType::F32,
+    };
+    one(Tensor::full(&shape_of(c)?, value, dtype))
+}
+
 /// The op for a node's target, or `None` when aotgrad does not run it.
 pub(crate) fn lookup(target: &str) -> Option<OpDef> {
     let run: OpFn = match target {
@@ -1246,6 +1474,190 @@ pub(crate) fn lookup(target: &str) -> Option<OpDef> {
             let s = c.scalar("s")?;
             one(Tensor::full(&[], s, c.dtype("dtype")?.unwrap_or(DType::F32)))
         },
+        // Padding, flips, repeats, upsampling.
+        "aten.constant_pad_nd.default" => |c| {
+            let v = if c.arg("value").is_some() { c.scalar("value")? } else { Scalar::Int(0) };
+            one(Ok(constant_pad(&c.tensor("self")?, &c.ints("pad")?, v)?))
+        },
+        "aten.pad.default" => |c| {
+            let x = c.tensor("self")?;
+            let pad = c.ints("pad")?;
+            match c.opt_str("mode")?.as_deref().unwrap_or("constant") {
+                "constant" => one(Ok(constant_pad(&x, &pad, Scalar::Float(c.float_or("value", 0.0)?))?)),
+                "reflect" => one(Ok(indexed_pad(&x, &pad, true)?)),
+                "replicate" => one(Ok(indexed_pad(&x, &pad, false)?)),
+                o => Err(format!("padding mode `{o}` is not one of constant, reflect, replicate")),
+            }
+        },
+        "aten.reflection_pad1d.default" | "aten.reflection_pad2d.default" | "aten.reflection_pad3d.default" => {
+            |c| one(Ok(indexed_pad(&c.tensor("self")?, &c.ints("padding")?, true)?))
+        }
+        "aten.replication_pad1d.default" | "aten.replication_pad2d.default" | "aten.replication_pad3d.default" => {
+            |c| one(Ok(indexed_pad(&c.tensor("self")?, &c.ints("padding")?, false)?))
+        }
+        "aten.flip.default" => |c| one(Ok(flip(&c.tensor("self")?, &c.ints("dims")?)?)),
+        "aten.repeat.default" => |c| one(Ok(repeat(&c.tensor("self")?, &c.ints("repeats")?)?)),
+        "aten.upsample_nearest2d.vec" => |c| upsample_nearest(c, &c.tensor("input")?),
+        "aten.upsample_nearest2d.default" => |c| upsample_nearest(c, &c.tensor("self")?),
+        // More math.
+        "aten.remainder.Tensor" | "aten.remainder.Scalar" => |c| modulo(c, true),
+        "aten.fmod.Tensor" | "aten.fmod.Scalar" => |c| modulo(c, false),
+        "aten.elu.default" => |c| one(Ok(elu(c, &c.tensor("self")?)?)),
+        "aten.elu_.default" => |c| inplace(c, |x| elu(c, x)),
+        "aten.softplus.default" => {
+            |c| one(Ok(softplus(&c.tensor("self")?, c.float_or("beta", 1.0)?, c.float_or("threshold", 20.0)?)?))
+        }
+        "aten.mish.default" => |c| {
+            let x = c.tensor("self")?;
+            one(x.mul(&softplus(&x, 1.0, 20.0)?.tanh().map_err(err)?))
+        },
+        "aten.logsumexp.default" => logsumexp,
+        "aten.pow.Scalar" => |c| {
+            let e = c.tensor("exponent")?;
+            let base = c.scalar("self")?;
+            let dtype = if e.dtype().is_float() { e.dtype() } else { DType::F32 };
+            one(full_of(&e, base, dtype)?.pow(&e))
+        },
+        "aten.log2.default" => |c| one(c.tensor("self")?.log().and_then(|y| y.div(std::f64::consts::LN_2))),
+        "aten.log10.default" => |c| one(c.tensor("self")?.log().and_then(|y| y.div(std::f64::consts::LN_10))),
+        "aten.tan.default" => |c| {
+            let x = c.tensor("self")?;
+            one(x.sin().and_then(|s| s.div(&x.cos()?)))
+        },
+        "aten.sinh.default" => |c| {
+            let x = c.tensor("self")?;
+            one(x.exp().and_then(|a| a.sub(&x.neg()?.exp()?)).and_then(|y| y.mul(0.5)))
+        },
+        "aten.cosh.default" => |c| {
+            let x = c.tensor("self")?;
+            one(x.exp().and_then(|a| a.add(&x.neg()?.exp()?)).and_then(|y| y.mul(0.5)))
+        },
+        "aten.isnan.default" => |c| {
+            let x = c.tensor("self")?;
+            one(x.ne(&x))
+        },
+        "aten.isinf.default" => |c| one(c.tensor("self")?.abs().and_then(|a| a.eq(f64::INFINITY))),
+        "aten.clamp.Tensor" => |c| {
+            let mut x = c.tensor("self")?;
+            if let Some(lo) = c.opt_tensor("min")? {
+                x = x.maximum(&lo).map_err(err)?;
+            }
+            if let Some(hi) = c.opt_tensor("max")? {
+                x = x.minimum(&hi).map_err(err)?;
+            }
+            one(Ok(x))
+        },
+        "aten.logical_xor.default" => |c| {
+            let (a, b) = (truthy(&c.tensor("self")?)?, truthy(&c.tensor("other")?)?);
+            one(a.ne(&b))
+        },
+        "aten.bitwise_not.default" => |c| one(bool_only(c, &["self"])?[0].logical_not()),
+        "aten.__and__.Tensor" | "aten.bitwise_and.Tensor" => |c| {
+            bool_only(c, &["self", "other"])?;
+            logical(c, true)
+        },
+        "aten.__or__.Tensor" | "aten.bitwise_or.Tensor" => |c| {
+            bool_only(c, &["self", "other"])?;
+            logical(c, false)
+        },
+        "aten.__xor__.Tensor" | "aten.bitwise_xor.Tensor" => |c| {
+            let ts = bool_only(c, &["self", "other"])?;
+            one(ts[0].ne(&ts[1]))
+        },
+        // Selection and sorting.
+        "aten.argmin.default" => |c| {
+            let x = c.tensor("self")?;
+            match c.opt_int("dim")? {
+                Some(d) => one(x.argmin(d, c.bool_or("keepdim", false)?)),
+                None => one(x.reshape(&[-1]).and_then(|f| f.argmin(0, false))),
+            }
+        },
+        "aten.min.dim" => |c| {
+            let (v, i) = c.tensor("self")?.min_dim(c.int("dim")?, c.bool_or("keepdim", false)?).map_err(err)?;
+            Ok(vec![Value::Tensor(v), Value::Tensor(i)])
+        },
+        "aten.sort.default" | "aten.sort.stable" => |c| {
+            let (v, i) = c.tensor("self")?.sort(c.int_or("dim", -1)?, c.bool_or("descending", false)?).map_err(err)?;
+            Ok(vec![Value::Tensor(v), Value::Tensor(i)])
+        },
+        "aten.topk.default" => |c| {
+            let k = usize::try_from(c.int("k")?).map_err(|_| "a negative k".to_string())?;
+            let (v, i) = c.tensor("self")?.topk(k, c.int_or("dim", -1)?, c.bool_or("largest", true)?).map_err(err)?;
+            Ok(vec![Value::Tensor(v), Value::Tensor(i)])
+        },
+        "aten.diagonal.default" => {
+            |c| one(c.tensor("self")?.diagonal(c.int_or("offset", 0)?, c.int_or("dim1", 0)?, c.int_or("dim2", 1)?))
+        }
+        "aten.as_strided.default" => |c| {
+            let x = c.tensor("self")?;
+            let us = |v: Vec<i64>| -> R<Vec<usize>> {
+                v.into_iter()
+                    .map(|i| usize::try_from(i).map_err(|_| format!("a negative size or stride {i}")))
+                    .collect()
+            };
+            let offset = match c.opt_int("storage_offset")? {
+                Some(o) => o,
+                None => dim_int(x.storage_offset(), "storage offset")?,
+            };
+            let offset = usize::try_from(offset).map_err(|_| format!("a negative storage offset {offset}"))?;
+            one(x.as_strided(&us(c.ints("size")?)?, &us(c.ints("stride")?)?, offset))
+        },
+        "aten.scatter_add.default" => {
+            |c| one(c.tensor("self")?.scatter_add(c.int("dim")?, &c.tensor("index")?, &c.tensor("src")?))
+        }
+        "aten.select_scatter.default" => {
+            |c| one(c.tensor("self")?.select_scatter(&c.tensor("src")?, c.int("dim")?, c.int("index")?))
+        }
+        "aten.slice_scatter.default" => |c| {
+            let bound =
+                |n: &str| -> R<Option<i64>> { Ok(c.opt_int(n)?.filter(|v| v.unsigned_abs() < (i64::MAX as u64) / 2)) };
+            one(c.tensor("self")?.slice_scatter(
+                &c.tensor("src")?,
+                c.int_or("dim", 0)?,
+                bound("start")?,
+                bound("end")?,
+                c.int_or("step", 1)?,
+            ))
+        },
+        // Creation from another tensor's or a given shape.
+        "aten.copy.default" => |c| {
+            let s = c.tensor("self")?;
+            let src = c.tensor("src")?;
+            let shape: Vec<i64> = sizes(&s)?.iter().map(|&v| v as i64).collect();
+            one(src.to(s.dtype()).and_then(|y| y.expand(&shape)).and_then(|y| y.clone_tensor()))
+        },
+        "aten.fill.Scalar" => |c| {
+            let s = c.tensor("self")?;
+            one(Ok(full_of(&s, c.scalar("value")?, s.dtype())?))
+        },
+        "aten.fill.Tensor" => |c| {
+            let s = c.tensor("self")?;
+            let shape: Vec<i64> = sizes(&s)?.iter().map(|&v| v as i64).collect();
+            one(c.tensor("value")?.to(s.dtype()).and_then(|v| v.expand(&shape)).and_then(|v| v.clone_tensor()))
+        },
+        "aten.empty.memory_format" | "aten.empty_strided.default" => |c| fresh(c, Scalar::Int(0), None),
+        "aten.new_zeros.default" | "aten.new_empty.default" => {
+            |c| fresh(c, Scalar::Int(0), Some(c.tensor("self")?.dtype()))
+        }
+        "aten.new_ones.default" => |c| fresh(c, Scalar::Int(1), Some(c.tensor("self")?.dtype())),
+        "aten.new_full.default" => |c| fresh(c, c.scalar("fill_value")?, Some(c.tensor("self")?.dtype())),
+        "aten.expand_as.default" => |c| one(c.tensor("self")?.expand_as(&c.tensor("other")?)),
+        "aten.view_as.default" | "aten.reshape_as.default" => |c| {
+            let shape: Vec<i64> = sizes(&c.tensor("other")?)?.iter().map(|&v| v as i64).collect();
+            one(c.tensor("self")?.reshape(&shape))
+        },
+        "aten.type_as.default" => |c| one(c.tensor("self")?.to(c.tensor("other")?.dtype())),
+        "aten.sym_numel.default" => |c| Ok(vec![Value::Int(dim_int(c.tensor("self")?.numel(), "numel")?)]),
+        "aten.sym_stride.int" => |c| {
+            let x = c.tensor("self")?;
+            let d = wrap(c.int("dim")?, x.dim())?;
+            let st = x.strides().get(d).cloned().ok_or("a stride of a scalar")?;
+            Ok(vec![Value::Int(dim_int(st, "stride")?)])
+        },
+        "aten.sym_storage_offset.default" => {
+            |c| Ok(vec![Value::Int(dim_int(c.tensor("self")?.storage_offset(), "storage offset")?)])
+        }
+        "aten._native_batch_norm_legit.no_stats" => |c| native_batch_norm(c, false, None),
         // Sizes and assertions.
         "aten.sym_size.int" => |c| {
             let x = c.tensor("self")?;

@@ -162,4 +162,4 @@ macro_rules! fixture_tests {
     )*};
 }
 
-fixture_tests!(mlp, cnn, resnet, mobilenet, encoder, gpt);
+fixture_tests!(mlp, cnn, resnet, mobilenet, encoder, gpt, ops);
