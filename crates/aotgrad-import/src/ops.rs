@@ -1052,7 +1052,7 @@ fn pad_dim(x: &Tensor, dim: usize, before: i64, after: i64, value: Scalar) -> R<
 
 /// `pad` is PyTorch's: (before, after) pairs from the last dim backwards.
 fn pad_pairs(x: &Tensor, pad: &[i64]) -> R<Vec<(usize, i64, i64)>> {
-    if pad.len() % 2 != 0 || pad.len() / 2 > x.dim() {
+    if !pad.len().is_multiple_of(2) || pad.len() / 2 > x.dim() {
         return Err(format!("padding {pad:?} needs pairs for at most {} dims", x.dim()));
     }
     Ok(pad.chunks(2).enumerate().map(|(k, p)| (x.dim() - 1 - k, p[0], p[1])).collect())
