@@ -1,6 +1,6 @@
 //! `aotgrad`: train Fashion-MNIST through the compiler (`aotgrad train`), explain
 //! every compile stage of a program (`aotgrad explain`), look into the compiled-result
-//! cache (`aotgrad cache`).
+//! cache (`aotgrad cache`), import a PyTorch `torch.export` archive (`aotgrad import`).
 
 use aotgrad_cli::data;
 use aotgrad_cli::models::{group, ModelKind};
