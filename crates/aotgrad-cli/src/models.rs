@@ -212,8 +212,14 @@ impl Classifier {
         if image.iter().product::<i64>() != (SIDE * SIDE) as i64 {
             return Err(bad(format!("its input `{input}` is {meta}, not {} pixels per image", SIDE * SIDE)));
         }
-        let outputs: Vec<String> =
-            p.graph.outputs.iter().flat_map(|o| o.tensor_names().into_iter().map(String::from)).collect();
+        let outputs: Vec<String> = p
+            .graph
+            .outputs
+            .iter()
+            .zip(&p.outputs)
+            .filter(|(_, spec)| matches!(spec, aotgrad::import::schema::OutputSpec::User { .. }))
+            .flat_map(|(o, _)| o.tensor_names().into_iter().map(String::from))
+            .collect();
         let user_outputs =
             p.outputs.iter().filter(|o| matches!(o, aotgrad::import::schema::OutputSpec::User { .. })).count();
         let logits = outputs.iter().find_map(|o| p.graph.tensor_values.get(o));

@@ -24,6 +24,8 @@ pub const SCHEMA_MAJOR: i64 = 8;
 pub const ARCHIVE_FORMAT: &str = "pt2";
 /// The `archive_version`s this reader reads.
 pub const ARCHIVE_VERSIONS: &[&str] = &["0", "1"];
+/// The most elements one weight may hold (2^31: 8 GiB of f32).
+pub const MAX_ELEMENTS: usize = 1 << 31;
 
 /// A parsed exported program: its graph, signature and weights, before any op is
 /// mapped (see [`crate::ImportedModule`] for the runnable module).
@@ -60,8 +62,10 @@ pub struct ExportedProgram {
 pub struct Weight {
     /// Its values (a fresh, contiguous eager tensor).
     pub tensor: Tensor,
-    /// Whether the archive marks it a parameter.
+    /// Whether the archive marks it a parameter (`nn.Parameter`, frozen or not).
     pub is_param: bool,
+    /// Whether it requires grad (`False` for a frozen parameter).
+    pub requires_grad: bool,
 }
 
 fn archive_err(path: &Path, msg: impl Into<String>) -> ImportError {
@@ -76,10 +80,13 @@ struct Zip {
     path: PathBuf,
     zip: zip::ZipArchive<std::io::Cursor<Vec<u8>>>,
     prefix: String,
+    /// The archive's length in bytes.
+    len: u64,
 }
 
 impl Zip {
     fn open(path: &Path, bytes: Vec<u8>) -> Result<Zip> {
+        let len = bytes.len() as u64;
         let zip = zip::ZipArchive::new(std::io::Cursor::new(bytes)).map_err(|e| {
             archive_err(path, format!("not a readable zip archive ({e}); is the file truncated or damaged?"))
         })?;
@@ -95,7 +102,7 @@ impl Zip {
                     "no `archive_format` member: not a whole archive written by torch.export.save (is the file truncated or damaged?)",
                 )
             })?;
-        Ok(Zip { path: path.to_path_buf(), zip, prefix })
+        Ok(Zip { path: path.to_path_buf(), zip, prefix, len })
     }
 
     fn has(&self, member: &str) -> bool {
@@ -108,9 +115,25 @@ impl Zip {
             zip::result::ZipError::FileNotFound => archive_err(&self.path, format!("no member `{full}`")),
             e => archive_err(&self.path, format!("member `{full}`: {e}")),
         })?;
-        let mut out = Vec::with_capacity(f.size().min(1 << 30) as usize);
-        f.read_to_end(&mut out)
+        // torch.export.save stores members uncompressed: none can be longer than the
+        // archive, whatever its header says.
+        let limit = self.len;
+        if f.size() > limit {
+            return Err(archive_err(
+                &self.path,
+                format!("member `{full}` claims {} bytes, more than the archive holds", f.size()),
+            ));
+        }
+        let mut out = Vec::new();
+        out.try_reserve_exact(f.size() as usize)
+            .map_err(|_| archive_err(&self.path, format!("member `{full}`: cannot allocate {} bytes", f.size())))?;
+        (&mut f)
+            .take(limit + 1)
+            .read_to_end(&mut out)
             .map_err(|e| archive_err(&self.path, format!("member `{full}` is damaged or truncated: {e}")))?;
+        if out.len() as u64 > limit {
+            return Err(archive_err(&self.path, format!("member `{full}` is longer than the archive")));
+        }
         Ok(out)
     }
 
@@ -162,8 +185,15 @@ fn tensor_from_bytes(meta: &TensorMeta, bytes: &[u8], big_endian: bool) -> std::
     let sizes = meta.concrete_sizes()?;
     let strides = meta.concrete_strides()?;
     let offset = meta.storage_offset;
+    if sizes.len() != strides.len() {
+        return Err(format!("{} sizes but {} strides", sizes.len(), strides.len()));
+    }
     let esize = element_size(dtype);
-    let numel: usize = sizes.iter().product();
+    let numel = sizes.iter().try_fold(1usize, |n, &s| n.checked_mul(s)).ok_or("the sizes overflow")?;
+    // Each element is copied out: bound what a stride-0 (expanded) storage may claim.
+    if numel > MAX_ELEMENTS {
+        return Err(format!("{numel} elements is more than the {MAX_ELEMENTS} a weight may hold"));
+    }
     // The highest element index the view reaches, checked against the bytes present.
     let mut last = offset;
     if numel > 0 {
@@ -181,7 +211,8 @@ fn tensor_from_bytes(meta: &TensorMeta, bytes: &[u8], big_endian: bool) -> std::
         ));
     }
     // Element indices in row-major order of the view.
-    let mut idx = Vec::with_capacity(numel);
+    let mut idx = Vec::new();
+    idx.try_reserve_exact(numel).map_err(|_| format!("cannot allocate {numel} elements"))?;
     let mut pos = vec![0usize; sizes.len()];
     for _ in 0..numel {
         idx.push(offset + pos.iter().zip(&strides).map(|(p, s)| p * s).sum::<usize>());
@@ -296,10 +327,16 @@ impl ExportedProgram {
         }
         let parsed = schema::parse_program(&json).map_err(serr)?;
         let mut weights = IndexMap::new();
-        for (dir, config) in
-            [("data/weights", "model_weights_config.json"), ("data/constants", "model_constants_config.json")]
-        {
-            let member = format!("{dir}/{config}");
+        // `models/NAME.json` keeps its weights in `data/weights/NAME_weights_config.json`.
+        let model_name = model_file.trim_start_matches("models/").trim_end_matches(".json").to_string();
+        if z.has(&format!("data/weights/{model_name}.pt")) {
+            return Err(archive_err(
+                path,
+                "the weights are pickled (data/weights/*.pt, an older archive layout); re-save with torch.export.save from PyTorch 2.15",
+            ));
+        }
+        for (dir, kind) in [("data/weights", "weights"), ("data/constants", "constants")] {
+            let member = format!("{dir}/{model_name}_{kind}_config.json");
             if !z.has(&member) {
                 continue;
             }
@@ -321,7 +358,7 @@ impl ExportedProgram {
                 let raw = z.read(&format!("{dir}/{file}"))?;
                 let tensor = tensor_from_bytes(&meta, &raw, big_endian).map_err(werr)?;
                 let is_param = e.get("is_param").and_then(Value::as_bool).unwrap_or(false);
-                weights.insert(name.clone(), Weight { tensor, is_param });
+                weights.insert(name.clone(), Weight { tensor, is_param, requires_grad: meta.requires_grad });
             }
         }
         let program = ExportedProgram {

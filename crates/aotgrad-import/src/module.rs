@@ -6,7 +6,9 @@
 //! ([`Module::forward_eager`], with eager autograd) and compiles with
 //! [`aot_module`](aotgrad_runtime::aot_module) through the whole pipeline
 //! (trace, functionalization, joint graph, partition, kernel plan, cache) like a
-//! module written in Rust; checkpoints are `aotgrad::nn::checkpoint`'s.
+//! module written in Rust; checkpoints are `aotgrad::nn::checkpoint`'s. A program
+//! exported with dynamic sizes is compiled at the concrete sizes of each call (one
+//! specialization per shape): several ops need concrete sizes while tracing.
 
 use crate::archive::{scalar_type, ExportedProgram};
 use crate::error::{ImportError, Result};
@@ -67,6 +69,21 @@ fn node_err(p: &ExportedProgram, n: &Node, msg: impl Into<String>) -> ImportErro
     }
 }
 
+/// The names a node's outputs bind, one per value its op returns (`None`: a value
+/// the export does not name).
+fn output_slots(n: &Node) -> Vec<Option<&str>> {
+    let mut v = Vec::new();
+    for o in &n.outputs {
+        match o {
+            Arg::Tensor(name) | Arg::SymInt(crate::schema::SymRef::Name(name)) => v.push(Some(name.as_str())),
+            Arg::Tensors(names) => v.extend(names.iter().map(|x| Some(x.as_str()))),
+            Arg::OptionalTensors(names) => v.extend(names.iter().map(|x| x.as_deref())),
+            _ => v.push(None),
+        }
+    }
+    v
+}
+
 impl ImportedModule {
     /// Read `path` (a `torch.export.save` archive) and map every node onto aotgrad's
     /// ops. Errors name the archive and, for an op aotgrad does not run, the node, its
@@ -116,17 +133,12 @@ impl ImportedModule {
                     ));
                 }
             }
-            let mut k = 0;
-            for o in &n.outputs {
-                for name in o.tensor_names() {
+            for (k, slot) in output_slots(n).into_iter().enumerate() {
+                if let Some(name) = slot {
                     if def.unavailable.contains(&k) {
                         unavailable.insert(name, n);
                     }
                     defined.insert(name);
-                    k += 1;
-                }
-                if matches!(o, Arg::None) {
-                    k += 1;
                 }
             }
             steps.push(def.run);
@@ -164,8 +176,12 @@ impl ImportedModule {
                 InputSpec::Parameter { target, arg } => {
                     // A parameter PyTorch froze (requires_grad=False) stays without
                     // gradient: it is held as a buffer.
-                    let frozen = program.graph.tensor_values.get(arg).is_some_and(|m| !m.requires_grad)
-                        && !program.weights[target.as_str()].is_param;
+                    let w = program
+                        .weights
+                        .get(target.as_str())
+                        .ok_or_else(|| sig(format!("the archive holds no `{target}`")))?;
+                    let frozen =
+                        !w.requires_grad || program.graph.tensor_values.get(arg).is_some_and(|m| !m.requires_grad);
                     add(&mut store, target, !frozen)?;
                 }
                 InputSpec::Buffer { target, .. } | InputSpec::Constant { target, .. } => {
@@ -254,34 +270,48 @@ impl ImportedModule {
         s
     }
 
-    /// Check one user input against what the export recorded.
-    fn check_input(&self, name: &str, t: &Tensor) -> std::result::Result<(), String> {
+    /// Check one user input against what the export recorded: its dtype, its fixed
+    /// sizes, and its symbolic sizes against their ranges and against the value the
+    /// same symbol took in earlier inputs (`seen`). A size that is itself symbolic (a
+    /// dynamic trace) is not checked here.
+    fn check_input(&self, name: &str, t: &Tensor, seen: &mut HashMap<String, i64>) -> std::result::Result<(), String> {
         let Some(meta) = self.program.graph.tensor_values.get(name) else { return Ok(()) };
         if let Ok(d) = scalar_type(meta.dtype) {
             if d != t.dtype() {
                 return Err(format!("input `{name}` is {:?}, the program was exported with {d:?} ({meta})", t.dtype()));
             }
         }
-        let shape = t.sizes().map_err(|e| e.to_string())?;
-        let wrong = || format!("input `{name}` has shape {shape:?}, the program was exported for {meta}");
+        let shape: Vec<Option<i64>> = t.shape().iter().map(|d| d.as_const()).collect();
+        let shown: Vec<String> = t.shape().iter().map(|d| d.to_string()).collect();
+        let wrong = || format!("input `{name}` has shape [{}], the program was exported for {meta}", shown.join(", "));
         if shape.len() != meta.sizes.len() {
             return Err(wrong());
         }
         for (have, want) in shape.iter().zip(&meta.sizes) {
+            let Some(have) = *have else { continue };
             match want {
-                SymDim::Int(v) if *v as usize != *have => return Err(wrong()),
-                SymDim::Expr(sym, _) => {
-                    if let Some(r) = self.program.range_constraints.get(sym) {
-                        let h = *have as i64;
-                        if r.min.is_some_and(|m| h < m) || r.max.is_some_and(|m| h > m) {
+                SymDim::Int(v) if *v != have => return Err(wrong()),
+                SymDim::Expr(sym, _) if self.program.range_constraints.contains_key(sym) => {
+                    let r = &self.program.range_constraints[sym];
+                    if r.min.is_some_and(|m| have < m) || r.max.is_some_and(|m| have > m) {
+                        return Err(format!(
+                            "input `{name}` has {have} for `{sym}`, outside its exported range [{}, {}]",
+                            r.min.map_or("-∞".into(), |v| v.to_string()),
+                            r.max.map_or("∞".into(), |v| v.to_string())
+                        ));
+                    }
+                    match seen.get(sym) {
+                        Some(&before) if before != have => {
                             return Err(format!(
-                                "input `{name}` has {have} for `{sym}`, outside its exported range [{}, {}]",
-                                r.min.map_or("-∞".into(), |v| v.to_string()),
-                                r.max.map_or("∞".into(), |v| v.to_string())
-                            ));
+                                "input `{name}` has {have} for `{sym}`, which an earlier input has as {before}"
+                            ))
+                        }
+                        _ => {
+                            seen.insert(sym.clone(), have);
                         }
                     }
                 }
+                // An expression of symbols (`2*s0`) is left to the ops.
                 _ => {}
             }
         }
@@ -312,12 +342,13 @@ impl Module for ImportedModule {
         let mut env: HashMap<String, Value> = HashMap::with_capacity(prog.graph.nodes.len() * 2);
         let mut next_user = 0;
         let mut user_tensors: HashMap<&str, Tensor> = HashMap::new();
+        let mut symbols: HashMap<String, i64> = HashMap::new();
         for spec in &prog.inputs {
             let (arg, t) = match spec {
                 InputSpec::User { arg } => {
                     let t = inputs[next_user].clone();
                     next_user += 1;
-                    self.check_input(arg, &t).map_err(|m| self.call_error(m))?;
+                    self.check_input(arg, &t, &mut symbols).map_err(|m| self.call_error(m))?;
                     user_tensors.insert(arg.as_str(), t.clone());
                     (arg, t)
                 }
@@ -336,42 +367,23 @@ impl Module for ImportedModule {
                 self.call_error(format!("node `{}` ({}){}: {msg}", n.name, n.target, n.source_text()))
             })?;
             let mut values = out.into_iter();
-            for o in &n.outputs {
-                match o {
-                    Arg::Tensor(name) => {
-                        let v = values.next().ok_or_else(|| {
-                            self.call_error(format!(
-                                "node `{}` ({}) made fewer outputs than the export lists",
-                                n.name, n.target
-                            ))
-                        })?;
-                        env.insert(name.clone(), v);
+            for slot in output_slots(n) {
+                match (slot, values.next()) {
+                    (Some(name), Some(v)) => {
+                        env.insert(name.to_string(), v);
                     }
-                    Arg::Tensors(names) => {
-                        // A list output: as many values as the list has names.
-                        let vals: Vec<Value> = values.by_ref().take(names.len()).collect();
-                        if vals.len() != names.len() {
-                            return Err(self.call_error(format!(
-                                "node `{}` ({}) made {} outputs, the export lists {}",
-                                n.name,
-                                n.target,
-                                vals.len(),
-                                names.len()
-                            )));
-                        }
-                        for (name, v) in names.iter().zip(vals) {
-                            env.insert(name.clone(), v);
-                        }
+                    (Some(name), None) => {
+                        return Err(self.call_error(format!(
+                            "node `{}` ({}) made no value for its output `{name}`",
+                            n.name, n.target
+                        )))
                     }
-                    Arg::SymInt(crate::schema::SymRef::Name(name)) => {
-                        if let Some(v) = values.next() {
-                            env.insert(name.clone(), v);
-                        }
-                    }
-                    _ => {
-                        values.next();
-                    }
+                    (None, _) => {}
                 }
+            }
+            if values.next().is_some() {
+                return Err(self
+                    .call_error(format!("node `{}` ({}) made more outputs than the export lists", n.name, n.target)));
             }
         }
         let get = |name: &str| -> aotgrad_runtime::Result<Tensor> {

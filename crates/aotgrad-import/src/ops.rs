@@ -228,8 +228,9 @@ impl Call<'_> {
     /// A memory format that only changes strides is fine; anything else is not.
     fn check_memory_format(&self) -> R<()> {
         match self.arg("memory_format") {
-            // 0 contiguous, 1 preserve, 2 channels_last, 3 channels_last_3d: values
-            // are the same under every one; aotgrad keeps its own layouts.
+            // 0 unknown, 1 contiguous, 2 channels_last, 3 channels_last_3d, 4
+            // preserve: values are the same under every one; aotgrad keeps its own
+            // layouts.
             None | Some(Arg::None) | Some(Arg::MemoryFormat(0..=4)) => Ok(()),
             Some(a) => Err(format!("memory format {a:?} is not supported")),
         }
@@ -254,7 +255,12 @@ impl Operand {
         }
         Ok(match self {
             Operand::Tensor(t) => Operand::Tensor(t.mul(alpha).map_err(err)?),
-            Operand::Scalar(s) => Operand::Scalar(Scalar::Float(s.to_f64() * alpha.to_f64())),
+            Operand::Scalar(s) => Operand::Scalar(match (s, alpha) {
+                (Scalar::Int(a), Scalar::Int(b)) => {
+                    Scalar::Int(a.checked_mul(b).ok_or("alpha times the operand overflows")?)
+                }
+                (s, alpha) => Scalar::Float(s.to_f64() * alpha.to_f64()),
+            }),
         })
     }
 }
@@ -284,7 +290,9 @@ fn pair(v: &[i64], what: &str) -> R<[usize; 2]> {
 }
 
 /// Apply `f` out of place to a copy of `self`, then write the result into `self`
-/// (PyTorch's in-place semantics through aotgrad's `copy_`).
+/// (PyTorch's in-place semantics through aotgrad's `copy_`). `f` may also ignore its
+/// argument and read `self` through the call (as `masked_fill_` does: its result
+/// does not depend on the old value where it writes).
 fn inplace(c: &Call<'_>, f: impl Fn(&Tensor) -> R<Tensor>) -> R<Vec<Value>> {
     let s = c.tensor("self").or_else(|_| c.tensor("input"))?;
     // The op reads a copy: its derivative may need the value `self` had before the
@@ -461,8 +469,14 @@ fn with_dtype(c: &Call<'_>, x: Tensor) -> R<Tensor> {
 }
 
 fn sum(c: &Call<'_>) -> R<Vec<Value>> {
-    let x = with_dtype(c, c.tensor("self")?)?;
-    let x = if x.dtype().is_float() { x } else { x.to(DType::I64).map_err(err)? };
+    let x = c.tensor("self")?;
+    // Integers and bools sum in int64 unless `dtype` says otherwise.
+    let x = match c.dtype("dtype")? {
+        Some(d) if d != x.dtype() => x.to(d).map_err(err)?,
+        Some(_) => x,
+        None if x.dtype().is_float() => x,
+        None => x.to(DType::I64).map_err(err)?,
+    };
     let dims = reduce_dims(c, &x)?;
     one(x.sum(&dims, c.bool_or("keepdim", false)?))
 }
@@ -525,6 +539,9 @@ fn flatten(c: &Call<'_>) -> R<Vec<Value>> {
 fn unflatten(c: &Call<'_>) -> R<Vec<Value>> {
     let x = c.tensor("self")?;
     let s = sizes(&x)?;
+    if s.is_empty() {
+        return Err("unflatten of a 0-dim tensor".into());
+    }
     let dim = wrap(c.int("dim")?, s.len())?;
     let parts = c.ints("sizes")?;
     let mut shape: Vec<i64> = s[..dim].iter().map(|&v| v as i64).collect();
@@ -549,9 +566,8 @@ fn squeeze_dims(x: &Tensor, dims: &[i64]) -> R<Tensor> {
 
 fn slice(c: &Call<'_>) -> R<Vec<Value>> {
     let x = c.tensor("self")?;
-    // PyTorch writes an open end as i64::MAX.
-    let bound = |n: &str| -> R<Option<i64>> { Ok(c.opt_int(n)?.filter(|v| v.unsigned_abs() < (i64::MAX as u64) / 2)) };
-    one(x.slice(c.int_or("dim", 0)?, bound("start")?, bound("end")?, c.int_or("step", 1)?))
+    // An open end is i64::MAX; aotgrad clamps bounds as PyTorch does.
+    one(x.slice(c.int_or("dim", 0)?, c.opt_int("start")?, c.opt_int("end")?, c.int_or("step", 1)?))
 }
 
 fn split_sizes(x: &Tensor, sizes_: &[i64], dim: i64) -> R<Vec<Value>> {
@@ -647,11 +663,14 @@ fn conv_nd(c: &Call<'_>) -> R<Vec<Value>> {
             "valid" => vec![0; spatial],
             "same" => {
                 let ws = sizes(&w)?;
+                if ws.len() < 3 {
+                    return Err(format!("a convolution weight of shape {ws:?}"));
+                }
                 let dil = c.ints_or("dilation", &ones)?;
                 let mut p = Vec::new();
                 for (i, k) in ws[2..].iter().enumerate() {
                     let d = *dil.get(i).or(dil.first()).unwrap_or(&1);
-                    let total = d * (*k as i64 - 1);
+                    let total = d.checked_mul(*k as i64 - 1).ok_or("the dilation overflows")?;
                     if total % 2 != 0 {
                         return Err("padding='same' with an even kernel (asymmetric padding) is not supported".into());
                     }
@@ -765,12 +784,20 @@ fn native_batch_norm(c: &Call<'_>, functional: bool, training: Option<bool>) -> 
     let eps = c.float_or("eps", 1e-5)?;
     let momentum = c.float_or("momentum", 0.1)?;
     let rank = x.dim();
+    if rank < 2 {
+        return Err(format!("batch norm needs an input of at least 2 dims [N, C, *], got {:?}", sizes(&x)?));
+    }
     let per_channel = |v: &Tensor| -> R<Tensor> {
         let mut shape = vec![1i64; rank];
         shape[1] = -1;
         v.reshape(&shape).map_err(err)
     };
     let (rm, rv) = (c.opt_tensor("running_mean")?, c.opt_tensor("running_var")?);
+    // Values per channel (the unbiased running variance needs it concretely).
+    let count: Option<usize> = (0..rank)
+        .filter(|&d| d != 1)
+        .map(|d| x.size(d as i64).ok().and_then(|s| s.as_const()).map(|n| n as usize))
+        .try_fold(1usize, |acc, n| n.map(|n| acc.saturating_mul(n)));
     let (mean, var) = if training {
         channel_stats(&x)?
     } else {
@@ -801,13 +828,11 @@ fn native_batch_norm(c: &Call<'_>, functional: bool, training: Option<bool>) -> 
     // The running statistics' update: not differentiated (PyTorch's is not either).
     let update = |running: &Option<Tensor>, batch: &Tensor, unbiased: bool| -> R<Option<Tensor>> {
         let Some(r) = running else { return Ok(None) };
+        let count = count.ok_or("batch norm needs concrete sizes to update the running statistics")?;
         no_grad(|| -> aotgrad_trace::Result<Tensor> {
             let mut v = batch.detach()?;
             if unbiased {
-                let dims: Vec<i64> = (0..rank as i64).filter(|&d| d != 1).collect();
-                let n: usize =
-                    dims.iter().map(|&d| x.size(d).ok().and_then(|s| s.as_const()).unwrap_or(1) as usize).product();
-                v = v.mul(n as f64 / (n.max(2) - 1) as f64)?;
+                v = v.mul(count as f64 / (count.max(2) - 1) as f64)?;
             }
             r.mul(1.0 - momentum)?.add(&v.mul(momentum)?)
         })
@@ -875,6 +900,12 @@ fn sdpa(c: &Call<'_>) -> R<Vec<Value>> {
     if c.bool_or("enable_gqa", false)? && q.size(-3).map_err(err)? != k.size(-3).map_err(err)? {
         return Err("grouped-query attention (enable_gqa with fewer key heads) is not supported".into());
     }
+    if q.dim() < 2 || k.dim() < 2 || v.dim() < 2 {
+        return Err("query, key and value need at least 2 dims [..., L, E]".into());
+    }
+    if causal && mask.is_some() {
+        return Err("attn_mask and is_causal=True together are not allowed (PyTorch refuses them too)".into());
+    }
     let e = sizes(&q)?.last().copied().ok_or("a query of rank 0")?;
     let scale = c.opt_float("scale")?.unwrap_or(1.0 / (e as f64).sqrt());
     let mut attn = q.matmul(&k.transpose(-2, -1).map_err(err)?).and_then(|a| a.mul(scale)).map_err(err)?;
@@ -891,7 +922,10 @@ fn sdpa(c: &Call<'_>) -> R<Vec<Value>> {
         }
         .map_err(err)?;
     }
-    let mut attn = attn.softmax(-1).map_err(err)?;
+    // A row masked entirely gives zeros, as PyTorch's safe softmax does, not NaN.
+    let all_masked = attn.amax(&[-1], true).and_then(|m| m.eq(f64::NEG_INFINITY)).map_err(err)?;
+    let soft = attn.softmax(-1).map_err(err)?;
+    let mut attn = Tensor::where_(&all_masked, &soft.zeros_like().map_err(err)?, &soft).map_err(err)?;
     if p > 0.0 {
         attn = attn.dropout(p, true, RngSeed::Global).map_err(err)?;
     }
@@ -996,12 +1030,40 @@ fn index_tensor(c: &Call<'_>) -> R<Vec<Value>> {
         return Err("boolean-mask indexing (data-dependent shapes) is not supported".into());
     }
     let s = sizes(&x)?;
+    if s.is_empty() {
+        return Err("indexing a 0-dim tensor with a tensor".into());
+    }
+    // Negative indices count from the end, as in PyTorch.
+    let n = s[*dim] as i64;
     let flat = i.reshape(&[-1]).map_err(err)?;
+    let flat = Tensor::where_(&flat.lt(0).map_err(err)?, &flat.add(n).map_err(err)?, &flat).map_err(err)?;
     let picked = x.index_select(*dim as i64, &flat).map_err(err)?;
     let mut shape: Vec<i64> = s[..*dim].iter().map(|&v| v as i64).collect();
     shape.extend(sizes(&i)?.iter().map(|&v| v as i64));
     shape.extend(s[dim + 1..].iter().map(|&v| v as i64));
     one(picked.reshape(&shape))
+}
+
+/// `div` with a rounding mode on integers: exact (through f64, exact below 2^53) and
+/// in the integer dtype, as PyTorch computes it. `None` for other operands.
+fn integer_division(c: &Call<'_>) -> R<Option<Vec<Value>>> {
+    let mode = c.opt_str("rounding_mode")?;
+    let Some(mode) = mode.filter(|m| m == "floor" || m == "trunc") else { return Ok(None) };
+    let Operand::Tensor(a) = c.operand("self")? else { return Ok(None) };
+    if a.dtype().is_float() || a.dtype() == DType::Bool {
+        return Ok(None);
+    }
+    let (q, dtype) = match c.operand("other")? {
+        Operand::Tensor(b) if !b.dtype().is_float() && b.dtype() != DType::Bool => {
+            let dtype = if a.dtype() == b.dtype() { a.dtype() } else { DType::I64 };
+            (a.to(DType::F64).and_then(|x| x.div(&b.to(DType::F64)?)), dtype)
+        }
+        Operand::Scalar(Scalar::Int(b)) => (a.to(DType::F64).and_then(|x| x.div(b as f64)), a.dtype()),
+        _ => return Ok(None),
+    };
+    let q = q.map_err(err)?;
+    let q = if mode == "floor" { q.floor() } else { q.trunc() }.map_err(err)?;
+    Ok(Some(one(q.to(dtype))?))
 }
 
 fn sym_arith(c: &Call<'_>, f: fn(i64, i64) -> Option<i64>) -> R<Vec<Value>> {
@@ -1334,6 +1396,9 @@ pub(crate) fn lookup(target: &str) -> Option<OpDef> {
             }
         },
         "aten.div.Tensor_mode" | "aten.div.Scalar_mode" => |c| {
+            if let Some(r) = integer_division(c)? {
+                return Ok(r);
+            }
             let q = binary(c, Bin::Div)?;
             let Some(Value::Tensor(q)) = q.into_iter().next() else { unreachable!("binary returns a tensor") };
             match c.opt_str("rounding_mode")?.as_deref() {
@@ -1392,6 +1457,8 @@ pub(crate) fn lookup(target: &str) -> Option<OpDef> {
             let x = c.tensor("self")?;
             match c.opt_int("dim")? {
                 Some(d) => one(x.argmax(d, c.bool_or("keepdim", false)?)),
+                // keepdim without a dim keeps every dim, each of size 1.
+                None if c.bool_or("keepdim", false)? => one(x.argmax_all().and_then(|a| a.reshape(&vec![1; x.dim()]))),
                 None => one(x.argmax_all()),
             }
         },
@@ -1399,7 +1466,12 @@ pub(crate) fn lookup(target: &str) -> Option<OpDef> {
             let (v, i) = c.tensor("self")?.max_dim(c.int("dim")?, c.bool_or("keepdim", false)?).map_err(err)?;
             Ok(vec![Value::Tensor(v), Value::Tensor(i)])
         },
-        "aten.cumsum.default" => |c| one(with_dtype(c, c.tensor("self")?)?.cumsum(c.int("dim")?)),
+        "aten.cumsum.default" => |c| {
+            let x = with_dtype(c, c.tensor("self")?)?;
+            let x =
+                if x.dtype().is_float() || c.dtype("dtype")?.is_some() { x } else { x.to(DType::I64).map_err(err)? };
+            one(x.cumsum(c.int("dim")?))
+        },
         // Views and shape ops.
         "aten.view.default" | "aten._unsafe_view.default" | "aten.reshape.default" => {
             |c| one(c.tensor("self")?.reshape(&view_shape(c)?))
@@ -1569,6 +1641,9 @@ pub(crate) fn lookup(target: &str) -> Option<OpDef> {
             let x = c.tensor("self")?;
             match c.opt_int("dim")? {
                 Some(d) => one(x.argmin(d, c.bool_or("keepdim", false)?)),
+                None if c.bool_or("keepdim", false)? => {
+                    one(x.reshape(&[-1]).and_then(|f| f.argmin(0, false)).and_then(|a| a.reshape(&vec![1; x.dim()])))
+                }
                 None => one(x.reshape(&[-1]).and_then(|f| f.argmin(0, false))),
             }
         },
@@ -1609,13 +1684,11 @@ pub(crate) fn lookup(target: &str) -> Option<OpDef> {
             |c| one(c.tensor("self")?.select_scatter(&c.tensor("src")?, c.int("dim")?, c.int("index")?))
         }
         "aten.slice_scatter.default" => |c| {
-            let bound =
-                |n: &str| -> R<Option<i64>> { Ok(c.opt_int(n)?.filter(|v| v.unsigned_abs() < (i64::MAX as u64) / 2)) };
             one(c.tensor("self")?.slice_scatter(
                 &c.tensor("src")?,
                 c.int_or("dim", 0)?,
-                bound("start")?,
-                bound("end")?,
+                c.opt_int("start")?,
+                c.opt_int("end")?,
                 c.int_or("step", 1)?,
             ))
         },
@@ -1679,7 +1752,13 @@ pub(crate) fn lookup(target: &str) -> Option<OpDef> {
         "_operator.add" => |c| sym_arith(c, i64::checked_add),
         "_operator.sub" => |c| sym_arith(c, i64::checked_sub),
         "_operator.mul" => |c| sym_arith(c, i64::checked_mul),
-        "_operator.floordiv" => |c| sym_arith(c, |a, b| if b == 0 { None } else { Some(a.div_euclid(b)) }),
+        // Python's `//` rounds toward negative infinity.
+        "_operator.floordiv" => |c| {
+            sym_arith(c, |a, b| {
+                let q = a.checked_div(b)?;
+                Some(if a % b != 0 && (a < 0) != (b < 0) { q - 1 } else { q })
+            })
+        },
         _ => {
             return match target {
                 "aten.max_pool2d_with_indices.default" => Some(OpDef {
@@ -1696,4 +1775,187 @@ pub(crate) fn lookup(target: &str) -> Option<OpDef> {
         _ => &[],
     };
     Some(OpDef { run, unavailable })
+}
+
+#[cfg(test)]
+mod tests {
+    //! Single ops against values PyTorch 2.15 gives for the same call.
+    use super::*;
+    use crate::schema::NamedArg;
+
+    /// Run `target` on named arguments; tensors are bound in the environment under
+    /// their argument's name.
+    fn call(target: &str, args: Vec<(&str, Arg)>, tensors: Vec<(&str, Tensor)>) -> R<Vec<Value>> {
+        let node = Node {
+            name: "n".into(),
+            target: target.into(),
+            inputs: args.into_iter().map(|(n, a)| NamedArg { name: n.into(), arg: a }).collect(),
+            outputs: vec![],
+            source: None,
+        };
+        let env: HashMap<String, Value> = tensors.into_iter().map(|(n, t)| (n.to_string(), Value::Tensor(t))).collect();
+        (lookup(target).expect("a known op").run)(&Call { node: &node, env: &env })
+    }
+
+    fn t(args: &[(&str, Tensor)]) -> Vec<(&'static str, Tensor)> {
+        args.iter().map(|(n, t)| (Box::leak(n.to_string().into_boxed_str()) as &str, t.clone())).collect()
+    }
+
+    fn tensor(v: &[Value]) -> &Tensor {
+        match &v[0] {
+            Value::Tensor(t) => t,
+            other => panic!("not a tensor: {other:?}"),
+        }
+    }
+
+    fn arg(name: &str) -> Arg {
+        Arg::Tensor(name.into())
+    }
+
+    #[test]
+    fn integer_division_with_a_rounding_mode_stays_integral() {
+        let a = Tensor::from_vec(vec![7i64, -7], &[2]).unwrap();
+        let args =
+            |mode: &str| vec![("self", arg("a")), ("other", Arg::Int(2)), ("rounding_mode", Arg::Str(mode.into()))];
+        // torch.div(tensor([7, -7]), 2, rounding_mode='floor') == tensor([3, -4])
+        let r = call("aten.div.Scalar_mode", args("floor"), t(&[("a", a.clone())])).unwrap();
+        assert_eq!((tensor(&r).dtype(), tensor(&r).to_vec_i64().unwrap()), (DType::I64, vec![3, -4]));
+        let r = call("aten.div.Scalar_mode", args("trunc"), t(&[("a", a)])).unwrap();
+        assert_eq!(tensor(&r).to_vec_i64().unwrap(), vec![3, -3]);
+    }
+
+    #[test]
+    fn python_floor_division_of_sizes() {
+        let args = |a: i64, b: i64| vec![("a", Arg::Int(a)), ("b", Arg::Int(b))];
+        for (a, b, want) in [(7, 2, 3), (-7, 2, -4), (7, -2, -4), (-7, -2, 3), (6, -2, -3)] {
+            let r = call("_operator.floordiv", args(a, b), vec![]).unwrap();
+            assert!(matches!(r[0], Value::Int(v) if v == want), "{a} // {b}: {:?}", r[0]);
+        }
+        assert!(call("_operator.floordiv", args(i64::MIN, -1), vec![]).is_err());
+        assert!(call("_operator.floordiv", args(1, 0), vec![]).is_err());
+    }
+
+    #[test]
+    fn an_integer_alpha_keeps_integers() {
+        // torch.add(tensor([1, 2]), 2, alpha=3) == tensor([7, 8]) (int64)
+        let x = Tensor::from_vec(vec![1i64, 2], &[2]).unwrap();
+        let r = call(
+            "aten.add.Scalar",
+            vec![("self", arg("x")), ("other", Arg::Int(2)), ("alpha", Arg::Int(3))],
+            t(&[("x", x)]),
+        )
+        .unwrap();
+        assert_eq!((tensor(&r).dtype(), tensor(&r).to_vec_i64().unwrap()), (DType::I64, vec![7, 8]));
+    }
+
+    #[test]
+    fn negative_indices_count_from_the_end() {
+        // torch.arange(5.)[tensor([-1, 0])] == tensor([4., 0.])
+        let x = Tensor::from_vec(vec![0f32, 1., 2., 3., 4.], &[5]).unwrap();
+        let i = Tensor::from_vec(vec![-1i64, 0], &[2]).unwrap();
+        let r = call(
+            "aten.index.Tensor",
+            vec![("self", arg("x")), ("indices", Arg::OptionalTensors(vec![Some("i".into())]))],
+            t(&[("x", x), ("i", i)]),
+        )
+        .unwrap();
+        assert_eq!(tensor(&r).to_vec_f64().unwrap(), vec![4.0, 0.0]);
+    }
+
+    #[test]
+    fn slice_bounds_clamp_as_pytorch_does() {
+        // torch.arange(5)[2**62:] is empty; [:-2**62] is empty; [1:2**63-1] is [1, 2, 3, 4]
+        let x = Tensor::from_vec(vec![0i64, 1, 2, 3, 4], &[5]).unwrap();
+        let run = |start: Option<i64>, end: Option<i64>| {
+            let mut args = vec![("self", arg("x")), ("dim", Arg::Int(0))];
+            if let Some(s) = start {
+                args.push(("start", Arg::Int(s)));
+            }
+            if let Some(e) = end {
+                args.push(("end", Arg::Int(e)));
+            }
+            tensor(&call("aten.slice.Tensor", args, t(&[("x", x.clone())])).unwrap()).to_vec_i64().unwrap()
+        };
+        assert_eq!(run(Some(1 << 62), None), Vec::<i64>::new());
+        assert_eq!(run(None, Some(-(1 << 62))), Vec::<i64>::new());
+        assert_eq!(run(Some(1), Some(i64::MAX)), vec![1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn attention_over_a_fully_masked_row_is_zero() {
+        // F.scaled_dot_product_attention(q, k, v, attn_mask=m) with m's first row all
+        // False gives zeros in that row (PyTorch's safe softmax), not NaN.
+        let q = Tensor::randn(&[1, 2, 4], DType::F32, 0).unwrap();
+        let k = Tensor::randn(&[1, 3, 4], DType::F32, 1).unwrap();
+        let v = Tensor::randn(&[1, 3, 4], DType::F32, 2).unwrap();
+        let m = Tensor::from_vec(vec![false, false, false, true, true, false], &[2, 3]).unwrap();
+        let args = vec![("query", arg("q")), ("key", arg("k")), ("value", arg("v")), ("attn_mask", arg("m"))];
+        let r = call(
+            "aten.scaled_dot_product_attention.default",
+            args.clone(),
+            t(&[("q", q.clone()), ("k", k.clone()), ("v", v.clone()), ("m", m.clone())]),
+        )
+        .unwrap();
+        let out = tensor(&r).to_vec_f64().unwrap();
+        assert!(out[..4].iter().all(|&x| x == 0.0), "{out:?}");
+        assert!(out[4..].iter().all(|x| x.is_finite() && *x != 0.0), "{out:?}");
+        let mut causal = args;
+        causal.push(("is_causal", Arg::Bool(true)));
+        let e = call("aten.scaled_dot_product_attention.default", causal, t(&[("q", q), ("k", k), ("v", v), ("m", m)]))
+            .unwrap_err();
+        assert!(e.contains("attn_mask and is_causal=True together"), "{e}");
+    }
+
+    #[test]
+    fn integer_reductions_and_argmax_shapes() {
+        let b = Tensor::from_vec(vec![true, false, true], &[3]).unwrap();
+        // torch.sum(tensor([True, False, True])) == tensor(2) (int64)
+        let r = call("aten.sum.default", vec![("self", arg("b"))], t(&[("b", b.clone())])).unwrap();
+        assert_eq!((tensor(&r).dtype(), tensor(&r).to_vec_i64().unwrap()), (DType::I64, vec![2]));
+        // torch.cumsum(tensor([True, False, True]), 0) == tensor([1, 1, 2]) (int64)
+        let r = call("aten.cumsum.default", vec![("self", arg("b")), ("dim", Arg::Int(0))], t(&[("b", b)])).unwrap();
+        assert_eq!((tensor(&r).dtype(), tensor(&r).to_vec_i64().unwrap()), (DType::I64, vec![1, 1, 2]));
+        // torch.argmax(x, keepdim=True) for x of shape [2, 3] has shape [1, 1]
+        let x = Tensor::from_vec(vec![1f32, 5., 2., 0., 3., 4.], &[2, 3]).unwrap();
+        let r = call("aten.argmax.default", vec![("self", arg("x")), ("keepdim", Arg::Bool(true))], t(&[("x", x)]))
+            .unwrap();
+        assert_eq!((tensor(&r).sizes().unwrap(), tensor(&r).to_vec_i64().unwrap()), (vec![1, 1], vec![1]));
+    }
+
+    #[test]
+    fn malformed_shapes_are_errors_not_panics() {
+        let s = Tensor::from_vec(vec![1f32], &[]).unwrap();
+        let v = Tensor::from_vec(vec![1f32, 2., 3.], &[3]).unwrap();
+        let i = Tensor::from_vec(vec![0i64], &[1]).unwrap();
+        assert!(call(
+            "aten.unflatten.int",
+            vec![("self", arg("s")), ("dim", Arg::Int(0)), ("sizes", Arg::Ints(vec![1]))],
+            t(&[("s", s.clone())])
+        )
+        .is_err());
+        assert!(call(
+            "aten.index.Tensor",
+            vec![("self", arg("s")), ("indices", Arg::OptionalTensors(vec![Some("i".into())]))],
+            t(&[("s", s), ("i", i)])
+        )
+        .is_err());
+        assert!(call(
+            "aten._native_batch_norm_legit_no_training.default",
+            vec![
+                ("input", arg("v")),
+                ("weight", Arg::None),
+                ("bias", Arg::None),
+                ("running_mean", arg("v")),
+                ("running_var", arg("v"))
+            ],
+            t(&[("v", v.clone())])
+        )
+        .is_err());
+        assert!(call(
+            "aten.scaled_dot_product_attention.default",
+            vec![("query", arg("v")), ("key", arg("v")), ("value", arg("v")), ("is_causal", Arg::Bool(true))],
+            t(&[("v", v)])
+        )
+        .is_err());
+    }
 }

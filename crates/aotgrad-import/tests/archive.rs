@@ -251,3 +251,57 @@ fn a_compiled_imported_module_is_cached_and_reloaded() {
     assert_eq!(out1, out2);
     assert_eq!(g1, g2);
 }
+
+/// `name`'s archive with its weights config edited by `edit`.
+fn with_weights_config(name: &str, edit: impl Fn(&mut serde_json::Value)) -> Vec<u8> {
+    let mut ms = members(name);
+    for (n, data) in &mut ms {
+        if n.ends_with("data/weights/model_weights_config.json") {
+            let mut v: serde_json::Value = serde_json::from_slice(data).unwrap();
+            edit(&mut v);
+            *data = serde_json::to_vec(&v).unwrap();
+        }
+    }
+    archive(&ms)
+}
+
+#[test]
+fn a_frozen_parameter_stays_without_gradient() {
+    // nn.Parameter(requires_grad=False): the archive still says is_param.
+    let bytes = with_weights_config("mlp.pt2", |v| {
+        v["config"]["layers.0.bias"]["tensor_meta"]["requires_grad"] = false.into();
+    });
+    let m = import(bytes).unwrap();
+    let params: Vec<&str> = m.store().params().iter().map(|(n, _)| n.as_str()).collect();
+    let buffers: Vec<&str> = m.store().buffers().iter().map(|(n, _)| n.as_str()).collect();
+    assert!(!params.contains(&"layers.0.bias") && buffers.contains(&"layers.0.bias"), "{params:?} {buffers:?}");
+    assert!(!m.store().get("layers.0.bias").unwrap().is_requires_grad());
+}
+
+#[test]
+fn hostile_weight_shapes_are_errors() {
+    // Sizes whose element count overflows, a stride-0 storage claiming 2^62
+    // elements from 4 bytes, and sizes without matching strides.
+    let cases: [(serde_json::Value, serde_json::Value, &str); 3] = [
+        (
+            serde_json::json!([{"as_int": 1i64 << 40}, {"as_int": 1i64 << 40}]),
+            serde_json::json!([{"as_int": 0}, {"as_int": 0}]),
+            "the sizes overflow",
+        ),
+        (
+            serde_json::json!([{"as_int": 1i64 << 31}, {"as_int": 1i64 << 31}]),
+            serde_json::json!([{"as_int": 0}, {"as_int": 0}]),
+            "a weight may hold",
+        ),
+        (serde_json::json!([{"as_int": 64}]), serde_json::json!([]), "1 sizes but 0 strides"),
+    ];
+    for (sizes, strides, want) in cases {
+        let bytes = with_weights_config("mlp.pt2", |v| {
+            let meta = &mut v["config"]["layers.0.bias"]["tensor_meta"];
+            meta["sizes"] = sizes.clone();
+            meta["strides"] = strides.clone();
+        });
+        let msg = import(bytes).unwrap_err().to_string();
+        assert!(msg.contains("`layers.0.bias`") && msg.contains(want), "{msg}");
+    }
+}
