@@ -1,5 +1,6 @@
 //! Every fixture exported by `fixtures/export_fixtures.py`, in both forms (the
-//! training IR and core ATen), imported and run eagerly and compiled: outputs,
+//! training IR and core ATen), imported and run eagerly and compiled (the training
+//! path, and the inference path under no-grad): outputs,
 //! gradients of the loss `sum_k (output_k * cotangent_k).sum()` with respect to every
 //! parameter, and buffers after the call, against PyTorch's values in
 //! `NAME.ref.safetensors`.
@@ -149,6 +150,20 @@ fn check_compiled(model: &str, form: &str) {
     check_buffers(&what, m.as_ref(), &r);
 }
 
+/// The inference path: the compiled call under no-grad on a fresh module.
+fn check_compiled_inference(model: &str, form: &str) {
+    let what = format!("{model}{form} compiled inference");
+    let r = Reference::load(model);
+    let m = Arc::new(ImportedModule::load(fixture(&format!("{model}{form}.pt2"))).unwrap());
+    let compiled = aot_module(m.clone(), AotConfig::default().no_cache()).unwrap();
+    let outs = no_grad(|| compiled.call(&r.numbered("input"))).unwrap();
+    for (k, (o, w)) in outs.iter().zip(&r.numbered("output")).enumerate() {
+        assert!(!o.is_requires_grad(), "{what}: output {k} requires grad under no_grad");
+        assert_close(&format!("{what}: output {k}"), o, w);
+    }
+    check_buffers(&what, m.as_ref(), &r);
+}
+
 /// One test per model: both forms, eagerly and compiled.
 macro_rules! fixture_tests {
     ($($model:ident),*) => {$(
@@ -157,6 +172,7 @@ macro_rules! fixture_tests {
             for form in FORMS {
                 check_eager(stringify!($model), form);
                 check_compiled(stringify!($model), form);
+                check_compiled_inference(stringify!($model), form);
             }
         }
     )*};
