@@ -234,6 +234,25 @@ impl Explanation {
         }
         s
     }
+
+    /// Each compile stage's time, as a text section.
+    pub fn stages_text(&self) -> String {
+        let mut s = String::from("\n== compile stages ==\n");
+        for (stage, t) in &self.compile_stages {
+            let _ = writeln!(s, "{stage}: {:.3} ms", t * 1e3);
+        }
+        s
+    }
+
+    /// Write the Graphviz files into `dir` (created if missing).
+    pub fn write_dots(&self, dir: &Path) -> Result<(), String> {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        for (name, dot) in &self.dots {
+            let p = dir.join(name);
+            std::fs::write(&p, dot).map_err(|e| format!("{}: {e}", p.display()))?;
+        }
+        Ok(())
+    }
 }
 
 fn meta_text(fz: &aotgrad::functionalize::Functionalized, names: &[String]) -> String {
@@ -490,11 +509,7 @@ pub fn explain_file(path: &Path, dot_dir: Option<&Path>) -> Result<Explanation, 
     let program = parse_program(&text, &file).map_err(|e| format!("{}: {e}", path.display()))?;
     let ex = explain(&program).map_err(|e| format!("{}: {e}", path.display()))?;
     if let Some(dir) = dot_dir {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        for (name, dot) in &ex.dots {
-            let p = dir.join(name);
-            std::fs::write(&p, dot).map_err(|e| format!("{}: {e}", p.display()))?;
-        }
+        ex.write_dots(dir)?;
     }
     Ok(ex)
 }

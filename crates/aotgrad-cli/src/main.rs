@@ -3,6 +3,7 @@
 //! cache (`aotgrad cache`), import a PyTorch `torch.export` archive (`aotgrad import`).
 
 use aotgrad_cli::data;
+use aotgrad_cli::explain::Explanation;
 use aotgrad_cli::models::{group, ModelKind};
 use aotgrad_cli::train::{self, BackendChoice, Outputs, TrainOptions};
 use clap::{Args, Parser, Subcommand};
@@ -58,23 +59,30 @@ struct ImportArgs {
 
 fn run_import(a: ImportArgs) -> Result<(), String> {
     let report = aotgrad_cli::import::import_file(&a.model, !a.no_explain, a.inference)?;
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?);
-    } else {
-        print!("{}", report.text());
-        if let (true, Some(ex)) = (a.timings, &report.explanation) {
-            println!("\n== compile stages ==");
-            for (s, t) in &ex.compile_stages {
-                println!("{s}: {:.3} ms", t * 1e3);
+    let json = a.json.then(|| serde_json::to_string_pretty(&report).map_err(|e| e.to_string())).transpose()?;
+    show(json, report.text(), report.explanation.as_ref(), a.timings, a.dot.as_deref())
+}
+
+/// Print a report as text (with each compile stage's time when asked) or as JSON,
+/// and write the explanation's Graphviz files into `dot`.
+fn show(
+    json: Option<String>,
+    text: String,
+    ex: Option<&Explanation>,
+    timings: bool,
+    dot: Option<&std::path::Path>,
+) -> Result<(), String> {
+    match json {
+        Some(j) => println!("{j}"),
+        None => {
+            print!("{text}");
+            if let (true, Some(ex)) = (timings, ex) {
+                print!("{}", ex.stages_text());
             }
         }
     }
-    if let (Some(dir), Some(ex)) = (&a.dot, &report.explanation) {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        for (name, dot) in &ex.dots {
-            let p = dir.join(name);
-            std::fs::write(&p, dot).map_err(|e| format!("{}: {e}", p.display()))?;
-        }
+    if let (Some(dir), Some(ex)) = (dot, ex) {
+        ex.write_dots(dir)?;
         let names: Vec<&str> = ex.dots.iter().map(|(n, _)| n.as_str()).collect();
         eprintln!("wrote {} in {}", names.join(", "), dir.display());
     }
@@ -140,23 +148,9 @@ struct ExplainArgs {
 }
 
 fn run_explain(a: ExplainArgs) -> Result<(), String> {
-    let ex = aotgrad_cli::explain::explain_file(&a.program, a.dot.as_deref())?;
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&ex).map_err(|e| e.to_string())?);
-    } else {
-        print!("{}", ex.text());
-        if a.timings {
-            println!("\n== compile stages ==");
-            for (s, t) in &ex.compile_stages {
-                println!("{s}: {:.3} ms", t * 1e3);
-            }
-        }
-    }
-    if let Some(dir) = &a.dot {
-        let names: Vec<&str> = ex.dots.iter().map(|(n, _)| n.as_str()).collect();
-        eprintln!("wrote {} in {}", names.join(", "), dir.display());
-    }
-    Ok(())
+    let ex = aotgrad_cli::explain::explain_file(&a.program, None)?;
+    let json = a.json.then(|| serde_json::to_string_pretty(&ex).map_err(|e| e.to_string())).transpose()?;
+    show(json, ex.text(), Some(&ex), a.timings, a.dot.as_deref())
 }
 
 #[derive(Args)]

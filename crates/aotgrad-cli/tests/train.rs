@@ -203,10 +203,8 @@ fn a_rerun_hits_the_cache_for_every_specialization() {
     assert_eq!(off.step_losses, first.step_losses);
 }
 
-#[test]
-fn the_cnn_compiles_agrees_with_eager_and_trains() {
-    let model = Classifier::cnn(5).unwrap();
-    assert!(model.description.starts_with("CNN"), "{}", model.description);
+/// Loss and logits of 8 synthetic images: compiled inference against eager.
+fn compiled_agrees_with_eager(what: &str, model: Classifier) {
     let split = synthetic(8, 6);
     let (x, y) = train::batch(&split, &(0..8).collect::<Vec<_>>()).unwrap();
     let eager = model.forward_eager(&[x.clone(), y.clone()]).unwrap();
@@ -215,9 +213,16 @@ fn the_cnn_compiles_agrees_with_eager_and_trains() {
     for (e, c) in eager.iter().zip(&outs) {
         let (e, c) = (e.to_vec_f64().unwrap(), c.to_vec_f64().unwrap());
         for (a, b) in e.iter().zip(&c) {
-            assert!((a - b).abs() < 1e-4 * (1.0 + a.abs()), "eager {a} vs compiled {b}");
+            assert!((a - b).abs() < 1e-4 * (1.0 + a.abs()), "{what}: eager {a} vs compiled {b}");
         }
     }
+}
+
+#[test]
+fn the_cnn_compiles_agrees_with_eager_and_trains() {
+    let model = Classifier::cnn(5).unwrap();
+    assert!(model.description.starts_with("CNN"), "{}", model.description);
+    compiled_agrees_with_eager("the CNN", model);
     let (tr, te) = (synthetic(160, 7), synthetic(40, 8));
     let report = train::train(&tr, &te, &opts(ModelKind::Cnn, 2), None, &quiet(None, None), &mut Vec::new()).unwrap();
     assert!(report.step_losses.iter().all(|l| l.is_finite()));
@@ -264,17 +269,7 @@ fn an_imported_pytorch_cnn_compiles_agrees_with_eager_and_trains() {
     for file in ["cnn.pt2", "cnn.core.pt2"] {
         let model = Classifier::imported(&fixture(file)).unwrap();
         assert!(model.description.starts_with("imported `cnn"), "{}", model.description);
-        let split = synthetic(8, 6);
-        let (x, y) = train::batch(&split, &(0..8).collect::<Vec<_>>()).unwrap();
-        let eager = model.forward_eager(&[x.clone(), y.clone()]).unwrap();
-        let compiled = aot_module(std::sync::Arc::new(model), AotConfig::default().threads(1)).unwrap();
-        let outs = no_grad(|| compiled.call(&[x, y])).unwrap();
-        for (e, c) in eager.iter().zip(&outs) {
-            let (e, c) = (e.to_vec_f64().unwrap(), c.to_vec_f64().unwrap());
-            for (a, b) in e.iter().zip(&c) {
-                assert!((a - b).abs() < 1e-4 * (1.0 + a.abs()), "{file}: eager {a} vs compiled {b}");
-            }
-        }
+        compiled_agrees_with_eager(file, model);
         let (tr, te) = (synthetic(160, 7), synthetic(40, 8));
         let o = TrainOptions { model_file: Some(fixture(file)), ..opts(ModelKind::Cnn, 2) };
         let report = train::train(&tr, &te, &o, None, &quiet(None, None), &mut Vec::new()).unwrap();

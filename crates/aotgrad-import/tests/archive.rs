@@ -38,17 +38,27 @@ fn archive(members: &[(String, Vec<u8>)]) -> Vec<u8> {
     w.finish().unwrap().into_inner()
 }
 
-/// `name`'s archive with `models/model.json` edited by `edit`.
-fn with_model_json(name: &str, edit: impl Fn(&mut serde_json::Value)) -> Vec<u8> {
+/// `name`'s archive with its JSON member ending in `member` edited by `edit`.
+fn with_json(name: &str, member: &str, edit: impl Fn(&mut serde_json::Value)) -> Vec<u8> {
     let mut ms = members(name);
     for (n, data) in &mut ms {
-        if n.ends_with("models/model.json") {
+        if n.ends_with(member) {
             let mut v: serde_json::Value = serde_json::from_slice(data).unwrap();
             edit(&mut v);
             *data = serde_json::to_vec(&v).unwrap();
         }
     }
     archive(&ms)
+}
+
+/// `name`'s archive with `models/model.json` edited by `edit`.
+fn with_model_json(name: &str, edit: impl Fn(&mut serde_json::Value)) -> Vec<u8> {
+    with_json(name, "models/model.json", edit)
+}
+
+/// `name`'s archive with its weights config edited by `edit`.
+fn with_weights_config(name: &str, edit: impl Fn(&mut serde_json::Value)) -> Vec<u8> {
+    with_json(name, "data/weights/model_weights_config.json", edit)
 }
 
 fn import(bytes: Vec<u8>) -> Result<ImportedModule, ImportError> {
@@ -250,19 +260,6 @@ fn a_compiled_imported_module_is_cached_and_reloaded() {
     assert_eq!((s2.hits, s2.misses), (1, 0), "{s2:?}");
     assert_eq!(out1, out2);
     assert_eq!(g1, g2);
-}
-
-/// `name`'s archive with its weights config edited by `edit`.
-fn with_weights_config(name: &str, edit: impl Fn(&mut serde_json::Value)) -> Vec<u8> {
-    let mut ms = members(name);
-    for (n, data) in &mut ms {
-        if n.ends_with("data/weights/model_weights_config.json") {
-            let mut v: serde_json::Value = serde_json::from_slice(data).unwrap();
-            edit(&mut v);
-            *data = serde_json::to_vec(&v).unwrap();
-        }
-    }
-    archive(&ms)
 }
 
 #[test]
