@@ -46,7 +46,14 @@ struct ImportArgs {
     /// Explain the inference call instead of the training step.
     #[arg(long)]
     inference: bool,
-    /// Write Graphviz files here (as `explain --dot`).
+    #[command(flatten)]
+    show: ShowArgs,
+}
+
+/// How `explain` and `import` print what they found.
+#[derive(Args)]
+struct ShowArgs {
+    /// Write Graphviz files here (joint.dot with the partition cut, forward.dot, backward.dot).
     #[arg(long)]
     dot: Option<PathBuf>,
     /// Print the same as JSON.
@@ -59,34 +66,28 @@ struct ImportArgs {
 
 fn run_import(a: ImportArgs) -> Result<(), String> {
     let report = aotgrad_cli::import::import_file(&a.model, !a.no_explain, a.inference)?;
-    let json = a.json.then(|| serde_json::to_string_pretty(&report).map_err(|e| e.to_string())).transpose()?;
-    show(json, report.text(), report.explanation.as_ref(), a.timings, a.dot.as_deref())
+    a.show.print(&report, report.text(), report.explanation.as_ref())
 }
 
-/// Print a report as text (with each compile stage's time when asked) or as JSON,
-/// and write the explanation's Graphviz files into `dot`.
-fn show(
-    json: Option<String>,
-    text: String,
-    ex: Option<&Explanation>,
-    timings: bool,
-    dot: Option<&std::path::Path>,
-) -> Result<(), String> {
-    match json {
-        Some(j) => println!("{j}"),
-        None => {
+impl ShowArgs {
+    /// Print `value` as JSON, or `text` (with each compile stage's time when asked),
+    /// and write the explanation's Graphviz files into `--dot`.
+    fn print(&self, value: &impl serde::Serialize, text: String, ex: Option<&Explanation>) -> Result<(), String> {
+        if self.json {
+            println!("{}", serde_json::to_string_pretty(value).map_err(|e| e.to_string())?);
+        } else {
             print!("{text}");
-            if let (true, Some(ex)) = (timings, ex) {
+            if let (true, Some(ex)) = (self.timings, ex) {
                 print!("{}", ex.stages_text());
             }
         }
+        if let (Some(dir), Some(ex)) = (&self.dot, ex) {
+            ex.write_dots(dir)?;
+            let names: Vec<&str> = ex.dots.iter().map(|(n, _)| n.as_str()).collect();
+            eprintln!("wrote {} in {}", names.join(", "), dir.display());
+        }
+        Ok(())
     }
-    if let (Some(dir), Some(ex)) = (dot, ex) {
-        ex.write_dots(dir)?;
-        let names: Vec<&str> = ex.dots.iter().map(|(n, _)| n.as_str()).collect();
-        eprintln!("wrote {} in {}", names.join(", "), dir.display());
-    }
-    Ok(())
 }
 
 #[derive(Args)]
@@ -136,21 +137,13 @@ impl CacheAction {
 struct ExplainArgs {
     /// The program file.
     program: PathBuf,
-    /// Write Graphviz files here (joint.dot with the partition cut, forward.dot, backward.dot).
-    #[arg(long)]
-    dot: Option<PathBuf>,
-    /// Print the same as JSON.
-    #[arg(long)]
-    json: bool,
-    /// Also print each compile stage's time.
-    #[arg(long)]
-    timings: bool,
+    #[command(flatten)]
+    show: ShowArgs,
 }
 
 fn run_explain(a: ExplainArgs) -> Result<(), String> {
     let ex = aotgrad_cli::explain::explain_file(&a.program, None)?;
-    let json = a.json.then(|| serde_json::to_string_pretty(&ex).map_err(|e| e.to_string())).transpose()?;
-    show(json, ex.text(), Some(&ex), a.timings, a.dot.as_deref())
+    a.show.print(&ex, ex.text(), Some(&ex))
 }
 
 #[derive(Args)]

@@ -65,6 +65,8 @@ fn import_explains_inference_and_every_fixture() {
             let ex = r.explanation.unwrap();
             assert!(!ex.training, "{name}{form}");
             assert!(ex.text().contains("== kernels (compiled CPU backend)"), "{name}{form}");
+            // Every node, buffer write-backs included, points at the PyTorch model.
+            assert!(!ex.text().contains("aotgrad-import/src"), "{name}{form}: {}", ex.text());
         }
     }
     let r = import_file(&fixture("resnet.core.pt2"), false, false).unwrap();

@@ -9,7 +9,7 @@
 //! checked as members are read, so a damaged member is an error, not wrong weights.
 
 use crate::error::{ImportError, Result};
-use crate::schema::{self, Graph, InputSpec, Node, OutputSpec, RangeConstraint, TensorMeta};
+use crate::schema::{self, Graph, InputSpec, OutputSpec, RangeConstraint, TensorMeta};
 use aotgrad_ir::DType;
 use aotgrad_trace::Tensor;
 use indexmap::IndexMap;
@@ -454,17 +454,6 @@ impl ExportedProgram {
             }
         }
         Ok(())
-    }
-
-    /// The node that defines each value name (graph inputs are not nodes).
-    pub fn producers(&self) -> IndexMap<&str, &Node> {
-        let mut m = IndexMap::new();
-        for n in &self.graph.nodes {
-            for o in n.output_names() {
-                m.insert(o, n);
-            }
-        }
-        m
     }
 
     /// How many nodes call each op, most used first (ties by name).

@@ -46,6 +46,9 @@ pub struct ImportedModule {
     /// Each node's PyTorch source line: the ops it runs are recorded there, so traced
     /// graphs and errors point at the user's model code.
     locs: Arc<Vec<Option<SourceLoc>>>,
+    /// Each graph output's write-back (a mutated buffer, parameter or input) is
+    /// recorded at the line of the node that computed the new value.
+    output_locs: Arc<Vec<Option<SourceLoc>>>,
 }
 
 impl std::fmt::Debug for ImportedModule {
@@ -192,7 +195,25 @@ impl ImportedModule {
                 InputSpec::User { .. } | InputSpec::Unsupported { .. } => {}
             }
         }
-        Ok(ImportedModule { program: Arc::new(program), store, steps: Arc::new(steps), locs: Arc::new(locs) })
+        let mut loc_of: HashMap<&str, &Option<SourceLoc>> = HashMap::new();
+        for (n, loc) in program.graph.nodes.iter().zip(&locs) {
+            for name in n.output_names() {
+                loc_of.insert(name, loc);
+            }
+        }
+        let output_locs: Vec<Option<SourceLoc>> = program
+            .graph
+            .outputs
+            .iter()
+            .map(|o| o.tensor_names().first().and_then(|n| loc_of.get(n).and_then(|l| (*l).clone())))
+            .collect();
+        Ok(ImportedModule {
+            program: Arc::new(program),
+            store,
+            steps: Arc::new(steps),
+            locs: Arc::new(locs),
+            output_locs: Arc::new(output_locs),
+        })
     }
 
     /// The parsed program.
@@ -393,7 +414,8 @@ impl Module for ImportedModule {
             }
         };
         let mut outs = Vec::new();
-        for (o, spec) in prog.graph.outputs.iter().zip(&prog.outputs) {
+        for ((o, spec), loc) in prog.graph.outputs.iter().zip(&prog.outputs).zip(self.output_locs.iter()) {
+            let _at = loc.as_ref().map(|l| AttributeCalls::to(file!(), l.clone()));
             match spec {
                 OutputSpec::User { .. } | OutputSpec::Loss { .. } => {
                     let Arg::Tensor(name) = o else {

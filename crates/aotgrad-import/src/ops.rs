@@ -11,7 +11,7 @@
 
 use crate::archive::scalar_type;
 use crate::schema::{Arg, Node, SymRef};
-use aotgrad_ir::{DType, Scalar};
+use aotgrad_ir::{BinaryOp, CmpOp, DType, Op, Scalar, SourceLoc};
 use aotgrad_trace::{no_grad, Conv2dOpts, Rhs, RngSeed, Tensor};
 use std::collections::HashMap;
 
@@ -308,27 +308,15 @@ fn unary_(c: &Call<'_>, f: impl Fn(&Tensor) -> aotgrad_trace::Result<Tensor>) ->
     Ok(vec![Value::Tensor(s)])
 }
 
-#[derive(Clone, Copy)]
-enum Bin {
-    Add,
-    Sub,
-    Mul,
-    Div,
-    Pow,
-    Maximum,
-    Minimum,
-}
-
-fn binary_value(x: &Tensor, op: Bin, rhs: Rhs<'_>) -> aotgrad_trace::Result<Tensor> {
-    match op {
-        Bin::Add => x.add(rhs),
-        Bin::Sub => x.sub(rhs),
-        Bin::Mul => x.mul(rhs),
-        Bin::Div => x.div(rhs),
-        Bin::Pow => x.pow(rhs),
-        Bin::Maximum => x.maximum(rhs),
-        Bin::Minimum => x.minimum(rhs),
-    }
+/// `x op rhs` through aotgrad's own op for a tensor or a scalar right operand (in
+/// place on `x` with `in_place`), recorded at the caller's (attributed) line.
+fn binary_op(x: &Tensor, op: BinaryOp, rhs: &Operand, in_place: bool) -> aotgrad_trace::Result<Tensor> {
+    let (o, args) = match rhs {
+        Operand::Tensor(t) => (Op::Binary(op), vec![x, t]),
+        Operand::Scalar(s) => (Op::BinaryScalar(op, *s), vec![x]),
+    };
+    let o = if in_place { Op::InPlace(Box::new(o)) } else { o };
+    Tensor::apply_op(&o, &args, &SourceLoc::caller())
 }
 
 /// A scalar as a 0-dim tensor, which promotes as the scalar does (a 0-dim operand
@@ -342,7 +330,7 @@ fn scalar_tensor(s: Scalar) -> R<Tensor> {
     Tensor::full(&[], s, dtype).map_err(err)
 }
 
-fn binary(c: &Call<'_>, op: Bin) -> R<Vec<Value>> {
+fn binary(c: &Call<'_>, op: BinaryOp) -> R<Vec<Value>> {
     // The serializer writes a Python number as `self` for `2 - x` and the like.
     let x = match c.operand("self")? {
         Operand::Tensor(t) => t,
@@ -350,47 +338,24 @@ fn binary(c: &Call<'_>, op: Bin) -> R<Vec<Value>> {
     };
     let alpha = if c.arg("alpha").is_some() { c.scalar("alpha")? } else { Scalar::Int(1) };
     let other = c.operand("other").or_else(|_| c.operand("exponent"))?.scaled(alpha)?;
-    one(binary_value(&x, op, other.rhs()))
+    one(binary_op(&x, op, &other, false))
 }
 
-fn binary_(c: &Call<'_>, op: Bin) -> R<Vec<Value>> {
+fn binary_(c: &Call<'_>, op: BinaryOp) -> R<Vec<Value>> {
     let x = c.tensor("self")?;
     let alpha = if c.arg("alpha").is_some() { c.scalar("alpha")? } else { Scalar::Int(1) };
     let other = c.operand("other")?.scaled(alpha)?;
-    let r = match op {
-        Bin::Add => x.add_(other.rhs()),
-        Bin::Sub => x.sub_(other.rhs()),
-        Bin::Mul => x.mul_(other.rhs()),
-        Bin::Div => x.div_(other.rhs()),
-        Bin::Pow => x.pow_(other.rhs()),
-        Bin::Maximum | Bin::Minimum => binary_value(&x, op, other.rhs()).and_then(|r| x.copy_(&r)),
-    };
-    r.map_err(err)?;
+    binary_op(&x, op, &other, true).map_err(err)?;
     Ok(vec![Value::Tensor(x)])
 }
 
-#[derive(Clone, Copy)]
-enum Cmp {
-    Eq,
-    Ne,
-    Lt,
-    Le,
-    Gt,
-    Ge,
-}
-
-fn compare(c: &Call<'_>, op: Cmp) -> R<Vec<Value>> {
+fn compare(c: &Call<'_>, op: CmpOp) -> R<Vec<Value>> {
     let x = c.tensor("self")?;
-    let o = c.operand("other")?;
-    let rhs = o.rhs();
-    one(match op {
-        Cmp::Eq => x.eq(rhs),
-        Cmp::Ne => x.ne(rhs),
-        Cmp::Lt => x.lt(rhs),
-        Cmp::Le => x.le(rhs),
-        Cmp::Gt => x.gt(rhs),
-        Cmp::Ge => x.ge(rhs),
-    })
+    let (o, args) = match c.operand("other")? {
+        Operand::Tensor(t) => (Op::Compare(op), vec![x, t]),
+        Operand::Scalar(s) => (Op::CompareScalar(op, s), vec![x]),
+    };
+    one(Tensor::apply_op(&o, &args.iter().collect::<Vec<_>>(), &SourceLoc::caller()))
 }
 
 fn truthy(t: &Tensor) -> R<Tensor> {
@@ -1378,13 +1343,13 @@ pub(crate) fn lookup(target: &str) -> Option<OpDef> {
         "aten.clamp_min.default" => |c| one(c.tensor("self")?.clamp_min(c.scalar("min")?)),
         "aten.clamp_max.default" => |c| one(c.tensor("self")?.clamp_max(c.scalar("max")?)),
         // Binary math (tensor or scalar operand, `alpha` honoured).
-        "aten.add.Tensor" | "aten.add.Scalar" => |c| binary(c, Bin::Add),
-        "aten.sub.Tensor" | "aten.sub.Scalar" => |c| binary(c, Bin::Sub),
-        "aten.mul.Tensor" | "aten.mul.Scalar" => |c| binary(c, Bin::Mul),
-        "aten.div.Tensor" | "aten.div.Scalar" => |c| binary(c, Bin::Div),
-        "aten.pow.Tensor_Scalar" | "aten.pow.Tensor_Tensor" => |c| binary(c, Bin::Pow),
-        "aten.maximum.default" => |c| binary(c, Bin::Maximum),
-        "aten.minimum.default" => |c| binary(c, Bin::Minimum),
+        "aten.add.Tensor" | "aten.add.Scalar" => |c| binary(c, BinaryOp::Add),
+        "aten.sub.Tensor" | "aten.sub.Scalar" => |c| binary(c, BinaryOp::Sub),
+        "aten.mul.Tensor" | "aten.mul.Scalar" => |c| binary(c, BinaryOp::Mul),
+        "aten.div.Tensor" | "aten.div.Scalar" => |c| binary(c, BinaryOp::Div),
+        "aten.pow.Tensor_Scalar" | "aten.pow.Tensor_Tensor" => |c| binary(c, BinaryOp::Pow),
+        "aten.maximum.default" => |c| binary(c, BinaryOp::Maximum),
+        "aten.minimum.default" => |c| binary(c, BinaryOp::Minimum),
         "aten.rsub.Scalar" | "aten.rsub.Tensor" => |c| {
             let x = c.tensor("self")?;
             let alpha = if c.arg("alpha").is_some() { c.scalar("alpha")? } else { Scalar::Int(1) };
@@ -1399,7 +1364,7 @@ pub(crate) fn lookup(target: &str) -> Option<OpDef> {
             if let Some(r) = integer_division(c)? {
                 return Ok(r);
             }
-            let q = binary(c, Bin::Div)?;
+            let q = binary(c, BinaryOp::Div)?;
             let Some(Value::Tensor(q)) = q.into_iter().next() else { unreachable!("binary returns a tensor") };
             match c.opt_str("rounding_mode")?.as_deref() {
                 None => one(Ok(q)),
@@ -1408,16 +1373,16 @@ pub(crate) fn lookup(target: &str) -> Option<OpDef> {
                 Some(o) => Err(format!("rounding mode `{o}` is not one of trunc, floor")),
             }
         },
-        "aten.add_.Tensor" | "aten.add_.Scalar" => |c| binary_(c, Bin::Add),
-        "aten.sub_.Tensor" | "aten.sub_.Scalar" => |c| binary_(c, Bin::Sub),
-        "aten.mul_.Tensor" | "aten.mul_.Scalar" => |c| binary_(c, Bin::Mul),
-        "aten.div_.Tensor" | "aten.div_.Scalar" => |c| binary_(c, Bin::Div),
-        "aten.eq.Tensor" | "aten.eq.Scalar" => |c| compare(c, Cmp::Eq),
-        "aten.ne.Tensor" | "aten.ne.Scalar" => |c| compare(c, Cmp::Ne),
-        "aten.lt.Tensor" | "aten.lt.Scalar" => |c| compare(c, Cmp::Lt),
-        "aten.le.Tensor" | "aten.le.Scalar" => |c| compare(c, Cmp::Le),
-        "aten.gt.Tensor" | "aten.gt.Scalar" => |c| compare(c, Cmp::Gt),
-        "aten.ge.Tensor" | "aten.ge.Scalar" => |c| compare(c, Cmp::Ge),
+        "aten.add_.Tensor" | "aten.add_.Scalar" => |c| binary_(c, BinaryOp::Add),
+        "aten.sub_.Tensor" | "aten.sub_.Scalar" => |c| binary_(c, BinaryOp::Sub),
+        "aten.mul_.Tensor" | "aten.mul_.Scalar" => |c| binary_(c, BinaryOp::Mul),
+        "aten.div_.Tensor" | "aten.div_.Scalar" => |c| binary_(c, BinaryOp::Div),
+        "aten.eq.Tensor" | "aten.eq.Scalar" => |c| compare(c, CmpOp::Eq),
+        "aten.ne.Tensor" | "aten.ne.Scalar" => |c| compare(c, CmpOp::Ne),
+        "aten.lt.Tensor" | "aten.lt.Scalar" => |c| compare(c, CmpOp::Lt),
+        "aten.le.Tensor" | "aten.le.Scalar" => |c| compare(c, CmpOp::Le),
+        "aten.gt.Tensor" | "aten.gt.Scalar" => |c| compare(c, CmpOp::Gt),
+        "aten.ge.Tensor" | "aten.ge.Scalar" => |c| compare(c, CmpOp::Ge),
         "aten.where.self" => |c| one(Tensor::where_(&c.tensor("condition")?, &c.tensor("self")?, &c.tensor("other")?)),
         "aten.masked_fill.Scalar" | "aten.masked_fill.Tensor" => |c| one(Ok(masked_fill(c)?)),
         "aten.masked_fill_.Scalar" | "aten.masked_fill_.Tensor" => |c| inplace(c, |_| masked_fill(c)),
